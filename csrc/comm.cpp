@@ -1,0 +1,179 @@
+// The schedule executor: runs any pccl schedule with nonblocking point-to-point
+// messages, one step at a time, on a private duplicate of the caller's communicator.
+#include "comm.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+
+#include "reduce.h"
+
+namespace pccl {
+namespace {
+
+constexpr int kTag = 7001;
+// MPI counts are int: larger messages travel as several messages of at most 1 GiB.
+constexpr int64_t kMaxMessage = int64_t{1} << 30;
+
+enum Kind : int64_t { kSend = 0, kRecv = 1, kRecvReduce = 2 };
+
+MPI_Comm dup_comm(MPI_Comm comm) {
+  MPI_Comm out;
+  if (MPI_Comm_dup(comm, &out) != MPI_SUCCESS) throw std::runtime_error("pccl: MPI_Comm_dup failed");
+  MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
+  return out;
+}
+
+}  // namespace
+
+MpiComm::MpiComm(MPI_Comm comm, double timeout_s)
+    : comm_(dup_comm(comm)), timeout_s_(timeout_s), watchdog_(comm_, timeout_s) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiComm::~MpiComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL && !broken_) MPI_Comm_free(&comm_);
+}
+
+void MpiComm::set_timeout(double timeout_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  timeout_s_ = timeout_s;
+  watchdog_.set_timeout(timeout_s);
+}
+
+void MpiComm::check(int err, const char* what) const {
+  if (err == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(err, msg, &len);
+  throw std::runtime_error(std::string("pccl: ") + what + " failed: " + std::string(msg, len));
+}
+
+void MpiComm::check_usable() const {
+  if (broken_)
+    throw std::runtime_error(
+        "pccl: this communicator timed out earlier and its message state is unknown; "
+        "create a new communicator");
+}
+
+char* MpiComm::workspace(std::vector<char>& space, size_t bytes) {
+  if (space.size() < bytes) space.resize(bytes);
+  return space.data();
+}
+
+void MpiComm::post(bool is_send, char* ptr, int64_t bytes, int peer) {
+  for (int64_t done = 0; done < bytes; done += kMaxMessage) {
+    int n = static_cast<int>(std::min(kMaxMessage, bytes - done));
+    MPI_Request req;
+    int err = is_send ? MPI_Isend(ptr + done, n, MPI_BYTE, peer, kTag, comm_, &req)
+                      : MPI_Irecv(ptr + done, n, MPI_BYTE, peer, kTag, comm_, &req);
+    check(err, is_send ? "MPI_Isend" : "MPI_Irecv");
+    reqs_.push_back(req);
+    req_peers_.push_back(peer);
+  }
+}
+
+// Polls instead of blocking so that a missing peer becomes a Timeout, and yields the
+// core between polls so oversubscribed ranks (several per core) still make progress.
+void MpiComm::wait_all(int64_t step) {
+  if (reqs_.empty()) return;
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s_);
+  for (uint64_t polls = 0;; ++polls) {
+    int done = 0;
+    check(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE),
+          "MPI_Testall");
+    if (done) break;
+    if (polls % 256 == 255 && clock::now() > deadline) {
+      std::string peers;
+      for (size_t i = 0; i < reqs_.size(); ++i) {
+        if (reqs_[i] == MPI_REQUEST_NULL) continue;
+        if (peers.find(" " + std::to_string(req_peers_[i]) + ",") == std::string::npos)
+          peers += " " + std::to_string(req_peers_[i]) + ",";
+        MPI_Cancel(&reqs_[i]);
+        MPI_Request_free(&reqs_[i]);
+      }
+      reqs_.clear();
+      req_peers_.clear();
+      broken_ = true;
+      throw Timeout("pccl: rank " + std::to_string(rank_) + " timed out after " +
+                    std::to_string(timeout_s_) + " s at step " + std::to_string(step) +
+                    " waiting for peers" + peers.substr(0, peers.size() - 1) +
+                    " (did every rank call the same collective?)");
+    }
+    sched_yield();
+  }
+  reqs_.clear();
+  req_peers_.clear();
+}
+
+void MpiComm::execute(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op) {
+  const size_t esize = elem_size(dtype);
+  auto bytes_of = [&](int64_t first, int64_t count) {
+    return (layout.offset(first + count) - layout.offset(first)) * static_cast<int64_t>(esize);
+  };
+  for (int64_t begin = 0; begin < rows;) {
+    const int64_t step = ops[begin * 5];
+    int64_t end = begin;
+    size_t scratch_bytes = 0;
+    for (; end < rows && ops[end * 5] == step; ++end)
+      if (ops[end * 5 + 1] == kRecvReduce) scratch_bytes += bytes_of(ops[end * 5 + 3], ops[end * 5 + 4]);
+    char* scratch = workspace(scratch_, scratch_bytes);
+    reductions_.clear();
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t* row = ops + i * 5;
+      const int peer = static_cast<int>(row[2]);
+      char* ptr = buf + layout.offset(row[3]) * esize;
+      const int64_t bytes = bytes_of(row[3], row[4]);
+      if (bytes == 0) continue;  // empty blocks (count < size): neither side sends
+      if (row[1] == kRecvReduce) {
+        post(false, scratch, bytes, peer);
+        reductions_.push_back({ptr, scratch, bytes / static_cast<int64_t>(esize)});
+        scratch += bytes;
+      } else {
+        post(row[1] == kSend, ptr, bytes, peer);
+      }
+    }
+    wait_all(step);
+    for (const Pending& r : reductions_) reduce_into(r.dst, r.src, r.elems, dtype, op);
+    begin = end;
+  }
+}
+
+void MpiComm::all_gather(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count,
+                         DType dtype) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  const size_t bytes = count * elem_size(dtype);
+  char* mine = static_cast<char*>(out) + rank_ * bytes;
+  if (mine != in) std::memcpy(mine, in, bytes);
+  execute(ops, rows, static_cast<char*>(out), Layout(count * size_, size_), dtype, Op::Sum);
+}
+
+void MpiComm::reduce_scatter(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count,
+                             DType dtype, Op op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  const size_t bytes = count * elem_size(dtype);
+  // The input stays untouched: reduce in a cached copy, hand block `rank` to the caller.
+  char* work = workspace(work_, bytes * size_);
+  std::memcpy(work, in, bytes * size_);
+  execute(ops, rows, work, Layout(count * size_, size_), dtype, op);
+  std::memcpy(out, work + rank_ * bytes, bytes);
+  if (op == Op::Avg) scale(out, count, dtype, 1.0 / size_);
+}
+
+void MpiComm::all_reduce(const int64_t* ops, int64_t rows, void* buf, int64_t count, DType dtype, Op op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  execute(ops, rows, static_cast<char*>(buf), Layout(count, size_), dtype, op);
+  if (op == Op::Avg) scale(buf, count, dtype, 1.0 / size_);
+}
+
+}  // namespace pccl

@@ -1,0 +1,82 @@
+// Python bindings of the native layer (pccl._native). Buffers arrive as raw addresses
+// from torch tensors that pccl's Python layer has validated and keeps alive; every call
+// that communicates or computes releases the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <mpi4py/mpi4py.h>
+
+#include "comm.h"
+#include "reduce.h"
+
+namespace nb = nanobind;
+using namespace pccl;
+
+namespace {
+
+using OpsTable = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+MPI_Comm as_mpi_comm(nb::handle obj) {
+  if (!PyObject_TypeCheck(obj.ptr(), &PyMPIComm_Type))
+    throw nb::type_error("expected an mpi4py.MPI.Comm");
+  MPI_Comm* comm = PyMPIComm_Get(obj.ptr());
+  if (comm == nullptr) throw nb::python_error();
+  if (*comm == MPI_COMM_NULL) throw nb::value_error("the mpi4py communicator is MPI.COMM_NULL");
+  return *comm;
+}
+
+void* ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+// The MPI the extension was compiled against, to compare with the one mpi4py loads.
+const char* compiled_mpi() {
+#if defined(OPEN_MPI)
+  return "Open MPI";
+#elif defined(MPICH)
+  return "MPICH";
+#else
+  return "unknown";
+#endif
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+  if (import_mpi4py() < 0) throw nb::python_error();
+  m.doc() = "pccl native layer: MPI schedule executor, MPI collectives, CPU reduction kernels";
+  nb::exception<Timeout>(m, "CollectiveTimeout", PyExc_TimeoutError);
+  m.attr("compiled_mpi") = compiled_mpi();
+
+  m.def("reduce_into", [](uintptr_t dst, uintptr_t src, int64_t n, int dtype, int op) {
+    reduce_into(ptr(dst), ptr(src), n, static_cast<DType>(dtype), static_cast<Op>(op));
+  }, nb::call_guard<nb::gil_scoped_release>(), "dst[i] = op(dst[i], src[i]) for n elements");
+  m.def("scale", [](uintptr_t buf, int64_t n, int dtype, double factor) {
+    scale(ptr(buf), n, static_cast<DType>(dtype), factor);
+  }, nb::call_guard<nb::gil_scoped_release>(), "buf[i] *= factor for n elements");
+
+  nb::class_<MpiComm>(m, "MpiComm")
+      .def("__init__", [](MpiComm* self, nb::handle comm, double timeout) {
+        new (self) MpiComm(as_mpi_comm(comm), timeout);
+      }, nb::arg("comm"), nb::arg("timeout"))
+      .def_prop_ro("rank", &MpiComm::rank)
+      .def_prop_ro("size", &MpiComm::size)
+      .def("set_timeout", &MpiComm::set_timeout)
+      .def("all_gather", [](MpiComm& c, OpsTable ops, uintptr_t out, uintptr_t in, int64_t count, int dtype) {
+        c.all_gather(ops.data(), ops.shape(0), ptr(out), ptr(in), count, static_cast<DType>(dtype));
+      }, nb::call_guard<nb::gil_scoped_release>())
+      .def("reduce_scatter", [](MpiComm& c, OpsTable ops, uintptr_t out, uintptr_t in, int64_t count, int dtype,
+                                int op) {
+        c.reduce_scatter(ops.data(), ops.shape(0), ptr(out), ptr(in), count, static_cast<DType>(dtype),
+                         static_cast<Op>(op));
+      }, nb::call_guard<nb::gil_scoped_release>())
+      .def("all_reduce", [](MpiComm& c, OpsTable ops, uintptr_t buf, int64_t count, int dtype, int op) {
+        c.all_reduce(ops.data(), ops.shape(0), ptr(buf), count, static_cast<DType>(dtype), static_cast<Op>(op));
+      }, nb::call_guard<nb::gil_scoped_release>())
+      .def("native_all_gather", [](MpiComm& c, uintptr_t out, uintptr_t in, int64_t count, int dtype) {
+        c.native_all_gather(ptr(out), ptr(in), count, static_cast<DType>(dtype));
+      }, nb::call_guard<nb::gil_scoped_release>())
+      .def("native_reduce_scatter", [](MpiComm& c, uintptr_t out, uintptr_t in, int64_t count, int dtype, int op) {
+        c.native_reduce_scatter(ptr(out), ptr(in), count, static_cast<DType>(dtype), static_cast<Op>(op));
+      }, nb::call_guard<nb::gil_scoped_release>())
+      .def("native_all_reduce", [](MpiComm& c, uintptr_t buf, int64_t count, int dtype, int op) {
+        c.native_all_reduce(ptr(buf), count, static_cast<DType>(dtype), static_cast<Op>(op));
+      }, nb::call_guard<nb::gil_scoped_release>());
+}

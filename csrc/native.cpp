@@ -1,0 +1,122 @@
+// The MPI library's own collectives behind pccl's API: the baseline pccl's schedules
+// are measured against. fp16 and bf16, which MPI does not know, travel as 2-byte
+// types reduced by pccl's kernels through user-defined MPI operations.
+#include <climits>
+#include <limits>
+#include <mutex>
+
+#include "comm.h"
+#include "reduce.h"
+
+namespace pccl {
+namespace {
+
+// MPI-4 libraries take 64-bit counts (the _c functions); older ones take int.
+#if MPI_VERSION >= 4
+using Count = MPI_Count;
+#define PCCL_MPI(fn) fn##_c
+#else
+using Count = int;
+#define PCCL_MPI(fn) fn
+#endif
+
+template <DType D, Op O>
+void user_reduce(void* in, void* inout, Count* len, MPI_Datatype*) {
+  reduce_into(inout, in, *len, D, O);
+}
+
+struct HalfTypes {
+  MPI_Datatype f16, bf16;
+  MPI_Op ops[2][3];  // [f16, bf16][sum, max, min]
+};
+
+const HalfTypes& half_types() {
+  static HalfTypes t;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MPI_Type_contiguous(2, MPI_BYTE, &t.f16);
+    MPI_Type_commit(&t.f16);
+    MPI_Type_contiguous(2, MPI_BYTE, &t.bf16);
+    MPI_Type_commit(&t.bf16);
+    PCCL_MPI(MPI_Op_create)(user_reduce<DType::F16, Op::Sum>, 1, &t.ops[0][0]);
+    PCCL_MPI(MPI_Op_create)(user_reduce<DType::F16, Op::Max>, 1, &t.ops[0][1]);
+    PCCL_MPI(MPI_Op_create)(user_reduce<DType::F16, Op::Min>, 1, &t.ops[0][2]);
+    PCCL_MPI(MPI_Op_create)(user_reduce<DType::BF16, Op::Sum>, 1, &t.ops[1][0]);
+    PCCL_MPI(MPI_Op_create)(user_reduce<DType::BF16, Op::Max>, 1, &t.ops[1][1]);
+    PCCL_MPI(MPI_Op_create)(user_reduce<DType::BF16, Op::Min>, 1, &t.ops[1][2]);
+  });
+  return t;
+}
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::F16: return half_types().f16;
+    case DType::BF16: return half_types().bf16;
+  }
+  throw std::invalid_argument("unknown dtype code");
+}
+
+MPI_Op mpi_op(DType dtype, Op op) {
+  const int index = op == Op::Max ? 1 : op == Op::Min ? 2 : 0;  // Avg reduces as Sum
+  if (dtype == DType::F16 || dtype == DType::BF16) return half_types().ops[dtype == DType::BF16][index];
+  return index == 1 ? MPI_MAX : index == 2 ? MPI_MIN : MPI_SUM;
+}
+
+Count mpi_count(int64_t count) {
+  if (count > std::numeric_limits<Count>::max())
+    throw std::length_error("pccl: the MPI library's collectives take at most " +
+                            std::to_string(std::numeric_limits<Count>::max()) +
+                            " elements per rank with this MPI (pre MPI-4); use a pccl algorithm");
+  return static_cast<Count>(count);
+}
+
+// Arms the watchdog for the duration of one blocking MPI call.
+struct Armed {
+  Watchdog& dog;
+  Armed(Watchdog& d, const char* what) : dog(d) { dog.arm(what); }
+  ~Armed() { dog.disarm(); }
+};
+
+}  // namespace
+
+void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType dtype) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  const MPI_Datatype type = mpi_type(dtype);
+  const Count n = mpi_count(count);
+  const char* self = static_cast<char*>(out) + rank_ * count * elem_size(dtype);
+  Armed armed(watchdog_, "MPI_Allgather");
+  check(PCCL_MPI(MPI_Allgather)(self == in ? MPI_IN_PLACE : in, n, type, out, n, type, comm_), "MPI_Allgather");
+}
+
+void MpiComm::native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  const MPI_Datatype type = mpi_type(dtype);
+  const MPI_Op mop = mpi_op(dtype, op);
+  const Count n = mpi_count(count);
+  {
+    Armed armed(watchdog_, "MPI_Reduce_scatter_block");
+    check(PCCL_MPI(MPI_Reduce_scatter_block)(in, out, n, type, mop, comm_), "MPI_Reduce_scatter_block");
+  }
+  if (op == Op::Avg) scale(out, count, dtype, 1.0 / size_);
+}
+
+void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  const MPI_Datatype type = mpi_type(dtype);
+  const MPI_Op mop = mpi_op(dtype, op);
+  const Count n = mpi_count(count);
+  {
+    Armed armed(watchdog_, "MPI_Allreduce");
+    check(PCCL_MPI(MPI_Allreduce)(MPI_IN_PLACE, buf, n, type, mop, comm_), "MPI_Allreduce");
+  }
+  if (op == Op::Avg) scale(buf, count, dtype, 1.0 / size_);
+}
+
+}  // namespace pccl

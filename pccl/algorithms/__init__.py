@@ -1,0 +1,49 @@
+"""The schedule library: one generator per (collective, algorithm), cached per (p, rank)."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..schedule import COLLECTIVES, Schedule
+from . import bruck, rabenseifner, recursive_doubling, recursive_halving, ring
+
+GENERATORS = {
+    "all_gather": {
+        "ring": ring.all_gather,
+        "recursive_doubling": recursive_doubling.all_gather,
+        "bruck": bruck.all_gather,
+    },
+    "reduce_scatter": {
+        "ring": ring.reduce_scatter,
+        "recursive_halving": recursive_halving.reduce_scatter,
+    },
+    "all_reduce": {
+        "ring": ring.all_reduce,
+        "recursive_doubling": recursive_doubling.all_reduce,
+        "rabenseifner": rabenseifner.all_reduce,
+    },
+}
+
+# Names accepted by the API besides the schedule algorithms.
+SPECIAL = ("auto", "native")
+ALL_NAMES = tuple(sorted(set(SPECIAL).union(*(g.keys() for g in GENERATORS.values()))))
+
+
+def algorithms_for(collective: str) -> tuple[str, ...]:
+    """Schedule algorithms available for a collective."""
+    return tuple(GENERATORS[collective])
+
+
+@lru_cache(maxsize=4096)
+def schedule(collective: str, algorithm: str, size: int, rank: int) -> Schedule:
+    """The cached schedule of `algorithm` for `collective` on rank `rank` of `size`."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}")
+    table = GENERATORS[collective]
+    if algorithm not in table:
+        raise ValueError(
+            f"algorithm {algorithm!r} does not implement {collective}; "
+            f"expected one of {tuple(table) + SPECIAL}")
+    if not (isinstance(size, int) and size >= 1 and 0 <= rank < size):
+        raise ValueError(f"need size >= 1 and 0 <= rank < size, got size={size}, rank={rank}")
+    steps = tuple(tuple(step) for step in table[algorithm](size, rank))
+    return Schedule(collective, algorithm, size, rank, steps)

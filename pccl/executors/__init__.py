@@ -1,0 +1,1 @@
+"""Executors: one per transport, each runs any schedule from pccl.algorithms."""

@@ -1,0 +1,97 @@
+"""The schedule loop shared by the Python-level executors (mpi4py and torch.distributed).
+
+A subclass supplies `exchange`: post a step's sends and receives together and wait for
+all of them. Block layout: all-gather and reduce-scatter buffers have equal blocks;
+all-reduce buffers of n elements have uneven blocks (the first n % p blocks one element
+longer), so no padding is ever needed. The C++ executor implements the same loop natively.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from ..schedule import Kind, Schedule
+
+
+def block_offsets(count: int, blocks: int) -> list[int]:
+    base, extra = divmod(count, blocks)
+    return [i * base + min(i, extra) for i in range(blocks + 1)]
+
+
+def reduce_(dst: torch.Tensor, src: torch.Tensor, op: str) -> None:
+    if op in ("sum", "avg"):
+        dst.add_(src)
+    elif op == "max":
+        torch.maximum(dst, src, out=dst)
+    else:
+        torch.minimum(dst, src, out=dst)
+
+
+class ScheduleExecutor(ABC):
+    rank: int
+    size: int
+
+    def __init__(self) -> None:
+        self._work: dict[torch.dtype, torch.Tensor] = {}
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}
+
+    @abstractmethod
+    def exchange(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]],
+                 step: int) -> None:
+        """Send and receive these (peer, tensor) pairs concurrently; return when all are done."""
+
+    @staticmethod
+    def _cached(cache: dict, like: torch.Tensor, numel: int) -> torch.Tensor:
+        buf = cache.get(like.dtype)
+        if buf is None or buf.numel() < numel:
+            buf = cache[like.dtype] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buf[:numel]
+
+    def execute(self, sched: Schedule, buf: torch.Tensor, offsets: list[int], op: str | None) -> None:
+        def view(first: int, count: int) -> torch.Tensor:
+            return buf[offsets[first]:offsets[first + count]]
+
+        for index, step in enumerate(sched.steps):
+            need = sum(offsets[b + 1] - offsets[b] for t in step if t.kind == Kind.RECV_REDUCE for b in t.blocks)
+            scratch = self._cached(self._scratch, buf, need)
+            sends, recvs, pending, used = [], [], [], 0
+            for t in step:
+                for first, count in t.runs:
+                    target = view(first, count)
+                    if target.numel() == 0:
+                        continue  # empty blocks (count < size): neither side sends
+                    if t.kind == Kind.SEND:
+                        sends.append((t.peer, target))
+                    elif t.kind == Kind.RECV:
+                        recvs.append((t.peer, target))
+                    else:
+                        landing = scratch[used:used + target.numel()]
+                        used += target.numel()
+                        recvs.append((t.peer, landing))
+                        pending.append((target, landing))
+            self.exchange(sends, recvs, index)
+            for target, landing in pending:
+                reduce_(target, landing, op)
+
+    def all_gather(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor) -> None:
+        n = input.numel()
+        mine = output[self.rank * n:(self.rank + 1) * n]
+        if mine.data_ptr() != input.data_ptr():
+            mine.copy_(input)
+        self.execute(sched, output, block_offsets(n * self.size, self.size), None)
+
+    def reduce_scatter(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
+        # The input stays untouched: reduce in a cached copy.
+        work = self._cached(self._work, input, input.numel())
+        work.copy_(input)
+        self.execute(sched, work, block_offsets(input.numel(), self.size), op)
+        n = output.numel()
+        output.copy_(work[self.rank * n:(self.rank + 1) * n])
+        if op == "avg":
+            output.div_(self.size)
+
+    def all_reduce(self, sched: Schedule, tensor: torch.Tensor, op: str) -> None:
+        self.execute(sched, tensor, block_offsets(tensor.numel(), self.size), op)
+        if op == "avg":
+            tensor.div_(self.size)

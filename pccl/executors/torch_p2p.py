@@ -1,0 +1,60 @@
+"""Schedules over torch.distributed point-to-point (batch_isend_irecv): gloo on CPU now,
+NCCL/RCCL on GPUs later; and the backend's own collectives as the baseline."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..errors import CollectiveTimeout
+from .base import ScheduleExecutor
+
+# torch >= 2.13 names the tensor collectives *_single; older releases *_tensor.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+TORCH_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+             "min": dist.ReduceOp.MIN}
+
+
+class TorchP2PExecutor(ScheduleExecutor):
+    def __init__(self, group, timeout: float):
+        super().__init__()
+        self.group = group
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.timeout = timedelta(seconds=timeout)
+
+    def _wait(self, works, what: str) -> None:
+        try:
+            for w in works:
+                w.wait(self.timeout)
+        except RuntimeError as e:
+            if "timed out" in str(e).lower() or "timeout" in str(e).lower():
+                raise CollectiveTimeout(f"pccl: rank {self.rank}: {what} timed out after "
+                                        f"{self.timeout.total_seconds()} s: {e}") from e
+            raise
+
+    def exchange(self, sends, recvs, step):
+        # Each (peer, direction) carries its runs in order; the run index is the tag.
+        ops, seen = [], {}
+        for fn, pairs in ((dist.irecv, recvs), (dist.isend, sends)):
+            for peer, t in pairs:
+                tag = seen[(fn, peer)] = seen.get((fn, peer), -1) + 1
+                ops.append(dist.P2POp(fn, t, group=self.group, group_peer=peer, tag=tag))
+        if ops:
+            self._wait(dist.batch_isend_irecv(ops), f"step {step}")
+
+    def native_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        self._wait([all_gather_single(output, input, group=self.group, async_op=True)],
+                   "all_gather_single")
+
+    def native_reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
+        self._wait([reduce_scatter_single(output, input, op=TORCH_OPS[op], group=self.group, async_op=True)],
+                   "reduce_scatter_single")
+        if op == "avg":
+            output.div_(self.size)
+
+    def native_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
+        self._wait([dist.all_reduce(tensor, op=TORCH_OPS[op], group=self.group, async_op=True)], "all_reduce")
+        if op == "avg":
+            tensor.div_(self.size)

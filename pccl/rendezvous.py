@@ -1,0 +1,43 @@
+"""Bring up torch.distributed for the gloo/NCCL transports.
+
+Under torchrun (or with MASTER_ADDR, RANK, WORLD_SIZE set) the environment is used.
+Under mpiexec, MPI itself is the rendezvous: rank 0 opens a TCPStore on a free port and
+broadcasts its address, so no extra configuration is needed.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+from datetime import timedelta
+
+import torch.distributed as dist
+
+
+def init_torch_distributed(backend: str, timeout: float) -> None:
+    if dist.is_initialized():
+        return
+    span = timedelta(seconds=timeout)
+    if all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
+        dist.init_process_group(backend, timeout=span)
+        atexit.register(dist.destroy_process_group)
+        return
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    hosts = comm.allgather(socket.gethostname())
+    one_host = len(set(hosts)) == 1
+    if one_host:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    address = None
+    store = None
+    if comm.rank == 0:
+        host = "127.0.0.1" if one_host else socket.gethostbyname(hosts[0])
+        store = dist.TCPStore(host, 0, comm.size, True, timeout=span, wait_for_workers=False)
+        address = (host, store.port)
+    host, port = comm.bcast(address, root=0)
+    if store is None:
+        store = dist.TCPStore(host, port, comm.size, False, timeout=span)
+    dist.init_process_group(backend, store=store, rank=comm.rank, world_size=comm.size, timeout=span)
+    # Tear down before MPI_Finalize (mpi4py's exit hook, registered earlier, runs after this).
+    atexit.register(dist.destroy_process_group)

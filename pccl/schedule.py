@@ -1,0 +1,111 @@
+"""Schedules: a collective algorithm for one rank, written as data.
+
+A schedule works on one buffer of ``size`` blocks (one block is one rank's share).
+It is a list of steps; each step is a set of transfers with peers that are all posted
+together and completed before the next step begins. Sends read the buffer as it was at
+the start of the step; receives land (copy) or are reduced into it when the step ends.
+
+Before the first step and after the last, the buffer means, per collective:
+
+  all_gather      before: block ``rank`` holds this rank's input   after: block i holds rank i's input
+  reduce_scatter  before: every block holds this rank's input     after: block ``rank`` holds the reduction
+  all_reduce      before: every block holds this rank's input     after: every block holds the reduction
+
+Executors (C++/MPI, mpi4py, torch.distributed), the symbolic verifier and the cost model
+all read the same objects, so every algorithm is written exactly once.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+
+
+class Kind(enum.IntEnum):
+    """What a transfer does. The values are shared with the C++ executor."""
+
+    SEND = 0
+    RECV = 1          # receive and copy into the blocks
+    RECV_REDUCE = 2   # receive into scratch, then reduce into the blocks
+
+
+def runs(blocks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Coalesce sorted block indices into (first block, block count) runs."""
+    out: list[list[int]] = []
+    for b in blocks:
+        if out and out[-1][0] + out[-1][1] == b:
+            out[-1][1] += 1
+        else:
+            out.append([b, 1])
+    return tuple((s, c) for s, c in out)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    kind: Kind
+    peer: int
+    blocks: tuple[int, ...]   # sorted, distinct block indices
+
+    def __post_init__(self) -> None:
+        if list(self.blocks) != sorted(set(self.blocks)):
+            raise ValueError(f"transfer blocks must be sorted and distinct, got {self.blocks}")
+
+    @cached_property
+    def runs(self) -> tuple[tuple[int, int], ...]:
+        """Contiguous runs of blocks; each run travels as its own message, in this order."""
+        return runs(self.blocks)
+
+
+def send(peer: int, blocks) -> Transfer:
+    return Transfer(Kind.SEND, peer, tuple(sorted(blocks)))
+
+
+def recv(peer: int, blocks) -> Transfer:
+    return Transfer(Kind.RECV, peer, tuple(sorted(blocks)))
+
+
+def recv_reduce(peer: int, blocks) -> Transfer:
+    return Transfer(Kind.RECV_REDUCE, peer, tuple(sorted(blocks)))
+
+
+Step = tuple[Transfer, ...]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    collective: str
+    algorithm: str
+    size: int
+    rank: int
+    steps: tuple[Step, ...] = field(repr=False)
+
+    @cached_property
+    def ops(self) -> np.ndarray:
+        """Flat int64 table, one row per message: (step, kind, peer, first block, block count).
+
+        Within a step, receives come before sends so they are posted first. This is the
+        form the C++ executor consumes.
+        """
+        rows = []
+        for i, step in enumerate(self.steps):
+            ordered = sorted(step, key=lambda t: t.kind == Kind.SEND)
+            for t in ordered:
+                for first, count in t.runs:
+                    rows.append((i, int(t.kind), t.peer, first, count))
+        return np.asarray(rows, dtype=np.int64).reshape(-1, 5)
+
+    @cached_property
+    def max_reduce_blocks(self) -> int:
+        """Largest number of blocks received for reduction in one step (scratch size)."""
+        return max(
+            (sum(len(t.blocks) for t in step if t.kind == Kind.RECV_REDUCE) for step in self.steps),
+            default=0,
+        )
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)

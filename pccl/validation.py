@@ -1,0 +1,39 @@
+"""Argument checks run before anything is sent, so bad input never leaves peers waiting."""
+from __future__ import annotations
+
+import torch
+
+from .algorithms import ALL_NAMES, SPECIAL, algorithms_for
+from .dtypes import DTYPES
+
+
+def check_tensor(name: str, t, devices: tuple[str, ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; supported dtypes are {tuple(str(d) for d in DTYPES)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous()), got strides {t.stride()}")
+    if t.device.type not in devices:
+        raise ValueError(f"{name} is on device {t.device}; this communicator supports {devices}")
+
+
+def check_pair(output: torch.Tensor, input: torch.Tensor) -> None:
+    if output.dtype != input.dtype:
+        raise TypeError(f"output and input dtypes differ: output is {output.dtype}, input is {input.dtype}")
+    if output.device != input.device:
+        raise ValueError(f"output and input are on different devices: output on {output.device}, "
+                         f"input on {input.device}")
+
+
+def check_numel(name: str, actual: int, expected: int, why: str) -> None:
+    if actual != expected:
+        raise ValueError(f"{name}.numel() must be {expected} ({why}), got {actual}")
+
+
+def check_algorithm(collective: str, algorithm) -> None:
+    if algorithm not in ALL_NAMES:
+        raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALL_NAMES}")
+    valid = algorithms_for(collective) + SPECIAL
+    if algorithm not in valid:
+        raise ValueError(f"algorithm {algorithm!r} does not implement {collective}; expected one of {valid}")

@@ -1,0 +1,53 @@
+"""Async handles and the per-communicator queue that keeps collectives in issue order.
+
+Every rank must run a communicator's collectives in the same order. A synchronous call
+runs inline on the caller's thread when nothing is queued (no hand-off latency);
+otherwise it queues behind the pending async calls. Async calls run on one worker
+thread per communicator; the native executor releases the GIL, so they overlap with
+the caller's compute.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Optional
+
+
+class Work:
+    """Handle of an async collective: wait() blocks until done and re-raises its error."""
+
+    def __init__(self, future: Future):
+        self._future = future
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        self._future.result(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+
+class SerialQueue:
+    def __init__(self, name: str):
+        self._name = name
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._last: Optional[Future] = None
+
+    def _submit(self, fn: Callable[[], None]) -> Future:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
+        self._last = self._pool.submit(fn)
+        return self._last
+
+    def run(self, fn: Callable[[], None], async_op: bool) -> Optional[Work]:
+        if async_op:
+            return Work(self._submit(fn))
+        if self._last is not None and not self._last.done():
+            self._submit(fn).result()
+        else:
+            fn()
+        return None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

@@ -1,0 +1,144 @@
+"""Schedule generators and the symbolic verifier (single process)."""
+import math
+
+import pytest
+
+from pccl.algorithms import GENERATORS, schedule
+from pccl.schedule import Kind, Schedule, recv, send
+from pccl.verify import ScheduleError, simulate, verify, verify_schedules
+
+CASES = [(c, a) for c, table in GENERATORS.items() for a in table]
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_verifier_accepts_every_world_size(collective, algorithm):
+    for p in range(1, 131):
+        verify(collective, algorithm, p)
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_larger_powers_of_two_and_neighbours(collective, algorithm):
+    for p in (255, 256, 257):
+        verify(collective, algorithm, p)
+
+
+def sent_blocks(s: Schedule) -> int:
+    return sum(len(t.blocks) for step in s.steps for t in step if t.kind == Kind.SEND)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 8, 13, 64, 100])
+def test_step_counts_match_the_textbook_formulas(p):
+    log = math.ceil(math.log2(p)) if p > 1 else 0
+    pow2 = p & (p - 1) == 0
+    fold = 0 if pow2 else 2
+    for r in range(p):
+        assert schedule("all_gather", "ring", p, r).num_steps == p - 1
+        assert schedule("reduce_scatter", "ring", p, r).num_steps == p - 1
+        assert schedule("all_reduce", "ring", p, r).num_steps == 2 * (p - 1)
+        assert schedule("all_gather", "bruck", p, r).num_steps == log
+    # Ranks that stay in the power-of-two phase: log2(q) steps plus the two folding steps.
+    q = 1 << (p.bit_length() - 1)
+    r = p - 1
+    assert schedule("all_gather", "recursive_doubling", p, r).num_steps == int(math.log2(q)) + fold * (r < 2 * (p - q))
+    assert schedule("reduce_scatter", "recursive_halving", p, 0 if pow2 else 1).num_steps == int(math.log2(q)) + fold
+    assert schedule("all_reduce", "rabenseifner", p, 0 if pow2 else 1).num_steps == 2 * int(math.log2(q)) + fold
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16, 32])
+def test_bandwidth_optimal_algorithms_send_p_minus_1_blocks(p):
+    # (p-1)/p of the buffer per rank for all-gather and reduce-scatter, twice that for all-reduce.
+    for r in range(p):
+        for c, a in [("all_gather", "ring"), ("all_gather", "recursive_doubling"), ("all_gather", "bruck"),
+                     ("reduce_scatter", "ring"), ("reduce_scatter", "recursive_halving")]:
+            assert sent_blocks(schedule(c, a, p, r)) == p - 1, (c, a)
+        assert sent_blocks(schedule("all_reduce", "ring", p, r)) == 2 * (p - 1)
+        assert sent_blocks(schedule("all_reduce", "rabenseifner", p, r)) == 2 * (p - 1)
+        assert sent_blocks(schedule("all_reduce", "recursive_doubling", p, r)) == p * int(math.log2(p))
+
+
+def test_schedules_are_cached():
+    assert schedule("all_gather", "bruck", 7, 3) is schedule("all_gather", "bruck", 7, 3)
+
+
+def test_bruck_wraps_into_two_messages():
+    s = schedule("all_gather", "bruck", 5, 3)
+    # distance 2: rank 3 sends blocks 3, 4 and receives blocks 0, 1 from rank 0.
+    assert s.steps[1] == (send(1, [3, 4]), recv(0, [0, 1]))
+    # p=7, rank 5, distance 4: blocks 5, 6, 0 wrap around the end of the buffer.
+    s = schedule("all_gather", "bruck", 7, 5)
+    assert s.steps[2][0] == send(1, [5, 6, 0])
+    assert s.steps[2][0].runs == ((0, 1), (5, 2))
+    assert [row for row in s.ops.tolist() if row[0] == 2 and row[1] == Kind.SEND] == [
+        [2, Kind.SEND, 1, 0, 1], [2, Kind.SEND, 1, 5, 2]]
+
+
+def test_ops_table_posts_receives_first():
+    s = schedule("all_reduce", "recursive_doubling", 4, 1)
+    for step in range(s.num_steps):
+        kinds = [k for st, k, *_ in s.ops.tolist() if st == step]
+        assert kinds == [Kind.RECV_REDUCE, Kind.SEND]
+
+
+def broken(collective, algorithm, p, mutate):
+    scheds = [schedule(collective, algorithm, p, r) for r in range(p)]
+    scheds[1] = Schedule(collective, algorithm, p, 1, mutate(scheds[1].steps))
+    return scheds
+
+
+def test_verifier_rejects_a_double_counted_contribution():
+    # Rank 1 reduces its first receive twice (the message sent twice by rank 0 as well).
+    p = 4
+    scheds = [schedule("all_reduce", "recursive_doubling", p, r) for r in range(p)]
+    scheds[0] = Schedule("all_reduce", "x", p, 0, scheds[0].steps[:1] + scheds[0].steps)
+    scheds[1] = Schedule("all_reduce", "x", p, 1, scheds[1].steps[:1] + scheds[1].steps)
+    with pytest.raises(ScheduleError, match="contributions"):
+        verify_schedules(scheds)
+
+
+def test_verifier_rejects_a_deadlock():
+    p = 3
+    with pytest.raises(ScheduleError, match="deadlock|unmatched"):
+        simulate(broken("all_gather", "ring", p, lambda steps: steps[:-1]))
+
+
+def test_verifier_rejects_mismatched_blocks():
+    p = 4
+
+    def swap_blocks(steps):
+        s, r = steps[0]
+        return ((s, recv(r.peer, [(r.blocks[0] + 2) % p])),) + steps[1:]
+
+    with pytest.raises(ScheduleError, match="expects"):
+        simulate(broken("all_gather", "ring", p, swap_blocks))
+
+
+def test_verifier_rejects_overwriting_a_block_being_sent():
+    def clobber(steps):
+        s, r = steps[0]
+        return ((s, recv(r.peer, s.blocks)),) + steps[1:]
+
+    with pytest.raises(ScheduleError):
+        simulate(broken("all_gather", "ring", 3, clobber))
+
+
+def test_verifier_rejects_a_wrong_result():
+    # A ring reduce-scatter that stops one step early leaves a partial sum.
+    p = 4
+    scheds = [Schedule("reduce_scatter", "ring", p, r, schedule("reduce_scatter", "ring", p, r).steps[:-1])
+              for r in range(p)]
+    with pytest.raises(ScheduleError, match="contributions"):
+        verify_schedules(scheds)
+
+
+@pytest.mark.parametrize("bad", [("all_gather", "recursive_halving"), ("reduce_scatter", "bruck"),
+                                 ("broadcast", "ring"), ("all_reduce", "tree")])
+def test_unknown_combinations_are_refused(bad):
+    with pytest.raises(ValueError, match="expected|collective must be"):
+        schedule(*bad, 4, 0)
+
+
+def test_bad_world_sizes_are_refused():
+    with pytest.raises(ValueError, match="size >= 1"):
+        schedule("all_gather", "ring", 0, 0)
+    with pytest.raises(ValueError, match="rank < size"):
+        schedule("all_gather", "ring", 4, 4)
