@@ -1,0 +1,424 @@
+"""pccl-bench: time pccl's collectives the way NVIDIA's nccl-tests times NCCL's.
+
+Run it under mpiexec, e.g. ``mpiexec -n 4 pccl-bench -b 4K -e 64M -f 4 -n 20 -w 5``.
+For every collective, buffer size, executor and algorithm it prints one row: the time of
+one call (the slowest rank's, as nccl-tests reports it), the algorithm and bus bandwidths,
+and how many elements came out wrong. The size of a row is the whole buffer, as in
+nccl-tests: the all-gather output, the reduce-scatter input, the all-reduce tensor.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from typing import Callable, Optional
+
+import torch
+from mpi4py import MPI
+
+import pccl
+from pccl.algorithms import ALL_NAMES, algorithms_for
+from pccl.selection import choose
+
+DATATYPES = {
+    "float": torch.float32,
+    "double": torch.float64,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+OPS = ("sum", "avg", "max", "min")
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+EXECUTORS = ("cpp", "python", "gloo")
+MPI_EXECUTORS = ("cpp", "python")
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+# ---------------------------------------------------------------------------- sizes
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size such as "64", "4K", "1M" or "2G" (powers of 1024)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)\s*", str(text), re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"size must be a whole number with an optional K, M or G suffix, got {text!r}")
+    return int(match[1]) * UNITS[match[2].upper()]
+
+
+def round_size(nbytes: int, ranks: int, element_size: int) -> int:
+    """`nbytes` rounded down so the buffer splits into `ranks` equal blocks of whole elements."""
+    unit = ranks * element_size
+    return nbytes - nbytes % unit
+
+
+def size_sweep(minbytes: int, maxbytes: int, factor: int, ranks: int, element_size: int) -> list[int]:
+    """The buffer sizes to run: minbytes, minbytes*factor, ... up to maxbytes, each rounded
+    with `round_size`; sizes that round to 0 and repeats are dropped."""
+    sizes = []
+    nbytes = minbytes
+    while nbytes <= maxbytes:
+        rounded = round_size(nbytes, ranks, element_size)
+        if rounded > 0 and rounded not in sizes:
+            sizes.append(rounded)
+        nbytes *= factor
+    return sizes
+
+
+# ---------------------------------------------------------------------- bandwidth
+
+
+def bus_factor(collective: str, ranks: int) -> float:
+    """nccl-tests' ratio of bus bandwidth to algorithm bandwidth."""
+    if collective == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    return (ranks - 1) / ranks
+
+
+def bandwidths(collective: str, nbytes: int, seconds: float, ranks: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes) for moving an `nbytes` buffer in `seconds`."""
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * bus_factor(collective, ranks)
+
+
+# ----------------------------------------------------------------- test data
+
+
+def value_modulus(dtype: torch.dtype, ranks: int) -> int:
+    """Input values lie in [0, modulus): small enough that a sum over all ranks stays an
+    exactly representable integer in `dtype` (half: 2048, bfloat16: 256), at most 13."""
+    if dtype.is_floating_point:
+        exact = int(2 / torch.finfo(dtype).eps)  # the first integer after which gaps exceed 1
+        return max(2, min(13, exact // ranks))
+    return 13
+
+
+def rank_values(rank: int, start: int, count: int, dtype: torch.dtype, ranks: int) -> torch.Tensor:
+    """Elements [start, start+count) of rank `rank`'s input: small integers that depend on
+    both the rank and the position, so any rank can regenerate any other rank's input."""
+    index = torch.arange(start, start + count, dtype=torch.int64)
+    return ((rank * 7 + index * 3 + 1) % value_modulus(dtype, ranks)).to(dtype)
+
+
+def reduce_over_ranks(op: str, start: int, count: int, dtype: torch.dtype, ranks: int) -> torch.Tensor:
+    """Elements [start, start+count) of the reduction of every rank's input, computed in
+    a wide type and rounded to `dtype` once."""
+    wide = torch.float64 if dtype.is_floating_point else torch.int64
+    total = rank_values(0, start, count, dtype, ranks).to(wide)
+    for rank in range(1, ranks):
+        values = rank_values(rank, start, count, dtype, ranks).to(wide)
+        if op in ("sum", "avg"):
+            total += values
+        elif op == "max":
+            torch.maximum(total, values, out=total)
+        else:
+            torch.minimum(total, values, out=total)
+    if op == "avg":
+        total /= ranks
+    return total.to(dtype)
+
+
+def count_wrong(actual: torch.Tensor, expected: torch.Tensor, op: str) -> int:
+    """Mismatching elements; avg results may differ by rounding (a few ulps)."""
+    if op == "avg":
+        eps = torch.finfo(actual.dtype).eps
+        close = torch.isclose(actual.double(), expected.double(), rtol=4 * eps, atol=eps)
+        return int((~close).sum())
+    return int((actual != expected).sum())
+
+
+# --------------------------------------------------------------------- cases
+
+
+class Case:
+    """One collective on one buffer size: its tensors, its call and its expected result."""
+
+    def __init__(self, collective: str, nbytes: int, dtype: torch.dtype, op: str, rank: int, ranks: int):
+        self.collective, self.nbytes, self.dtype, self.op = collective, nbytes, dtype, op
+        self.rank, self.ranks = rank, ranks
+        self.count = nbytes // dtype.itemsize
+        self.block = self.count // ranks
+        if collective == "all_gather":
+            self.input, self.output = torch.empty(self.block, dtype=dtype), torch.empty(self.count, dtype=dtype)
+        elif collective == "reduce_scatter":
+            self.input, self.output = torch.empty(self.count, dtype=dtype), torch.empty(self.block, dtype=dtype)
+        else:
+            self.input = self.output = torch.empty(self.count, dtype=dtype)  # in place
+
+    def fill(self) -> None:
+        """Write this rank's input and poison a separate output, so a call that writes
+        nothing is caught."""
+        if self.output is not self.input:
+            self.output.fill_(-1)
+        self.input.copy_(rank_values(self.rank, 0, self.input.numel(), self.dtype, self.ranks))
+
+    def call(self, comm: pccl.Communicator, algorithm: str) -> Callable[[], None]:
+        """A no-argument function that runs the collective once with `algorithm`."""
+        if self.collective == "all_gather":
+            return lambda: comm.all_gather(self.output, self.input, algorithm=algorithm)
+        if self.collective == "reduce_scatter":
+            return lambda: comm.reduce_scatter(self.output, self.input, op=self.op, algorithm=algorithm)
+        return lambda: comm.all_reduce(self.output, op=self.op, algorithm=algorithm)
+
+    @cached_property
+    def expected(self) -> torch.Tensor:
+        """What this rank's output must hold, computed locally from every rank's input."""
+        if self.collective == "all_gather":
+            return torch.cat([rank_values(r, 0, self.block, self.dtype, self.ranks) for r in range(self.ranks)])
+        if self.collective == "reduce_scatter":
+            return reduce_over_ranks(self.op, self.rank * self.block, self.block, self.dtype, self.ranks)
+        return reduce_over_ranks(self.op, 0, self.count, self.dtype, self.ranks)
+
+    def wrong(self) -> int:
+        """Elements of this rank's output that differ from the expected result."""
+        return count_wrong(self.output, self.expected, self.op)
+
+
+# ------------------------------------------------------------------ measuring
+
+
+@dataclass
+class Row:
+    """One line of the table and one object of the JSON output."""
+
+    collective: str
+    size: int
+    count: int
+    dtype: str
+    op: str
+    executor: str
+    algorithm: str
+    picked: str
+    time_us: float
+    algbw: float
+    busbw: float
+    wrong: Optional[int]
+    ranks: int
+
+
+def time_per_call(call: Callable[[], None], iters: int, warmup: int, repeats: int, world: MPI.Comm) -> float:
+    """Seconds per call: the slowest rank's mean over `iters` timed calls, median over
+    `repeats` timed loops."""
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(repeats):
+        world.Barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        samples.append(world.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX))
+    return statistics.median(samples)
+
+
+def check(case: Case, call: Callable[[], None], world: MPI.Comm) -> int:
+    """Wrong elements over all ranks after one call on fresh inputs."""
+    case.fill()
+    call()
+    return world.allreduce(case.wrong(), op=MPI.SUM)
+
+
+def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
+            args: argparse.Namespace, world: MPI.Comm) -> Row:
+    """Time (and optionally check) one algorithm of one executor on one case."""
+    call = case.call(comm, algorithm)
+    case.fill()
+    seconds = time_per_call(call, args.iters, args.warmup_iters, args.repeats, world)
+    wrong = check(case, call, world) if args.check else None
+    algbw, busbw = bandwidths(case.collective, case.nbytes, seconds, case.ranks)
+    picked = choose(case.collective, case.nbytes, case.ranks) if algorithm == "auto" else algorithm
+    return Row(case.collective, case.nbytes, case.count, args.datatype, args.op, executor, algorithm,
+               picked, seconds * 1e6, algbw, busbw, wrong, case.ranks)
+
+
+# ------------------------------------------------------------------ variants
+
+
+def make_communicator(executor: str) -> pccl.Communicator:
+    """The communicator over all ranks that runs schedules with `executor`."""
+    if executor == "gloo":
+        return pccl.init(transport="gloo")
+    return pccl.init(executor=executor)
+
+
+def variants(collective: str, algorithms: Optional[list[str]],
+             comms: dict[str, pccl.Communicator]) -> list[tuple[str, pccl.Communicator, str]]:
+    """(executor label, communicator, algorithm) to run for `collective`.
+
+    "native" is the transport's own collective: torch.distributed's for gloo (label
+    "gloo"), MPI's for the MPI executors; MPI's is the same call under either MPI
+    executor, so it runs once, under the first one listed (label "mpi").
+    """
+    valid = algorithms_for(collective) + ("native", "auto")
+    chosen = [a for a in (algorithms or valid) if a in valid]
+    first_mpi = next((e for e in comms if e in MPI_EXECUTORS), None)
+    out = []
+    for executor, comm in comms.items():
+        for algorithm in chosen:
+            if algorithm != "native" or executor == "gloo":
+                out.append((executor, comm, algorithm))
+            elif executor == first_mpi:
+                out.append(("mpi", comm, algorithm))
+    return out
+
+
+# ------------------------------------------------------------------- output
+
+COLUMNS: tuple[tuple[str, int, Callable[[Row], str]], ...] = (
+    ("size(B)", 12, lambda r: str(r.size)),
+    ("count", 12, lambda r: str(r.count)),
+    ("type", 8, lambda r: r.dtype),
+    ("executor", 8, lambda r: r.executor),
+    ("algorithm", 26, lambda r: f"auto({r.picked})" if r.algorithm == "auto" else r.algorithm),
+    ("time(us)", 11, lambda r: f"{r.time_us:.2f}"),
+    ("algbw(GB/s)", 11, lambda r: f"{r.algbw:.3f}"),
+    ("busbw(GB/s)", 11, lambda r: f"{r.busbw:.3f}"),
+    ("#wrong", 7, lambda r: "N/A" if r.wrong is None else str(r.wrong)),
+)
+
+
+def table_line(cells: list[str]) -> str:
+    return " ".join(cell.rjust(width) for cell, (_, width, _) in zip(cells, COLUMNS))
+
+
+def table_header(collective: str) -> str:
+    rule = "#" + "-" * (len(table_line([""] * len(COLUMNS))) - 1)
+    return f"#\n# {collective}\n{rule}\n#{table_line([name for name, _, _ in COLUMNS])[1:]}\n{rule}"
+
+
+def format_row(row: Row) -> str:
+    return table_line([fmt(row) for _, _, fmt in COLUMNS])
+
+
+def run_header(args: argparse.Namespace, ranks: int) -> str:
+    return (f"# pccl-bench  ranks: {ranks}  type: {args.datatype}  op: {args.op}  "
+            f"minBytes: {args.minbytes}  maxBytes: {args.maxbytes}  step: {args.stepfactor}(factor)  "
+            f"warmup iters: {args.warmup_iters}  iters: {args.iters}  repeats: {args.repeats}  "
+            f"validation: {int(args.check)}")
+
+
+def fastest(rows: list[Row]) -> dict[tuple[int, str], Row]:
+    """The fastest row per (size, executor), among the concrete algorithms (not auto)."""
+    best: dict[tuple[int, str], Row] = {}
+    for row in rows:
+        key = (row.size, row.executor)
+        if row.algorithm != "auto" and (key not in best or row.time_us < best[key].time_us):
+            best[key] = row
+    return best
+
+
+def summary(collective: str, rows: list[Row]) -> str:
+    """Per size, the fastest algorithm of each executor; '*' marks auto's pick."""
+    best = fastest(rows)
+    if not best:
+        return f"# {collective}: no rows"
+    executors = list(dict.fromkeys(e for _, e in best))
+    sizes = list(dict.fromkeys(s for s, _ in best))
+    auto = {s: choose(collective, s, rows[0].ranks) for s in sizes}
+
+    def cell(size: int, executor: str) -> str:
+        row = best.get((size, executor))
+        if row is None:
+            return "-"
+        mark = "*" if row.algorithm == auto[size] else ""
+        return f"{row.algorithm}{mark} {row.time_us:.1f}us"
+
+    lines = [f"# {collective}: fastest algorithm per executor (* = auto's pick)",
+             "#" + f"{'size(B)':>11} " + " ".join(f"{e:>28}" for e in executors)]
+    lines += [f"{s:>12} " + " ".join(f"{cell(s, e):>28}" for e in executors) for s in sizes]
+    return "\n".join(lines)
+
+
+def write_json(rows: list[Row], path: str) -> None:
+    text = json.dumps([asdict(row) for row in rows], indent=1)
+    if path == "-":
+        print(text, flush=True)
+    else:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+
+# -------------------------------------------------------------------- options
+
+
+def size_arg(text: str) -> int:
+    """An argparse type: `parse_size` with its message shown on bad input."""
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def comma_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of names from `choices`."""
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = [name for name in names if name not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"expected a comma list from {', '.join(choices)}, got {text!r}")
+        return names
+    return parse
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="pccl-bench", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add = parser.add_argument
+    add("-b", "--minbytes", type=size_arg, default=parse_size("32M"), help="smallest buffer (K/M/G suffixes)")
+    add("-e", "--maxbytes", type=size_arg, default=parse_size("32M"), help="largest buffer")
+    add("-f", "--stepfactor", type=int, default=2, help="multiply the size by this between rows")
+    add("-n", "--iters", type=int, default=20, help="timed calls per loop")
+    add("-w", "--warmup_iters", type=int, default=5, help="untimed calls first")
+    add("-c", "--check", type=int, choices=(0, 1), default=1, help="check correctness")
+    add("-d", "--datatype", choices=tuple(DATATYPES), default="float")
+    add("-o", "--op", choices=OPS, default="sum", help="reduction (reduce_scatter, all_reduce)")
+    add("--collectives", type=comma_list(COLLECTIVES), default=["all_gather", "reduce_scatter"])
+    add("--algorithms", type=comma_list(ALL_NAMES), default=None,
+        help="default: every algorithm of each collective, plus native and auto")
+    add("--executors", type=comma_list(EXECUTORS), default=list(EXECUTORS))
+    add("--repeats", type=int, default=1, help="timed loops; the median is reported")
+    add("--json", metavar="PATH", default=None, help="write the rows as JSON ('-': stdout, no table)")
+    args = parser.parse_args(argv)
+    if args.stepfactor < 2:
+        parser.error("--stepfactor must be at least 2")
+    if min(args.iters, args.repeats) < 1 or args.warmup_iters < 0:
+        parser.error("--iters and --repeats must be >= 1, --warmup_iters >= 0")
+    if args.op == "avg" and not DATATYPES[args.datatype].is_floating_point:
+        parser.error(f"op avg needs a floating-point datatype, got {args.datatype}")
+    return args
+
+
+# ----------------------------------------------------------------------- main
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    torch.set_num_threads(1)  # ranks share the machine's cores
+    args = parse_args(argv)
+    world = MPI.COMM_WORLD
+    ranks, dtype = world.size, DATATYPES[args.datatype]
+    show = world.rank == 0 and args.json != "-"
+    say = (lambda text: print(text, flush=True)) if show else (lambda text: None)
+    comms = {executor: make_communicator(executor) for executor in args.executors}
+    sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor, ranks, dtype.itemsize)
+
+    say(run_header(args, ranks))
+    rows: list[Row] = []
+    for collective in args.collectives:
+        say(table_header(collective))
+        for nbytes in sizes:
+            case = Case(collective, nbytes, dtype, args.op, world.rank, ranks)
+            for executor, comm, algorithm in variants(collective, args.algorithms, comms):
+                rows.append(measure(case, comm, executor, algorithm, args, world))
+                say(format_row(rows[-1]))
+    for collective in args.collectives:
+        say("#\n" + summary(collective, [r for r in rows if r.collective == collective]))
+    if world.rank == 0 and args.json:
+        write_json(rows, args.json)
+
+
+if __name__ == "__main__":
+    main()

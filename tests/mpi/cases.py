@@ -1,0 +1,74 @@
+"""The multi-rank test matrix, shared by the pytest driver and the mpiexec worker.
+
+A group is (executor, collective, algorithm); inside a group every dtype x op x size runs,
+and the group passes when every combination matches the reference computed from all
+ranks' inputs (exact for sums, max and min: inputs are small integers, exactly
+representable and summed exactly in every dtype; a rounding tolerance for avg).
+"""
+from __future__ import annotations
+
+import torch
+
+from pccl.algorithms import algorithms_for
+
+WORLD_SIZES = (1, 2, 3, 4, 5, 6, 8)
+EXECUTORS = ("cpp", "python", "gloo")
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+OPS = ("sum", "avg", "max", "min")
+MB_BYTES = 2 << 20   # the "few MB" case: full buffer of 2 MiB, float32 sum
+
+
+def groups() -> list[tuple[str, str, str]]:
+    # "native" is the transport's own collective: MPI's (tested once, under cpp) or gloo's.
+    return [(e, c, a) for e in EXECUTORS for c in COLLECTIVES
+            for a in algorithms_for(c) + (("native",) if e != "python" else ())]
+
+
+def group_id(executor: str, collective: str, algorithm: str) -> str:
+    return f"{executor}-{collective}-{algorithm}"
+
+
+def counts(collective: str, p: int) -> list[int]:
+    """Element counts per call: per-rank share for all-gather/reduce-scatter, total for all-reduce.
+
+    0, 1, odd, (all-reduce) not divisible by p, and larger.
+    """
+    if collective == "all_reduce":
+        return [0, 1, 7, 5 * p + 3, 1001]
+    return [0, 1, 7, 1001]
+
+
+def combos(collective: str, p: int):
+    """Yield (dtype, op, count) for one group, then the few-MB float32 case."""
+    for dtype in DTYPES:
+        ops = ("sum",) if collective == "all_gather" else tuple(
+            o for o in OPS if o != "avg" or dtype.is_floating_point)
+        for op in ops:
+            for n in counts(collective, p):
+                yield dtype, op, n
+    elems = MB_BYTES // 4
+    yield torch.float32, "sum", elems // p if collective != "all_reduce" else elems + 1
+
+
+def make_input(rank: int, numel: int, dtype: torch.dtype, salt: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rank * 1_000_003 + salt)
+    return torch.randint(-16, 17, (numel,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def reduce_reference(inputs: list[torch.Tensor], op: str) -> torch.Tensor:
+    stacked = torch.stack([t.double() for t in inputs])
+    if op == "sum":
+        return stacked.sum(0)
+    if op == "avg":
+        return stacked.sum(0) / len(inputs)
+    if op == "max":
+        return stacked.max(0).values
+    return stacked.min(0).values
+
+
+def matches(actual: torch.Tensor, expected: torch.Tensor, op: str) -> bool:
+    if op != "avg":
+        return torch.equal(actual.double(), expected.double())
+    tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-6, torch.float64: 1e-12}[actual.dtype]
+    return torch.allclose(actual.double(), expected.double(), rtol=tol, atol=tol)

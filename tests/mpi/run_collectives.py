@@ -1,0 +1,112 @@
+"""mpiexec worker: run the whole collective matrix for one world size, write a JSON report.
+
+Usage: mpiexec -n P python tests/mpi/run_collectives.py REPORT.json
+The report maps group ids to the list of failing combinations (empty when it passed),
+plus "_bad_input" for the argument-validation round trip.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.mpi.cases import (EXECUTORS, combos, group_id, groups, make_input, matches,  # noqa: E402
+                             reduce_reference)
+
+import pccl  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+torch.set_num_threads(1)
+world = MPI.COMM_WORLD
+p, rank = world.size, world.rank
+
+
+def run_case(comm, collective, algorithm, dtype, op, n, salt):
+    if collective == "all_gather":
+        inputs = [make_input(r, n, dtype, salt) for r in range(p)]
+        out = torch.full((n * p,), -99, dtype=dtype)
+        comm.all_gather(out, inputs[rank].clone(), algorithm=algorithm)
+        return matches(out, torch.cat(inputs), op)
+    if collective == "reduce_scatter":
+        inputs = [make_input(r, n * p, dtype, salt) for r in range(p)]
+        mine = inputs[rank].clone()
+        out = torch.full((n,), -99, dtype=dtype)
+        comm.reduce_scatter(out, mine, op=op, algorithm=algorithm)
+        untouched = torch.equal(mine, inputs[rank])
+        expected = reduce_reference(inputs, op)[rank * n:(rank + 1) * n]
+        return untouched and matches(out, expected.to(dtype), op)
+    inputs = [make_input(r, n, dtype, salt) for r in range(p)]
+    buf = inputs[rank].clone()
+    comm.all_reduce(buf, op=op, algorithm=algorithm)
+    return matches(buf, reduce_reference(inputs, op).to(dtype), op)
+
+
+def run_group(comm, collective, algorithm) -> list[str]:
+    failures = []
+    for salt, (dtype, op, n) in enumerate(combos(collective, p)):
+        label = f"{str(dtype).replace('torch.', '')} {op} n={n}"
+        try:
+            ok = run_case(comm, collective, algorithm, dtype, op, n, salt)
+        except Exception as e:  # noqa: BLE001 - reported per case
+            ok, label = False, f"{label}: {type(e).__name__}: {e}"
+        # A case passes only if it passed on every rank.
+        bad = world.allgather(not ok)
+        if any(bad):
+            failures.append(f"{label} (wrong on ranks {[r for r, b in enumerate(bad) if b]})")
+    return failures
+
+
+def bad_input_round_trip(comm) -> list[str]:
+    """Every bad call must raise before sending; the communicator must work afterwards."""
+    x, out = torch.ones(4), torch.empty(4 * p)
+    bad_calls = [
+        (ValueError, lambda: comm.all_gather(torch.empty(4 * p + 1), x)),
+        (ValueError, lambda: comm.reduce_scatter(torch.empty(3), torch.ones(4 * p))),
+        (TypeError, lambda: comm.all_gather(out, torch.ones(4, dtype=torch.float64))),
+        (ValueError, lambda: comm.all_gather(torch.empty(8 * p)[::2], x)),
+        (ValueError, lambda: comm.all_reduce(x, op="prod")),
+        (ValueError, lambda: comm.all_reduce(torch.ones(4, dtype=torch.int32), op="avg")),
+        (TypeError, lambda: comm.all_reduce(torch.ones(4, dtype=torch.uint8))),
+        (ValueError, lambda: comm.all_reduce(x, algorithm="tree")),
+        (ValueError, lambda: comm.all_gather(out, x, algorithm="recursive_halving")),
+        (ValueError, lambda: comm.all_gather(out.to("meta"), x)),
+        (TypeError, lambda: comm.all_reduce([1.0, 2.0])),
+    ]
+    problems = []
+    for i, (expected, call) in enumerate(bad_calls):
+        try:
+            call()
+            problems.append(f"bad call {i} raised nothing")
+        except expected:
+            pass
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"bad call {i} raised {type(e).__name__} instead of {expected.__name__}: {e}")
+    y = torch.full((5,), float(rank))
+    comm.all_reduce(y)
+    if not torch.equal(y, torch.full((5,), float(sum(range(p))))):
+        problems.append(f"communicator unusable after bad input: {y}")
+    return problems
+
+
+def main() -> None:
+    report: dict[str, list[str]] = {}
+    comms = {}
+    for executor in EXECUTORS:
+        comms[executor] = (pccl.init(transport="gloo", timeout=60) if executor == "gloo"
+                           else pccl.init(executor=executor, timeout=60))
+        report[f"_bad_input-{executor}"] = bad_input_round_trip(comms[executor])
+    for executor, collective, algorithm in groups():
+        try:
+            report[group_id(executor, collective, algorithm)] = run_group(comms[executor], collective, algorithm)
+        except Exception:  # noqa: BLE001
+            report[group_id(executor, collective, algorithm)] = [traceback.format_exc()]
+    if rank == 0:
+        Path(sys.argv[1]).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""mpiexec worker for behaviours beyond results: async handles, timeouts, huge buffers.
+
+Usage: mpiexec -n P python tests/mpi/run_special.py SCENARIO
+Prints "OK <scenario>" on rank 0 when every check passed; raises otherwise.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from mpi4py import MPI
+
+import pccl
+
+torch.set_num_threads(1)
+world = MPI.COMM_WORLD
+p, rank = world.size, world.rank
+EXECUTORS = {"cpp": dict(executor="cpp"), "python": dict(executor="python"), "gloo": dict(transport="gloo")}
+
+
+def scenario_async() -> None:
+    for name, kwargs in EXECUTORS.items():
+        comm = pccl.init(timeout=60, **kwargs)
+        x = torch.full((1000,), float(rank + 1))
+        out = torch.empty(1000 * p)
+        world.Barrier()
+        if rank == 1:
+            time.sleep(0.5)  # a late peer: rank 0's async call must not wait for it
+        t0 = time.perf_counter()
+        work = comm.all_gather(out, x, algorithm="ring", async_op=True)
+        returned = time.perf_counter() - t0
+        if rank == 0:
+            assert returned < 0.25, f"{name}: async call blocked for {returned:.2f} s"
+            assert not work.is_completed(), f"{name}: completed before the late peer arrived"
+        # Queued behind the async one: a sync call and a second async call, in issue order.
+        y = torch.full((10,), float(rank))
+        comm.all_reduce(y, algorithm="recursive_doubling")
+        z = torch.full((7,), float(rank))
+        w2 = comm.all_reduce(z, op="max", algorithm="rabenseifner", async_op=True)
+        assert work.wait() is True and work.is_completed()
+        w2.wait()
+        expected = torch.cat([torch.full((1000,), float(r + 1)) for r in range(p)])
+        assert torch.equal(out, expected), f"{name}: async all_gather result wrong"
+        assert torch.equal(y, torch.full((10,), float(sum(range(p))))), f"{name}: queued sync call wrong"
+        assert torch.equal(z, torch.full((7,), float(p - 1))), f"{name}: second async call wrong"
+
+
+def scenario_timeout() -> None:
+    for name, kwargs in EXECUTORS.items():
+        comm = pccl.init(timeout=1.5, **kwargs)
+        world.Barrier()
+        if rank == 0:
+            t0 = time.perf_counter()
+            try:
+                comm.all_gather(torch.empty(4 * p), torch.ones(4), algorithm="ring")
+                raise AssertionError(f"{name}: no timeout")
+            except pccl.CollectiveTimeout as e:
+                took = time.perf_counter() - t0
+                assert 1.4 < took < 10, f"{name}: timed out after {took:.1f} s, expected ~1.5 s"
+                assert "timed out" in str(e)
+        world.Barrier()
+    # Async: the error surfaces at wait().
+    comm = pccl.init(timeout=1.5)
+    world.Barrier()
+    if rank == 0:
+        work = comm.all_reduce(torch.ones(8), algorithm="ring", async_op=True)
+        try:
+            work.wait()
+            raise AssertionError("async: no timeout")
+        except pccl.CollectiveTimeout:
+            pass
+    world.Barrier()
+
+
+def scenario_native_watchdog() -> None:
+    comm = pccl.init(timeout=1.5)
+    if rank == 0:
+        comm.all_gather(torch.empty(4 * p), torch.ones(4), algorithm="native")
+    time.sleep(20)  # the watchdog must abort the job long before this
+
+
+def scenario_large() -> None:
+    # 2^30 + 1 fp16 elements per rank: inputs over 2^31 bytes, output over 2^31 elements.
+    comm = pccl.init(timeout=600)
+    n = (1 << 30) + 1
+    x = torch.full((n,), float(rank + 1), dtype=torch.float16)
+    out = torch.empty(n * p, dtype=torch.float16)
+    comm.all_gather(out, x, algorithm="ring")
+    del x
+    for r in range(p):
+        block = out[r * n:(r + 1) * n]
+        assert bool((block == r + 1).all()), f"block {r} wrong"
+    assert out.numel() > 2**31
+
+
+if __name__ == "__main__":
+    name = sys.argv[1]
+    globals()[f"scenario_{name}"]()
+    world.Barrier()
+    if rank == 0:
+        print(f"OK {name}", flush=True)

@@ -1,0 +1,101 @@
+"""pccl-bench: size parsing and rounding, bandwidth formulas, test data, and one small run."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pccl.algorithms import algorithms_for
+from pccl.bench import (DATATYPES, Case, bandwidths, bus_factor, parse_size, round_size, size_sweep,
+                        value_modulus)
+
+
+@pytest.mark.parametrize("text,nbytes", [("64", 64), ("4K", 4096), ("4k", 4096), ("1M", 1 << 20),
+                                         ("2G", 2 << 30), ("0", 0)])
+def test_parse_size(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "K", "4X", "1.5K", "-1", "4KB", "four"])
+def test_parse_size_rejects_bad_input(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8, 13])
+def test_bus_factors_match_nccl_tests(p):
+    # nccl-tests (doc/PERFORMANCE.md): allgather and reducescatter (n-1)/n, allreduce 2(n-1)/n.
+    assert bus_factor("all_gather", p) == pytest.approx((p - 1) / p)
+    assert bus_factor("reduce_scatter", p) == pytest.approx((p - 1) / p)
+    assert bus_factor("all_reduce", p) == pytest.approx(2 * (p - 1) / p)
+
+
+def test_bandwidths_in_gb_per_second():
+    algbw, busbw = bandwidths("all_reduce", 2_000_000_000, 0.5, 4)
+    assert algbw == pytest.approx(4.0)
+    assert busbw == pytest.approx(6.0)
+
+
+def test_round_size_gives_equal_blocks_of_whole_elements():
+    assert round_size(4096, 4, 4) == 4096
+    assert round_size(4096, 3, 4) == 4092
+    assert round_size(1000, 3, 8) == 984
+    assert round_size(10, 4, 4) == 0
+
+
+def test_size_sweep_multiplies_rounds_and_drops_empty_sizes():
+    assert size_sweep(4096, 65536, 4, 4, 4) == [4096, 16384, 65536]
+    assert size_sweep(4096, 65535, 4, 3, 4) == [4092, 16380]
+    assert size_sweep(8, 64, 2, 4, 4) == [16, 32, 64]  # 8 B cannot hold 4 floats
+
+
+@pytest.mark.parametrize("name", ["half", "bfloat16", "float"])
+@pytest.mark.parametrize("p", [2, 3, 8, 21, 64])
+def test_sums_of_test_values_are_exact(name, p):
+    dtype = DATATYPES[name]
+    largest_sum = (value_modulus(dtype, p) - 1) * p
+    assert torch.tensor(float(largest_sum), dtype=dtype).item() == largest_sum
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter", "all_reduce"])
+def test_case_counts_wrong_elements(collective):
+    case = Case(collective, 4 * 4 * 6, torch.float32, "sum", rank=1, ranks=4)
+    case.fill()
+    assert case.wrong() > 0  # poisoned output, or one rank's input for all_reduce
+    case.output.copy_(case.expected)
+    assert case.wrong() == 0
+    case.output[-1] += 1
+    assert case.wrong() == 1
+
+
+def test_all_gather_expectation_is_every_ranks_input():
+    cases = [Case("all_gather", 2 * 4 * 5, torch.float32, "sum", rank=r, ranks=2) for r in range(2)]
+    for case in cases:
+        case.fill()
+    assert torch.equal(cases[0].expected, torch.cat([cases[0].input, cases[1].input]))
+
+
+def mpiexec_env() -> dict:
+    """This environment without a surrounding MPI job's variables (pytest may run under mpiexec)."""
+    prefixes = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "OMPI_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+
+
+def test_two_rank_run_reports_every_algorithm_correct():
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        pytest.skip("no mpiexec next to the python interpreter")
+    command = [mpiexec, "-n", "2", sys.executable, "-m", "pccl.bench", "-b", "1K", "-e", "4K", "-f", "4",
+               "-n", "2", "-w", "1", "--executors", "cpp,python", "--json", "-"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=mpiexec_env())
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    for collective in ("all_gather", "reduce_scatter"):
+        expected = {(e, a) for e in ("cpp", "python") for a in algorithms_for(collective) + ("auto",)}
+        expected.add(("mpi", "native"))
+        for size in (1024, 4096):
+            mine = [r for r in rows if r["collective"] == collective and r["size"] == size]
+            assert {(r["executor"], r["algorithm"]) for r in mine} == expected
+            assert all(r["wrong"] == 0 and r["ranks"] == 2 and r["time_us"] > 0 for r in mine)

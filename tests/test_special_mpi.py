@@ -1,0 +1,39 @@
+"""Multi-rank behaviour: async handles, timeouts instead of hangs, buffers over 2^31 bytes."""
+import time
+
+import pytest
+
+from tests.launch import mpiexec
+
+
+def run_ok(ranks, scenario, timeout=300):
+    run = mpiexec(ranks, "tests/mpi/run_special.py", scenario, timeout=timeout)
+    assert run.returncode == 0 and f"OK {scenario}" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_async_returns_before_the_transfer_ends_and_keeps_issue_order():
+    run_ok(3, "async")
+
+
+def test_missing_peer_raises_timeout_on_every_executor():
+    run_ok(3, "timeout")
+
+
+def test_native_mpi_collective_is_aborted_by_the_watchdog():
+    t0 = time.perf_counter()
+    run = mpiexec(3, "tests/mpi/run_special.py", "native_watchdog", timeout=120)
+    assert run.returncode != 0
+    assert "did not complete within the timeout" in run.stderr + run.stdout
+    assert time.perf_counter() - t0 < 18, "the job hung instead of aborting"
+
+
+def available_gib() -> float:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return 0.0
+
+
+@pytest.mark.skipif(available_gib() < 16, reason="needs about 13 GiB of free memory (2 ranks x 6 GiB)")
+def test_buffers_over_2_gib_and_2_to_the_31_elements():
+    run_ok(2, "large", timeout=600)

@@ -1,0 +1,74 @@
+"""Argument validation and single-rank behaviour (no mpiexec: a singleton MPI world)."""
+import pytest
+import torch
+from mpi4py import MPI
+
+import pccl
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return pccl.Communicator(MPI.COMM_SELF, timeout=10)
+
+
+@pytest.mark.parametrize("call,error,words", [
+    (lambda c: c.all_gather(torch.empty(5), torch.ones(4)), ValueError, ["output.numel()", "4", "5"]),
+    (lambda c: c.reduce_scatter(torch.empty(3), torch.ones(4)), ValueError, ["input.numel()", "3", "4"]),
+    (lambda c: c.all_gather(torch.empty(4), torch.ones(4, dtype=torch.float64)), TypeError,
+     ["dtypes differ", "float32", "float64"]),
+    (lambda c: c.all_gather(torch.empty(8)[::2], torch.ones(4)), ValueError, ["output", "contiguous"]),
+    (lambda c: c.all_reduce(torch.ones(4), op="prod"), ValueError, ["op", "prod", "sum"]),
+    (lambda c: c.all_reduce(torch.ones(4, dtype=torch.int64), op="avg"), ValueError, ["avg", "int64"]),
+    (lambda c: c.all_reduce(torch.ones(4, dtype=torch.complex64)), TypeError, ["tensor", "complex64"]),
+    (lambda c: c.all_reduce(torch.ones(4), algorithm="tree"), ValueError, ["unknown algorithm", "tree"]),
+    (lambda c: c.reduce_scatter(torch.empty(4), torch.ones(4), algorithm="bruck"), ValueError,
+     ["bruck", "reduce_scatter", "recursive_halving"]),
+    (lambda c: c.all_gather(torch.empty(4, device="meta"), torch.ones(4)), ValueError, ["output", "meta", "cpu"]),
+    (lambda c: c.all_reduce(torch.ones(4).numpy()), TypeError, ["torch.Tensor", "ndarray"]),
+])
+def test_bad_input_names_argument_expected_and_actual(comm, call, error, words):
+    with pytest.raises(error) as info:
+        call(comm)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+    # Still usable afterwards.
+    t = torch.arange(6.0)
+    comm.all_reduce(t)
+    assert torch.equal(t, torch.arange(6.0))
+
+
+def test_constructor_checks(comm):
+    with pytest.raises(TypeError, match="mpi4py.MPI.Comm or a torch.distributed.ProcessGroup"):
+        pccl.Communicator("world")
+    with pytest.raises(ValueError, match="executor 'gloo' does not run on transport 'mpi'"):
+        pccl.Communicator(MPI.COMM_SELF, executor="gloo")
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        pccl.Communicator(MPI.COMM_SELF, timeout=0)
+    with pytest.raises(ValueError, match="transport must be"):
+        pccl.init(transport="carrier-pigeon")
+
+
+@pytest.mark.parametrize("executor", ["cpp", "python"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_single_rank_collectives_are_copies(executor, dtype):
+    c = pccl.Communicator(MPI.COMM_SELF, executor=executor)
+    x = torch.arange(10).to(dtype)
+    for algorithm in ("auto", "native", "ring"):
+        out = torch.empty(10, dtype=dtype)
+        c.all_gather(out, x, algorithm=algorithm)
+        assert torch.equal(out, x)
+        out.zero_()
+        c.reduce_scatter(out, x, op="max", algorithm=algorithm)
+        assert torch.equal(out, x)
+        y = x.clone()
+        c.all_reduce(y, algorithm=algorithm)
+        assert torch.equal(y, x)
+
+
+def test_async_handle_on_one_rank():
+    c = pccl.Communicator(MPI.COMM_SELF)
+    t = torch.ones(100)
+    work = c.all_reduce(t, op="avg", async_op=True)
+    assert isinstance(work, pccl.Work)
+    assert work.wait() is True and work.is_completed()
+    assert torch.equal(t, torch.ones(100))
