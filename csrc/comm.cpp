@@ -113,7 +113,26 @@ void MpiComm::wait_all(int64_t step) {
   req_peers_.clear();
 }
 
-void MpiComm::execute(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op) {
+// Where the current values of blocks [first, first+count) are: in source while none was
+// touched, in buf once all were; a mixed run is completed in buf first.
+const char* MpiComm::current(char* buf, const char* source, Layout layout, size_t esize, int64_t first,
+                             int64_t count) {
+  const int64_t offset = layout.offset(first) * esize;
+  if (source == nullptr) return buf + offset;
+  int64_t fresh = 0;
+  for (int64_t b = first; b < first + count; ++b) fresh += touched_[b];
+  if (fresh == 0) return source + offset;
+  for (int64_t b = first; b < first + count; ++b) {
+    if (touched_[b]) continue;
+    const int64_t at = layout.offset(b) * esize;
+    std::memcpy(buf + at, source + at, (layout.offset(b + 1) - layout.offset(b)) * esize);
+    touched_[b] = 1;
+  }
+  return buf + offset;
+}
+
+void MpiComm::execute(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op,
+                      const char* source) {
   const size_t esize = elem_size(dtype);
   auto bytes_of = [&](int64_t first, int64_t count) {
     return (layout.offset(first + count) - layout.offset(first)) * static_cast<int64_t>(esize);
@@ -126,22 +145,32 @@ void MpiComm::execute(const int64_t* ops, int64_t rows, char* buf, Layout layout
       if (ops[end * 5 + 1] == kRecvReduce) scratch_bytes += bytes_of(ops[end * 5 + 3], ops[end * 5 + 4]);
     char* scratch = workspace(scratch_, scratch_bytes);
     reductions_.clear();
+    landed_.clear();
     for (int64_t i = begin; i < end; ++i) {
       const int64_t* row = ops + i * 5;
       const int peer = static_cast<int>(row[2]);
-      char* ptr = buf + layout.offset(row[3]) * esize;
-      const int64_t bytes = bytes_of(row[3], row[4]);
+      const int64_t first = row[3], count = row[4];
+      const int64_t bytes = bytes_of(first, count);
       if (bytes == 0) continue;  // empty blocks (count < size): neither side sends
-      if (row[1] == kRecvReduce) {
-        post(false, scratch, bytes, peer);
-        reductions_.push_back({ptr, scratch, bytes / static_cast<int64_t>(esize)});
-        scratch += bytes;
+      char* target = buf + layout.offset(first) * esize;
+      if (row[1] == kSend) {
+        post(true, const_cast<char*>(current(buf, source, layout, esize, first, count)), bytes, peer);
+        continue;
+      }
+      landed_.emplace_back(first, count);
+      if (row[1] == kRecv) {
+        post(false, target, bytes, peer);
       } else {
-        post(row[1] == kSend, ptr, bytes, peer);
+        post(false, scratch, bytes, peer);
+        reductions_.push_back({target, current(buf, source, layout, esize, first, count), scratch,
+                               bytes / static_cast<int64_t>(esize)});
+        scratch += bytes;
       }
     }
     wait_all(step);
-    for (const Pending& r : reductions_) reduce_into(r.dst, r.src, r.elems, dtype, op);
+    for (const Pending& r : reductions_) reduce(r.dst, r.a, r.b, r.elems, dtype, op);
+    if (source != nullptr)
+      for (auto [first, count] : landed_) std::fill(touched_.begin() + first, touched_.begin() + first + count, 1);
     begin = end;
   }
 }
@@ -161,11 +190,12 @@ void MpiComm::reduce_scatter(const int64_t* ops, int64_t rows, void* out, const 
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
   const size_t bytes = count * elem_size(dtype);
-  // The input stays untouched: reduce in a cached copy, hand block `rank` to the caller.
+  // The input stays untouched: partial results go to a cached work buffer, filled lazily.
   char* work = workspace(work_, bytes * size_);
-  std::memcpy(work, in, bytes * size_);
-  execute(ops, rows, work, Layout(count * size_, size_), dtype, op);
-  std::memcpy(out, work + rank_ * bytes, bytes);
+  touched_.assign(size_, 0);
+  const char* source = static_cast<const char*>(in);
+  execute(ops, rows, work, Layout(count * size_, size_), dtype, op, source);
+  std::memcpy(out, (touched_[rank_] ? work : source) + rank_ * bytes, bytes);
   if (op == Op::Avg) scale(out, count, dtype, 1.0 / size_);
 }
 

@@ -54,7 +54,12 @@ class MpiComm {
   void native_all_reduce(void* buf, int64_t count, DType dtype, Op op);
 
  private:
-  void execute(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op);
+  // Runs a schedule on `buf`. With `source`, buf is a lazily filled copy of source: a
+  // block is read from source until a receive lands in it (reduce-scatter's input stays
+  // untouched without copying it whole first).
+  void execute(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op,
+               const char* source = nullptr);
+  const char* current(char* buf, const char* source, Layout layout, size_t esize, int64_t first, int64_t count);
   void post(bool is_send, char* ptr, int64_t bytes, int peer);
   void wait_all(int64_t step);
   void check_usable() const;
@@ -71,8 +76,10 @@ class MpiComm {
   std::vector<char> work_, scratch_;
   std::vector<MPI_Request> reqs_;
   std::vector<int> req_peers_;
-  struct Pending { char* dst; const char* src; int64_t elems; };
+  struct Pending { char* dst; const char* a; const char* b; int64_t elems; };
   std::vector<Pending> reductions_;
+  std::vector<char> touched_;                          // per block, when execute has a source
+  std::vector<std::pair<int64_t, int64_t>> landed_;    // runs received in the current step
 };
 
 }  // namespace pccl

@@ -45,9 +45,9 @@ NB_MODULE(_native, m) {
   nb::exception<Timeout>(m, "CollectiveTimeout", PyExc_TimeoutError);
   m.attr("compiled_mpi") = compiled_mpi();
 
-  m.def("reduce_into", [](uintptr_t dst, uintptr_t src, int64_t n, int dtype, int op) {
-    reduce_into(ptr(dst), ptr(src), n, static_cast<DType>(dtype), static_cast<Op>(op));
-  }, nb::call_guard<nb::gil_scoped_release>(), "dst[i] = op(dst[i], src[i]) for n elements");
+  m.def("reduce", [](uintptr_t dst, uintptr_t a, uintptr_t b, int64_t n, int dtype, int op) {
+    reduce(ptr(dst), ptr(a), ptr(b), n, static_cast<DType>(dtype), static_cast<Op>(op));
+  }, nb::call_guard<nb::gil_scoped_release>(), "dst[i] = op(a[i], b[i]) for n elements (dst may be a)");
   m.def("scale", [](uintptr_t buf, int64_t n, int dtype, double factor) {
     scale(ptr(buf), n, static_cast<DType>(dtype), factor);
   }, nb::call_guard<nb::gil_scoped_release>(), "buf[i] *= factor for n elements");

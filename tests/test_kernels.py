@@ -24,12 +24,14 @@ def sample(dtype, n, seed):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("n", [0, 1, 7, 64, 1000, 4099])
-def test_reduce_into_matches_torch(dtype, op, n):
+@pytest.mark.parametrize("in_place", [True, False])
+def test_reduce_matches_torch(dtype, op, n, in_place):
     a, b = sample(dtype, n, 1), sample(dtype, n, 2)
     expected = TORCH_REF[op](a, b)
-    _native.reduce_into(a.data_ptr(), b.data_ptr(), n, DTYPES[dtype], OPS[op])
+    dst = a if in_place else torch.full_like(a, 3)
+    _native.reduce(dst.data_ptr(), a.data_ptr(), b.data_ptr(), n, DTYPES[dtype], OPS[op])
     # Same rounding as torch: widen to float, combine, round to nearest even.
-    assert torch.equal(a, expected)
+    assert torch.equal(dst, expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
@@ -50,5 +52,5 @@ def test_bf16_rounds_to_nearest_even_and_keeps_nan():
     a = torch.tensor([1.0, float("nan"), 3.0e38, -0.0], dtype=torch.bfloat16)
     b = torch.tensor([2**-8, 1.0, 3.0e38, 0.0], dtype=torch.bfloat16)
     expected = torch.add(a, b)
-    _native.reduce_into(a.data_ptr(), b.data_ptr(), 4, DTYPES[torch.bfloat16], OPS["sum"])
+    _native.reduce(a.data_ptr(), a.data_ptr(), b.data_ptr(), 4, DTYPES[torch.bfloat16], OPS["sum"])
     assert torch.equal(a[[0, 2, 3]], expected[[0, 2, 3]]) and torch.isnan(a[1])
