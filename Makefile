@@ -41,8 +41,9 @@ endif
 	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest
 	touch $@
 
-# The editable install maps the package's files when it is made, so new files re-run it.
-$(VENV)/.native: $(VENV)/.deps pyproject.toml CMakeLists.txt $(wildcard csrc/*) $(shell find pccl -name '*.py')
+# The editable install maps the package's files when it is made, so adding or removing a
+# file (a folder's time changes) re-runs it; edits to existing Python files need nothing.
+$(VENV)/.native: $(VENV)/.deps pyproject.toml CMakeLists.txt $(wildcard csrc/*) $(shell find pccl -type d -not -name __pycache__)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
 

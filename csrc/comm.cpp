@@ -6,7 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
+#include <cstdio>
 #include <cstring>
 
 #include "reduce.h"
@@ -102,9 +102,10 @@ void MpiComm::wait_all(int64_t step) {
       reqs_.clear();
       req_peers_.clear();
       broken_ = true;
-      throw Timeout("pccl: rank " + std::to_string(rank_) + " timed out after " +
-                    std::to_string(timeout_s_) + " s at step " + std::to_string(step) +
-                    " waiting for peers" + peers.substr(0, peers.size() - 1) +
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%g", timeout_s_);
+      throw Timeout("pccl: rank " + std::to_string(rank_) + " timed out after " + seconds + " s at step " +
+                    std::to_string(step) + " waiting for peers" + peers.substr(0, peers.size() - 1) +
                     " (did every rank call the same collective?)");
     }
     sched_yield();

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -62,6 +63,8 @@ class MpiComm {
   const char* current(char* buf, const char* source, Layout layout, size_t esize, int64_t first, int64_t count);
   void post(bool is_send, char* ptr, int64_t bytes, int peer);
   void wait_all(int64_t step);
+  void native(const char* what, void* result, int64_t result_count, DType dtype, Op op,
+              const std::function<int(MPI_Datatype, MPI_Op)>& call);
   void check_usable() const;
   void check(int err, const char* what) const;
   char* workspace(std::vector<char>& space, size_t bytes);

@@ -1,7 +1,7 @@
 // The MPI library's own collectives behind pccl's API: the baseline pccl's schedules
 // are measured against. fp16 and bf16, which MPI does not know, travel as 2-byte
 // types reduced by pccl's kernels through user-defined MPI operations.
-#include <climits>
+#include <functional>
 #include <limits>
 #include <mutex>
 
@@ -74,49 +74,43 @@ Count mpi_count(int64_t count) {
   return static_cast<Count>(count);
 }
 
-// Arms the watchdog for the duration of one blocking MPI call.
-struct Armed {
-  Watchdog& dog;
-  Armed(Watchdog& d, const char* what) : dog(d) { dog.arm(what); }
-  ~Armed() { dog.disarm(); }
-};
-
 }  // namespace
 
-void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType dtype) {
+// Common frame of the three: validate, arm the watchdog around the blocking call, check
+// the result, scale for avg.
+void MpiComm::native(const char* what, void* result, int64_t result_count, DType dtype, Op op,
+                     const std::function<int(MPI_Datatype, MPI_Op)>& call) {
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
   const MPI_Datatype type = mpi_type(dtype);
+  const MPI_Op mop = mpi_op(dtype, op);
+  watchdog_.arm(what);
+  const int err = call(type, mop);
+  watchdog_.disarm();
+  check(err, what);
+  if (op == Op::Avg) scale(result, result_count, dtype, 1.0 / size_);
+}
+
+void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType dtype) {
   const Count n = mpi_count(count);
   const char* self = static_cast<char*>(out) + rank_ * count * elem_size(dtype);
-  Armed armed(watchdog_, "MPI_Allgather");
-  check(PCCL_MPI(MPI_Allgather)(self == in ? MPI_IN_PLACE : in, n, type, out, n, type, comm_), "MPI_Allgather");
+  native("MPI_Allgather", out, 0, dtype, Op::Sum, [&](MPI_Datatype type, MPI_Op) {
+    return PCCL_MPI(MPI_Allgather)(self == in ? MPI_IN_PLACE : in, n, type, out, n, type, comm_);
+  });
 }
 
 void MpiComm::native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op) {
-  std::lock_guard<std::mutex> lock(mu_);
-  check_usable();
-  const MPI_Datatype type = mpi_type(dtype);
-  const MPI_Op mop = mpi_op(dtype, op);
   const Count n = mpi_count(count);
-  {
-    Armed armed(watchdog_, "MPI_Reduce_scatter_block");
-    check(PCCL_MPI(MPI_Reduce_scatter_block)(in, out, n, type, mop, comm_), "MPI_Reduce_scatter_block");
-  }
-  if (op == Op::Avg) scale(out, count, dtype, 1.0 / size_);
+  native("MPI_Reduce_scatter_block", out, count, dtype, op, [&](MPI_Datatype type, MPI_Op mop) {
+    return PCCL_MPI(MPI_Reduce_scatter_block)(in, out, n, type, mop, comm_);
+  });
 }
 
 void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op) {
-  std::lock_guard<std::mutex> lock(mu_);
-  check_usable();
-  const MPI_Datatype type = mpi_type(dtype);
-  const MPI_Op mop = mpi_op(dtype, op);
   const Count n = mpi_count(count);
-  {
-    Armed armed(watchdog_, "MPI_Allreduce");
-    check(PCCL_MPI(MPI_Allreduce)(MPI_IN_PLACE, buf, n, type, mop, comm_), "MPI_Allreduce");
-  }
-  if (op == Op::Avg) scale(buf, count, dtype, 1.0 / size_);
+  native("MPI_Allreduce", buf, count, dtype, op, [&](MPI_Datatype type, MPI_Op mop) {
+    return PCCL_MPI(MPI_Allreduce)(MPI_IN_PLACE, buf, n, type, mop, comm_);
+  });
 }
 
 }  // namespace pccl

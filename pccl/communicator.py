@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from . import validation
 from .algorithms import schedule
 from .dtypes import op_code
+from .schedule import Schedule
 from .selection import choose
 from .work import SerialQueue, Work
 
@@ -71,58 +72,51 @@ class Communicator:
         return (f"Communicator(rank={self.rank}, size={self.size}, transport={self.backend!r}, "
                 f"executor={self.executor!r})")
 
-    def _resolve(self, collective: str, algorithm: str, nbytes: int) -> str:
-        validation.check_algorithm(collective, algorithm)
-        return choose(collective, nbytes, self.size) if algorithm == "auto" else algorithm
+    def _check_buffers(self, output: torch.Tensor, input: torch.Tensor, full: str) -> None:
+        """Validate an (output, input) pair whose `full` side holds size blocks of the other."""
+        validation.check_tensor("output", output, self.devices)
+        validation.check_tensor("input", input, self.devices)
+        validation.check_pair(output, input)
+        big, small = (output, input) if full == "output" else (input, output)
+        other = "input" if full == "output" else "output"
+        validation.check_numel(full, big.numel(), self.size * small.numel(),
+                               f"size * {other}.numel() = {self.size} * {small.numel()}")
 
-    def _schedule(self, collective: str, algorithm: str):
-        return schedule(collective, algorithm, self.size, self.rank)
+    def _run(self, collective: str, algorithm: str, nbytes: int, async_op: bool,
+             native: Callable[[], None], scheduled: Callable[[Schedule], None]) -> Optional[Work]:
+        validation.check_algorithm(collective, algorithm)
+        if algorithm == "auto":
+            algorithm = choose(collective, nbytes, self.size)
+        if algorithm == "native":
+            return self._queue.run(native, async_op)
+        sched = schedule(collective, algorithm, self.size, self.rank)
+        return self._queue.run(lambda: scheduled(sched), async_op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, algorithm: str = "auto",
                    async_op: bool = False) -> Optional[Work]:
         """Gather every rank's `input` into `output`: rank i's input lands at block i."""
-        validation.check_tensor("output", output, self.devices)
-        validation.check_tensor("input", input, self.devices)
-        validation.check_pair(output, input)
-        validation.check_numel("output", output.numel(), self.size * input.numel(),
-                               f"size * input.numel() = {self.size} * {input.numel()}")
-        algorithm = self._resolve("all_gather", algorithm, output.numel() * output.element_size())
-        if algorithm == "native":
-            fn = lambda: self._native.native_all_gather(output, input)  # noqa: E731
-        else:
-            sched = self._schedule("all_gather", algorithm)
-            fn = lambda: self._executor.all_gather(sched, output, input)  # noqa: E731
-        return self._queue.run(fn, async_op)
+        self._check_buffers(output, input, full="output")
+        return self._run("all_gather", algorithm, output.numel() * output.element_size(), async_op,
+                         lambda: self._native.native_all_gather(output, input),
+                         lambda sched: self._executor.all_gather(sched, output, input))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
                        algorithm: str = "auto", async_op: bool = False) -> Optional[Work]:
         """Reduce `input` over all ranks; this rank receives block `rank` in `output`."""
-        validation.check_tensor("output", output, self.devices)
-        validation.check_tensor("input", input, self.devices)
-        validation.check_pair(output, input)
-        validation.check_numel("input", input.numel(), self.size * output.numel(),
-                               f"size * output.numel() = {self.size} * {output.numel()}")
+        self._check_buffers(output, input, full="input")
         op_code(op, input.dtype)
-        algorithm = self._resolve("reduce_scatter", algorithm, input.numel() * input.element_size())
-        if algorithm == "native":
-            fn = lambda: self._native.native_reduce_scatter(output, input, op)  # noqa: E731
-        else:
-            sched = self._schedule("reduce_scatter", algorithm)
-            fn = lambda: self._executor.reduce_scatter(sched, output, input, op)  # noqa: E731
-        return self._queue.run(fn, async_op)
+        return self._run("reduce_scatter", algorithm, input.numel() * input.element_size(), async_op,
+                         lambda: self._native.native_reduce_scatter(output, input, op),
+                         lambda sched: self._executor.reduce_scatter(sched, output, input, op))
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
                    async_op: bool = False) -> Optional[Work]:
         """Reduce `tensor` over all ranks, in place."""
         validation.check_tensor("tensor", tensor, self.devices)
         op_code(op, tensor.dtype)
-        algorithm = self._resolve("all_reduce", algorithm, tensor.numel() * tensor.element_size())
-        if algorithm == "native":
-            fn = lambda: self._native.native_all_reduce(tensor, op)  # noqa: E731
-        else:
-            sched = self._schedule("all_reduce", algorithm)
-            fn = lambda: self._executor.all_reduce(sched, tensor, op)  # noqa: E731
-        return self._queue.run(fn, async_op)
+        return self._run("all_reduce", algorithm, tensor.numel() * tensor.element_size(), async_op,
+                         lambda: self._native.native_all_reduce(tensor, op),
+                         lambda sched: self._executor.all_reduce(sched, tensor, op))
 
 
 def init(transport: str = "mpi", executor: Optional[str] = None,

@@ -22,6 +22,8 @@ class TorchP2PExecutor(ScheduleExecutor):
         super().__init__()
         self.group = group
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        # P2POp takes global ranks (group_peer= only exists in recent torch releases).
+        self.global_rank = [dist.get_global_rank(group, r) for r in range(self.size)]
         self.timeout = timedelta(seconds=timeout)
 
     def _wait(self, works, what: str) -> None:
@@ -40,7 +42,7 @@ class TorchP2PExecutor(ScheduleExecutor):
         for fn, pairs in ((dist.irecv, recvs), (dist.isend, sends)):
             for peer, t in pairs:
                 tag = seen[(fn, peer)] = seen.get((fn, peer), -1) + 1
-                ops.append(dist.P2POp(fn, t, group=self.group, group_peer=peer, tag=tag))
+                ops.append(dist.P2POp(fn, t, self.global_rank[peer], group=self.group, tag=tag))
         if ops:
             self._wait(dist.batch_isend_irecv(ops), f"step {step}")
 
