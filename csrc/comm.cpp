@@ -47,8 +47,9 @@ void MpiComm::set_timeout(double timeout_s) {
   watchdog_.set_timeout(timeout_s);
 }
 
-void MpiComm::check(int err, const char* what) const {
+void MpiComm::check(int err, const char* what) {
   if (err == MPI_SUCCESS) return;
+  broken_ = true;  // requests may be in flight: the message state is unknown from here on
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(err, msg, &len);
@@ -58,8 +59,8 @@ void MpiComm::check(int err, const char* what) const {
 void MpiComm::check_usable() const {
   if (broken_)
     throw std::runtime_error(
-        "pccl: this communicator timed out earlier and its message state is unknown; "
-        "create a new communicator");
+        "pccl: an earlier collective on this communicator timed out or failed and its message "
+        "state is unknown; create a new communicator");
 }
 
 char* MpiComm::workspace(std::vector<char>& space, size_t bytes) {

@@ -66,7 +66,7 @@ class MpiComm {
   void native(const char* what, void* result, int64_t result_count, DType dtype, Op op,
               const std::function<int(MPI_Datatype, MPI_Op)>& call);
   void check_usable() const;
-  void check(int err, const char* what) const;
+  void check(int err, const char* what);  // throws, and marks the communicator broken
   char* workspace(std::vector<char>& space, size_t bytes);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
