@@ -6,15 +6,19 @@ from typing import Callable, Optional
 
 import torch
 
-from . import validation
+from . import plans, validation
 from .algorithms import schedule
 from .dtypes import op_code
+from .plan import Plan
+from .plan_executor import PlanExecutor
 from .schedule import Schedule
+from .topology import Topology, TopologyError, detect, detect_torch
 from .selection import choose
 from .work import SerialQueue, Work
 
 DEFAULT_TIMEOUT = float(os.environ.get("PCCL_TIMEOUT", 300.0))
 EXECUTORS = {"mpi": ("cpp", "python"), "torch": ("torch",)}
+LEVEL_TRANSPORTS = ("mpi", "gloo")
 
 
 class Communicator:
@@ -24,7 +28,14 @@ class Communicator:
     communicator) and then call the same collectives in the same order.
     """
 
-    def __init__(self, comm, executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, comm, executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT, *,
+                 topology: Optional[Topology] = None, ranks_per_node: Optional[int] = None,
+                 nics_per_node: Optional[int] = None, intra: Optional[str] = None,
+                 inter: Optional[str] = None):
+        """Topology: given, or `ranks_per_node` consecutive ranks per node (emulated nodes on
+        one machine), or PCCL_RANKS_PER_NODE, or detected (MPI's shared-memory split;
+        host names for torch.distributed). intra/inter: the transport of each level of the
+        two-level plans, "mpi" or "gloo" (default: this communicator's own)."""
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
@@ -34,6 +45,7 @@ class Communicator:
             from .executors.torch_p2p import TorchP2PExecutor
 
             self.transport = "torch"
+            self.group, self.mpi_comm = comm, None
             self.backend = dist.get_backend(comm)
             executor = self._check_executor(executor or "torch")
             self._executor = self._native = TorchP2PExecutor(comm, self.timeout)
@@ -48,6 +60,7 @@ class Communicator:
 
             self.transport = "mpi"
             self.backend = "mpi"
+            self.group, self.mpi_comm = None, comm.Dup()  # for sub-communicators and detection
             executor = self._check_executor(executor or "cpp")
             self._native = MpiCppExecutor(comm, self.timeout)
             if executor == "python":
@@ -60,6 +73,32 @@ class Communicator:
         self.executor = executor
         self.rank, self.size = self._native.rank, self._native.size
         self._queue = SerialQueue(f"pccl-{self.transport}")
+        self.topology = self._topology(topology, ranks_per_node, nics_per_node)
+        own = "gloo" if self.transport == "torch" else "mpi"
+        self.level_transports = {"intra": intra or own, "inter": inter or own}
+        for level, transport in self.level_transports.items():
+            if transport not in LEVEL_TRANSPORTS:
+                raise ValueError(f"{level} must be one of {LEVEL_TRANSPORTS}, got {transport!r}")
+        self._plans: Optional[PlanExecutor] = None
+
+    def _topology(self, topology, ranks_per_node, nics_per_node) -> Topology:
+        if topology is not None:
+            if topology.size != self.size:
+                raise TopologyError(f"topology has {topology.size} ranks but the communicator {self.size}")
+            return topology
+        ranks_per_node = ranks_per_node or int(os.environ.get("PCCL_RANKS_PER_NODE", 0)) or None
+        if ranks_per_node is not None:
+            return Topology.regular(self.size, ranks_per_node, nics_per_node or 1)
+        if self.mpi_comm is not None:
+            return detect(self.mpi_comm, nics_per_node)
+        return detect_torch(self.group, nics_per_node)
+
+    def _plan_executor(self) -> PlanExecutor:
+        if self._plans is None:
+            from .levels import build_levels
+
+            self._plans = PlanExecutor(build_levels(self, **self.level_transports))
+        return self._plans
 
     def _check_executor(self, executor: str) -> str:
         valid = EXECUTORS[self.transport]
@@ -70,7 +109,7 @@ class Communicator:
 
     def __repr__(self) -> str:
         return (f"Communicator(rank={self.rank}, size={self.size}, transport={self.backend!r}, "
-                f"executor={self.executor!r})")
+                f"executor={self.executor!r}, {self.topology.describe()})")
 
     def _check_buffers(self, output: torch.Tensor, input: torch.Tensor, full: str) -> None:
         """Validate an (output, input) pair whose `full` side holds size blocks of the other."""
@@ -82,8 +121,13 @@ class Communicator:
         validation.check_numel(full, big.numel(), self.size * small.numel(),
                                f"size * {other}.numel() = {self.size} * {small.numel()}")
 
-    def _run(self, collective: str, algorithm: str, nbytes: int, async_op: bool,
-             native: Callable[[], None], scheduled: Callable[[Schedule], None]) -> Optional[Work]:
+    def _run(self, collective: str, algorithm, nbytes: int, async_op: bool,
+             native: Callable[[], None], scheduled: Callable[[Schedule], None],
+             planned: Callable[[Plan, PlanExecutor], None]) -> Optional[Work]:
+        spec = plans.spec_of(algorithm)
+        if spec is not None:
+            plan = plans.build(spec, collective, self.topology, self.rank)  # validates the spec
+            return self._queue.run(lambda: planned(plan, self._plan_executor()), async_op)
         validation.check_algorithm(collective, algorithm)
         if algorithm == "auto":
             algorithm = choose(collective, nbytes, self.size)
@@ -98,7 +142,8 @@ class Communicator:
         self._check_buffers(output, input, full="output")
         return self._run("all_gather", algorithm, output.numel() * output.element_size(), async_op,
                          lambda: self._native.native_all_gather(output, input),
-                         lambda sched: self._executor.all_gather(sched, output, input))
+                         lambda sched: self._executor.all_gather(sched, output, input),
+                         lambda plan, run: run.run(plan, {"input": input, "output": output}, input.numel(), "sum"))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
                        algorithm: str = "auto", async_op: bool = False) -> Optional[Work]:
@@ -107,7 +152,8 @@ class Communicator:
         op_code(op, input.dtype)
         return self._run("reduce_scatter", algorithm, input.numel() * input.element_size(), async_op,
                          lambda: self._native.native_reduce_scatter(output, input, op),
-                         lambda sched: self._executor.reduce_scatter(sched, output, input, op))
+                         lambda sched: self._executor.reduce_scatter(sched, output, input, op),
+                         lambda plan, run: run.run(plan, {"input": input, "output": output}, output.numel(), op))
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
                    async_op: bool = False) -> Optional[Work]:
@@ -116,22 +162,24 @@ class Communicator:
         op_code(op, tensor.dtype)
         return self._run("all_reduce", algorithm, tensor.numel() * tensor.element_size(), async_op,
                          lambda: self._native.native_all_reduce(tensor, op),
-                         lambda sched: self._executor.all_reduce(sched, tensor, op))
+                         lambda sched: self._executor.all_reduce(sched, tensor, op),
+                         lambda plan, run: run.all_reduce(plan, tensor, op))
 
 
-def init(transport: str = "mpi", executor: Optional[str] = None,
-         timeout: float = DEFAULT_TIMEOUT) -> Communicator:
+def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
+         **options) -> Communicator:
     """A communicator over all ranks: MPI.COMM_WORLD ("mpi") or torch.distributed
-    ("gloo", "nccl"; initialized from the environment or through MPI if needed)."""
+    ("gloo", "nccl"; initialized from the environment or through MPI if needed).
+    `options` are Communicator's: topology, ranks_per_node, nics_per_node, intra, inter."""
     if transport == "mpi":
         from mpi4py import MPI
 
-        return Communicator(MPI.COMM_WORLD, executor=executor, timeout=timeout)
+        return Communicator(MPI.COMM_WORLD, executor=executor, timeout=timeout, **options)
     if transport in ("gloo", "nccl"):
         import torch.distributed as dist
 
         from .rendezvous import init_torch_distributed
 
         init_torch_distributed(transport, timeout)
-        return Communicator(dist.group.WORLD, executor=executor, timeout=timeout)
+        return Communicator(dist.group.WORLD, executor=executor, timeout=timeout, **options)
     raise ValueError(f"transport must be 'mpi', 'gloo' or 'nccl', got {transport!r}")

@@ -158,3 +158,88 @@ def verify_schedules(schedules: list[Schedule]) -> None:
             raise ScheduleError(
                 f"{algorithm} {collective} p={p}: rank {r} block {b} ends with contributions "
                 f"{dict((c, int(n)) for c, n in enumerate(s[b]) if n)}")
+
+
+def simulate_plans(plans: list, topology) -> list[dict[str, np.ndarray]]:
+    """Execute every rank's plan on provenance counts (one row per block); phases act as
+    ideal collectives on their level's ranks. Return each rank's final buffers."""
+    from .plan import Combine, Concurrent, Fill, Permute, Phase
+
+    p = topology.size
+    collective = plans[0].collective
+    bufs = []
+    for r, plan in enumerate(plans):
+        own = np.zeros((p, p), dtype=np.int64)
+        own[:, r] = 1
+        b = {name: np.zeros((blocks, p), dtype=np.int64) for name, blocks in plan.workspaces}
+        if collective == "all_gather":
+            b.update(input=own[:1].copy(), output=np.zeros((p, p), dtype=np.int64))
+        elif collective == "reduce_scatter":
+            b.update(input=own, output=np.zeros((1, p), dtype=np.int64))
+        else:
+            b["io"] = own
+        bufs.append(b)
+
+    def view(r, ref):
+        return bufs[r][ref.buffer][ref.start:ref.start + ref.count]
+
+    def run_phase(index, phase_of):
+        updates = []
+        for r in range(p):
+            phase = phase_of(r)
+            group = topology.intra_ranks(r) if phase.level == "intra" else topology.inter_ranks(r)
+            me = group.index(r)
+            inputs = [view(q, phase_of(q).input) for q in group]
+            if phase.collective == "all_gather":
+                result = np.concatenate(inputs)
+            else:
+                n = phase.output.count
+                result = sum(x[me * n:(me + 1) * n] for x in inputs)
+            if result.shape != view(r, phase.output).shape:
+                raise ScheduleError(f"plan step {index}: rank {r} {phase.collective} output has "
+                                    f"{view(r, phase.output).shape[0]} blocks, the result {result.shape[0]}")
+            updates.append((r, phase.output, result))
+        for r, ref, result in updates:
+            view(r, ref)[:] = result
+
+    for index, step in enumerate(plans[0].steps):
+        if isinstance(step, Phase):
+            run_phase(index, lambda r: plans[r].steps[index])
+        elif isinstance(step, Concurrent):
+            for k in range(len(step.phases)):
+                run_phase(index, lambda r: plans[r].steps[index].phases[k])
+        else:
+            for r in range(p):
+                s = plans[r].steps[index]
+                if isinstance(s, Permute):
+                    src = view(r, s.src).copy()
+                    dst = view(r, s.dst)
+                    for i, j in enumerate(s.perm):
+                        if j >= 0:
+                            dst[j] = src[i]
+                elif isinstance(s, Fill):
+                    view(r, s.dst)[:] = 0
+                elif isinstance(s, Combine):
+                    view(r, s.dst)[:] += view(r, s.src)
+    return bufs
+
+
+def verify_plan(spec, collective: str, topology) -> None:
+    """Raise ScheduleError unless the plan of `spec` computes `collective` on `topology`."""
+    from .plans import build
+
+    p = topology.size
+    plans = [build(spec, collective, topology, r) for r in range(p)]
+    final = simulate_plans(plans, topology)
+    eye, everyone = np.eye(p, dtype=np.int64), np.ones((1, p), dtype=np.int64)
+    for r, b in enumerate(final):
+        if collective == "all_gather":
+            ok = np.array_equal(b["output"], eye)
+        elif collective == "reduce_scatter":
+            ok = np.array_equal(b["output"], everyone)
+        else:
+            ok = np.array_equal(b["io"], np.ones((p, p), dtype=np.int64))
+        if not ok:
+            got = b["output"] if "output" in b else b["io"]
+            raise ScheduleError(f"{plans[0].name} {collective} on {topology.describe()}: rank {r} ends with "
+                                f"{got.tolist()[:4]}...")

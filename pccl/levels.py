@@ -1,0 +1,54 @@
+"""The intra-node and inter-node sub-communicators of a Communicator, over the transport
+chosen for each level ("mpi" or "gloo"; mixed transports are allowed).
+
+intra: the ranks of one node, in local order. inter: the ranks with one local index, one
+per node, in node order. Creating them is collective over the parent: every rank builds
+every group in the same order (torch.distributed requires it).
+Mixed transports assume torch.distributed's ranks are MPI.COMM_WORLD's ranks, as they are
+when pccl brings torch.distributed up through MPI or the launcher numbers both alike.
+"""
+from __future__ import annotations
+
+def member_world_ranks(parent) -> list[int]:
+    """The global (world) rank of each rank of `parent`."""
+    if parent.transport == "torch":
+        import torch.distributed as dist
+
+        return [dist.get_global_rank(parent.group, r) for r in range(parent.size)]
+    from mpi4py import MPI
+
+    return parent.mpi_comm.allgather(MPI.COMM_WORLD.rank)
+
+
+def build_levels(parent, intra: str, inter: str) -> dict:
+    from .communicator import Communicator
+    from .topology import Topology
+
+    topo = parent.topology
+    n_nodes, n_local = topo.num_nodes, topo.ranks_per_node
+    node, local = topo.node_of(parent.rank), topo.local_of(parent.rank)
+    shapes = {"intra": (Topology.regular(n_local, n_local), node, local, [list(n) for n in topo.nodes]),
+              "inter": (Topology.regular(n_nodes, 1), local, node,
+                        [[n[l] for n in topo.nodes] for l in range(n_local)])}
+    levels = {}
+    for level, transport in (("intra", intra), ("inter", inter)):
+        topology, color, key, groups = shapes[level]
+        if transport == "mpi":
+            if parent.transport != "mpi":
+                raise ValueError(f"{level}='mpi' needs a Communicator built on an mpi4py communicator")
+            sub = parent.mpi_comm.Split(color, key)
+            levels[level] = Communicator(sub, executor=parent.executor, timeout=parent.timeout, topology=topology)
+        else:
+            import torch.distributed as dist
+
+            from .rendezvous import init_torch_distributed
+
+            init_torch_distributed("gloo", parent.timeout)
+            world = member_world_ranks(parent)
+            mine = None
+            for ranks in groups:  # every rank creates every group, in the same order
+                group = dist.new_group([world[r] for r in ranks], backend="gloo")
+                if parent.rank in ranks:
+                    mine = group
+            levels[level] = Communicator(mine, timeout=parent.timeout, topology=topology)
+    return levels

@@ -1,0 +1,112 @@
+"""Runs plans: phases on the level communicators, local steps on tensors.
+
+Workspaces are cached per (name, dtype, device) and grow only, so the steady state
+allocates nothing. Phases reduce with "sum" when the op is "avg"; the result is scaled by
+1/size once at the end.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .executors.base import reduce_
+from .plan import Combine, Concurrent, Fill, Permute, Phase, Plan, Ref
+
+
+def identity(op: str, dtype: torch.dtype):
+    """The value that leaves `op` unchanged."""
+    if op in ("sum", "avg"):
+        return 0
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    low, high = (-float("inf"), float("inf")) if dtype.is_floating_point else (info.min, info.max)
+    return low if op == "max" else high
+
+
+def permute_(src: torch.Tensor, dst: torch.Tensor, perm: tuple[int, ...], index: Callable) -> None:
+    """dst block perm[i] = src block i, in one pass (src, dst are (blocks, m) views)."""
+    if -1 not in perm:
+        dst.index_copy_(0, index(perm), src)
+        return
+    # Partial permutations: copy runs of consecutive blocks.
+    i = 0
+    while i < len(perm):
+        if perm[i] < 0:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(perm) and perm[j] == perm[j - 1] + 1:
+            j += 1
+        dst[perm[i]:perm[i] + j - i].copy_(src[i:j])
+        i = j
+
+
+class PlanExecutor:
+    def __init__(self, levels: dict):
+        self.levels = levels          # "intra"/"inter" -> Communicator
+        self._spaces: dict[tuple, torch.Tensor] = {}
+        self._indices: dict[tuple, torch.Tensor] = {}
+
+    def _space(self, name: str, numel: int, like: torch.Tensor) -> torch.Tensor:
+        key = (name, like.dtype, like.device)
+        buf = self._spaces.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = self._spaces[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buf[:numel]
+
+    def _index(self, perm: tuple[int, ...], device) -> torch.Tensor:
+        key = (perm, device)
+        if key not in self._indices:
+            self._indices[key] = torch.tensor(perm, dtype=torch.int64, device=device)
+        return self._indices[key]
+
+    def _phase(self, phase: Phase, view: Callable[[Ref], torch.Tensor], op: str, async_op: bool):
+        comm = self.levels[phase.level]
+        out, inp = view(phase.output), view(phase.input)
+        if phase.collective == "all_gather":
+            return comm.all_gather(out, inp, algorithm=phase.algorithm, async_op=async_op)
+        return comm.reduce_scatter(out, inp, op=op, algorithm=phase.algorithm, async_op=async_op)
+
+    def run(self, plan: Plan, buffers: dict[str, torch.Tensor], block: int, op: str) -> None:
+        """Run `plan` with its named buffers ("input"/"output" or "io"), `block` elements a block."""
+        like = next(iter(buffers.values()))
+        bufs = dict(buffers)
+        for name, blocks in plan.workspaces:
+            bufs[name] = self._space(name, blocks * block, like)
+
+        def view(ref: Ref) -> torch.Tensor:
+            return bufs[ref.buffer][ref.start * block:(ref.start + ref.count) * block]
+
+        if block == 0:
+            return
+        phase_op = "sum" if op == "avg" else op
+        for step in plan.steps:
+            if isinstance(step, Phase):
+                self._phase(step, view, phase_op, async_op=False)
+            elif isinstance(step, Concurrent):
+                for work in [self._phase(p, view, phase_op, async_op=True) for p in step.phases]:
+                    work.wait()
+            elif isinstance(step, Permute):
+                permute_(view(step.src).view(-1, block), view(step.dst).view(-1, block), step.perm,
+                         lambda perm: self._index(perm, like.device))
+            elif isinstance(step, Fill):
+                view(step.dst).fill_(identity(phase_op, like.dtype))
+            elif isinstance(step, Combine):
+                reduce_(view(step.dst), view(step.src), phase_op)
+            else:
+                raise TypeError(f"unknown plan step {step!r}")
+        if op == "avg":
+            bufs["output" if "output" in bufs else "io"].div_(plan.nodes * plan.local)
+
+    def all_reduce(self, plan: Plan, tensor: torch.Tensor, op: str) -> None:
+        """All-reduce in place; a length not divisible by the size runs on a padded copy."""
+        p = plan.nodes * plan.local
+        block = -(-tensor.numel() // p)
+        io = tensor
+        if block * p != tensor.numel():
+            io = self._space("padded", block * p, tensor)
+            io[:tensor.numel()].copy_(tensor)
+            io[tensor.numel():].zero_()
+        self.run(plan, {"io": io}, block, op)
+        if io is not tensor:
+            tensor.copy_(io[:tensor.numel()])

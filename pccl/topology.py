@@ -1,0 +1,162 @@
+"""Where ranks live: nodes, local indices and NICs.
+
+A topology lists the ranks of each node in local order; the hierarchical plans need
+every node to hold the same number of ranks. It is detected from MPI's shared-memory
+split (checked against Slurm's, Open MPI's or torchrun's ranks-per-node variables) or
+given explicitly: ``Topology.regular(size, ranks_per_node)`` treats consecutive groups of
+ranks as nodes, which lets hierarchical plans run, and be tested, on one machine.
+
+NICs: the local ranks of a node are spread over its NICs in consecutive groups, as on
+Frontier (8 GCDs, 4 NICs, GCD pairs 0-1, 2-3, 4-5, 6-7 share a NIC) or Perlmutter (4 GPUs,
+4 NICs). ``nic_mapping()`` writes the MPICH_OFI_NIC_MAPPING string that pins each local
+rank's traffic to its NIC.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Optional
+
+# Node types the launch scripts and the cost model name.
+MACHINES = {
+    "frontier": dict(ranks_per_node=8, nics_per_node=4),   # 4 MI250X = 8 GCDs, 4 Slingshot NICs
+    "perlmutter": dict(ranks_per_node=4, nics_per_node=4),  # 4 A100, 4 Slingshot NICs
+    "dgx-h100": dict(ranks_per_node=8, nics_per_node=8),    # 8 H100, 8 ConnectX-7 NICs
+}
+
+# Environment the PCCL paper uses on Frontier (Section 3.1), with the NIC mapping filled in.
+FRONTIER_ENV = {
+    "MPICH_OFI_NIC_POLICY": "USER",
+    "MPICH_OFI_NIC_MAPPING": "0:0-1;1:2-3;2:4-5;3:6-7",
+    "MPICH_GPU_SUPPORT_ENABLED": "1",
+    "FI_CXI_RDZV_THRESHOLD": "0",
+    "FI_CXI_RDZV_GET_MIN": "0",
+    "FI_CXI_RDZV_EAGER_SIZE": "0",
+    "NCCL_NET_GDR_LEVEL": "PHB",
+    "HSA_ENABLE_SDMA": "0",
+}
+
+
+class TopologyError(ValueError):
+    """A topology that is inconsistent, or that a plan cannot use."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    nodes: tuple[tuple[int, ...], ...]   # the global ranks of each node, in local order
+    nics_per_node: int = 1
+
+    def __post_init__(self) -> None:
+        ranks = sorted(r for node in self.nodes for r in node)
+        if not self.nodes or any(not node for node in self.nodes):
+            raise TopologyError(f"every node needs at least one rank, got {self.nodes}")
+        if ranks != list(range(len(ranks))):
+            raise TopologyError(f"the nodes must hold each rank 0..{len(ranks) - 1} exactly once, got {self.nodes}")
+        if self.nics_per_node < 1:
+            raise TopologyError(f"nics_per_node must be >= 1, got {self.nics_per_node}")
+
+    @classmethod
+    def regular(cls, size: int, ranks_per_node: int, nics_per_node: int = 1) -> "Topology":
+        """Consecutive groups of `ranks_per_node` ranks form the nodes."""
+        if not (isinstance(ranks_per_node, int) and ranks_per_node >= 1):
+            raise TopologyError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")
+        if size % ranks_per_node:
+            raise TopologyError(f"world size {size} is not divisible by ranks_per_node={ranks_per_node}; "
+                                f"expected a divisor of {size}")
+        return cls(tuple(tuple(range(n * ranks_per_node, (n + 1) * ranks_per_node))
+                         for n in range(size // ranks_per_node)), nics_per_node)
+
+    @classmethod
+    def machine(cls, name: str, nodes: int) -> "Topology":
+        """The topology of `nodes` nodes of a known machine (see MACHINES)."""
+        if name not in MACHINES:
+            raise TopologyError(f"unknown machine {name!r}; expected one of {tuple(MACHINES)}")
+        spec = MACHINES[name]
+        return cls.regular(nodes * spec["ranks_per_node"], spec["ranks_per_node"], spec["nics_per_node"])
+
+    @cached_property
+    def size(self) -> int:
+        return sum(len(node) for node in self.nodes)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @cached_property
+    def is_uniform(self) -> bool:
+        return len({len(node) for node in self.nodes}) == 1
+
+    @property
+    def ranks_per_node(self) -> int:
+        if not self.is_uniform:
+            raise TopologyError(f"nodes hold different numbers of ranks: {[len(n) for n in self.nodes]}")
+        return len(self.nodes[0])
+
+    @cached_property
+    def _where(self) -> dict[int, tuple[int, int]]:
+        return {r: (n, l) for n, node in enumerate(self.nodes) for l, r in enumerate(node)}
+
+    def node_of(self, rank: int) -> int:
+        return self._where[rank][0]
+
+    def local_of(self, rank: int) -> int:
+        return self._where[rank][1]
+
+    def intra_ranks(self, rank: int) -> tuple[int, ...]:
+        """The ranks on `rank`'s node, in local order."""
+        return self.nodes[self.node_of(rank)]
+
+    def inter_ranks(self, rank: int) -> tuple[int, ...]:
+        """The ranks with `rank`'s local index on every node, in node order."""
+        local = self.local_of(rank)
+        return tuple(node[local] for node in self.nodes if local < len(node))
+
+    def nic_of(self, rank: int) -> int:
+        """The NIC a rank's traffic uses: consecutive local ranks share a NIC."""
+        local, count = self.local_of(rank), len(self.intra_ranks(rank))
+        return local * self.nics_per_node // count if count >= self.nics_per_node else local % self.nics_per_node
+
+    def ranks_per_nic(self) -> int:
+        return max(1, -(-self.ranks_per_node // self.nics_per_node))
+
+    def nic_mapping(self) -> str:
+        """MPICH_OFI_NIC_MAPPING for one node, e.g. "0:0-1;1:2-3;2:4-5;3:6-7" on Frontier."""
+        node = self.nodes[0]
+        groups: dict[int, list[int]] = {}
+        for local, rank in enumerate(node):
+            groups.setdefault(self.nic_of(rank), []).append(local)
+        return ";".join(f"{nic}:{locals_[0]}-{locals_[-1]}" if len(locals_) > 1 else f"{nic}:{locals_[0]}"
+                        for nic, locals_ in sorted(groups.items()))
+
+    def describe(self) -> str:
+        shape = f"{self.num_nodes}x{self.ranks_per_node}" if self.is_uniform else str([len(n) for n in self.nodes])
+        return f"Topology({shape} ranks, {self.nics_per_node} NIC(s) per node)"
+
+
+def from_hosts(hosts: list, nics_per_node: Optional[int]) -> Topology:
+    """Ranks that report the same host form a node; nodes ordered by their lowest rank."""
+    order = list(dict.fromkeys(hosts))
+    nodes = tuple(tuple(r for r, h in enumerate(hosts) if h == host) for host in order)
+    return Topology(nodes, nics_per_node or int(os.environ.get("PCCL_NICS_PER_NODE", "1")))
+
+
+def detect_torch(group, nics_per_node: Optional[int] = None) -> Topology:
+    """The topology of a torch.distributed group from its members' host names."""
+    import socket
+
+    import torch.distributed as dist
+
+    hosts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    return from_hosts(hosts, nics_per_node)
+
+
+def detect(comm, nics_per_node: Optional[int] = None) -> Topology:
+    """The topology of an mpi4py communicator from its shared-memory split."""
+    from mpi4py import MPI
+
+    node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    leader = node_comm.bcast(comm.rank, root=0)  # the node's lowest rank names it
+    node_comm.Free()
+    return from_hosts(comm.allgather(leader), nics_per_node)
