@@ -72,3 +72,28 @@ def matches(actual: torch.Tensor, expected: torch.Tensor, op: str) -> bool:
         return torch.equal(actual.double(), expected.double())
     tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-6, torch.float64: 1e-12}[actual.dtype]
     return torch.allclose(actual.double(), expected.double(), rtol=tol, atol=tol)
+
+
+# Two-level plans: emulated topologies (ranks, ranks per node), plan specs, level transports.
+PLAN_TOPOLOGIES = ((8, 4), (8, 2), (6, 3), (6, 2), (4, 2), (1, 1))
+PLAN_SPECS = ("hierarchical", "ho_ring", "hier_ring_ring", "hier_bruck_native")
+# transport label -> (pccl.init keyword arguments, plan specs run on it, light case list)
+PLAN_TRANSPORTS = {
+    "cpp": (dict(executor="cpp"), PLAN_SPECS, False),
+    "python": (dict(executor="python"), ("hierarchical", "ho_ring"), True),
+    "mixed": (dict(executor="cpp", intra="gloo", inter="mpi"), ("hierarchical", "ho_ring"), True),
+    "gloo": (dict(transport="gloo"), ("hierarchical", "ho_ring"), True),
+}
+
+
+def plan_groups() -> list[tuple[str, str, str]]:
+    return [(t, c, s) for t, (_, specs, _) in PLAN_TRANSPORTS.items() for c in COLLECTIVES for s in specs]
+
+
+def light_combos(collective: str, p: int):
+    """A smaller matrix for the slower transports: three dtypes, two ops, three sizes."""
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        ops = ("sum",) if collective == "all_gather" else ("sum", "max") if not dtype.is_floating_point else ("avg", "max")
+        for op in ops:
+            for n in (1, 7, 5 * p + 3 if collective == "all_reduce" else 129):
+                yield dtype, op, n

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.mpi.cases import (EXECUTORS, combos, group_id, groups, make_input, matches,  # noqa: E402
-                             reduce_reference)
+from tests.mpi.cases import EXECUTORS, combos, group_id, groups  # noqa: E402
+from tests.mpi.harness import run_group  # noqa: E402
 
 import pccl  # noqa: E402
 from mpi4py import MPI  # noqa: E402
@@ -23,41 +23,6 @@ from mpi4py import MPI  # noqa: E402
 torch.set_num_threads(1)
 world = MPI.COMM_WORLD
 p, rank = world.size, world.rank
-
-
-def run_case(comm, collective, algorithm, dtype, op, n, salt):
-    if collective == "all_gather":
-        inputs = [make_input(r, n, dtype, salt) for r in range(p)]
-        out = torch.full((n * p,), -99, dtype=dtype)
-        comm.all_gather(out, inputs[rank].clone(), algorithm=algorithm)
-        return matches(out, torch.cat(inputs), op)
-    if collective == "reduce_scatter":
-        inputs = [make_input(r, n * p, dtype, salt) for r in range(p)]
-        mine = inputs[rank].clone()
-        out = torch.full((n,), -99, dtype=dtype)
-        comm.reduce_scatter(out, mine, op=op, algorithm=algorithm)
-        untouched = torch.equal(mine, inputs[rank])
-        expected = reduce_reference(inputs, op)[rank * n:(rank + 1) * n]
-        return untouched and matches(out, expected.to(dtype), op)
-    inputs = [make_input(r, n, dtype, salt) for r in range(p)]
-    buf = inputs[rank].clone()
-    comm.all_reduce(buf, op=op, algorithm=algorithm)
-    return matches(buf, reduce_reference(inputs, op).to(dtype), op)
-
-
-def run_group(comm, collective, algorithm) -> list[str]:
-    failures = []
-    for salt, (dtype, op, n) in enumerate(combos(collective, p)):
-        label = f"{str(dtype).replace('torch.', '')} {op} n={n}"
-        try:
-            ok = run_case(comm, collective, algorithm, dtype, op, n, salt)
-        except Exception as e:  # noqa: BLE001 - reported per case
-            ok, label = False, f"{label}: {type(e).__name__}: {e}"
-        # A case passes only if it passed on every rank.
-        bad = world.allgather(not ok)
-        if any(bad):
-            failures.append(f"{label} (wrong on ranks {[r for r, b in enumerate(bad) if b]})")
-    return failures
 
 
 def bad_input_round_trip(comm) -> list[str]:
@@ -101,7 +66,8 @@ def main() -> None:
         report[f"_bad_input-{executor}"] = bad_input_round_trip(comms[executor])
     for executor, collective, algorithm in groups():
         try:
-            report[group_id(executor, collective, algorithm)] = run_group(comms[executor], collective, algorithm)
+            report[group_id(executor, collective, algorithm)] = run_group(
+                comms[executor], collective, algorithm, list(combos(collective, p)))
         except Exception:  # noqa: BLE001
             report[group_id(executor, collective, algorithm)] = [traceback.format_exc()]
     if rank == 0:

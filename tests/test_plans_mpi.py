@@ -1,0 +1,48 @@
+"""Multi-rank two-level plans on emulated nodes: p=8 as 2x4 and 4x2, p=6 as 2x3 and 3x2,
+p=4 as 2x2, p=1; every collective, plan, dtype and op against the reference, over the C++
+and Python MPI executors, gloo, and mixed transports (intra gloo, inter MPI); async plans.
+One mpiexec launch per topology; each group is reported as its own test case."""
+import json
+
+import pytest
+
+from tests.launch import mpiexec
+from tests.mpi.cases import PLAN_TOPOLOGIES, PLAN_TRANSPORTS, group_id, plan_groups
+
+_reports: dict = {}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    def get(p: int, ranks_per_node: int) -> dict:
+        key = (p, ranks_per_node)
+        if key not in _reports:
+            path = tmp_path_factory.mktemp(f"plans{p}x{ranks_per_node}") / "report.json"
+            run = mpiexec(p, "tests/mpi/run_plans.py", str(ranks_per_node), str(path))
+            if run.returncode != 0 or not path.exists():
+                _reports[key] = {"_launch": f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"}
+            else:
+                _reports[key] = json.loads(path.read_text())
+        return _reports[key]
+    return get
+
+
+def check(report: dict, key: str) -> None:
+    assert "_launch" not in report, report.get("_launch")
+    assert key in report, f"no result for {key}"
+    assert report[key] == [], "\n".join(report[key][:20])
+
+
+TOPOLOGY_IDS = [f"{p // r}x{r}" for p, r in PLAN_TOPOLOGIES]
+
+
+@pytest.mark.parametrize("p,ranks_per_node", PLAN_TOPOLOGIES, ids=TOPOLOGY_IDS)
+@pytest.mark.parametrize("transport,collective,spec", plan_groups(), ids=lambda v: str(v))
+def test_plan(report, p, ranks_per_node, transport, collective, spec):
+    check(report(p, ranks_per_node), group_id(transport, collective, spec))
+
+
+@pytest.mark.parametrize("p,ranks_per_node", PLAN_TOPOLOGIES, ids=TOPOLOGY_IDS)
+@pytest.mark.parametrize("transport", list(PLAN_TRANSPORTS))
+def test_async_plans_keep_issue_order(report, p, ranks_per_node, transport):
+    check(report(p, ranks_per_node), f"_async-{transport}")
