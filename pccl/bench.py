@@ -36,6 +36,7 @@ OPS = ("sum", "avg", "max", "min")
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 EXECUTORS = ("cpp", "python", "gloo")
 MPI_EXECUTORS = ("cpp", "python")
+PLANS = ("hierarchical", "ho_ring")  # two-level plans: run by default on multi-node topologies
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -238,11 +239,13 @@ def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
 # ------------------------------------------------------------------ variants
 
 
-def make_communicator(executor: str) -> pccl.Communicator:
-    """The communicator over all ranks that runs schedules with `executor`."""
+def make_communicator(executor: str, args: argparse.Namespace) -> pccl.Communicator:
+    """The communicator over all ranks that runs schedules with `executor`; its topology
+    and level transports (for the two-level plans) come from the options."""
+    options = dict(ranks_per_node=args.ranks_per_node)
     if executor == "gloo":
-        return pccl.init(transport="gloo")
-    return pccl.init(executor=executor)
+        return pccl.init(transport="gloo", **options)
+    return pccl.init(executor=executor, intra=args.intra, inter=args.inter, **options)
 
 
 def variants(collective: str, algorithms: Optional[list[str]],
@@ -253,8 +256,10 @@ def variants(collective: str, algorithms: Optional[list[str]],
     "gloo"), MPI's for the MPI executors; MPI's is the same call under either MPI
     executor, so it runs once, under the first one listed (label "mpi").
     """
-    valid = algorithms_for(collective) + ("native", "auto")
-    chosen = [a for a in (algorithms or valid) if a in valid]
+    valid = algorithms_for(collective) + ("native", "auto") + PLANS
+    two_level = all(c.topology.num_nodes > 1 and c.topology.ranks_per_node > 1 for c in comms.values())
+    default = valid if two_level else tuple(a for a in valid if a not in PLANS)
+    chosen = [a for a in (algorithms or default) if a in valid]
     first_mpi = next((e for e in comms if e in MPI_EXECUTORS), None)
     out = []
     for executor, comm in comms.items():
@@ -294,8 +299,9 @@ def format_row(row: Row) -> str:
     return table_line([fmt(row) for _, _, fmt in COLUMNS])
 
 
-def run_header(args: argparse.Namespace, ranks: int) -> str:
-    return (f"# pccl-bench  ranks: {ranks}  type: {args.datatype}  op: {args.op}  "
+def run_header(args: argparse.Namespace, ranks: int, topology: pccl.Topology) -> str:
+    return (f"# pccl-bench  ranks: {ranks}  nodes: {topology.num_nodes}x{topology.ranks_per_node}  "
+            f"type: {args.datatype}  op: {args.op}  "
             f"minBytes: {args.minbytes}  maxBytes: {args.maxbytes}  step: {args.stepfactor}(factor)  "
             f"warmup iters: {args.warmup_iters}  iters: {args.iters}  repeats: {args.repeats}  "
             f"validation: {int(args.check)}")
@@ -377,8 +383,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("-d", "--datatype", choices=tuple(DATATYPES), default="float")
     add("-o", "--op", choices=OPS, default="sum", help="reduction (reduce_scatter, all_reduce)")
     add("--collectives", type=comma_list(COLLECTIVES), default=["all_gather", "reduce_scatter"])
-    add("--algorithms", type=comma_list(ALL_NAMES), default=None,
-        help="default: every algorithm of each collective, plus native and auto")
+    add("--algorithms", type=comma_list(ALL_NAMES + PLANS), default=None,
+        help="default: every algorithm of each collective, plus native and auto, plus the "
+             "two-level plans when there are several nodes of several ranks")
+    add("--ranks-per-node", type=int, default=None,
+        help="treat consecutive groups of this many ranks as nodes (default: detected)")
+    add("--intra", choices=("mpi", "gloo"), default=None, help="transport of the intra-node level (MPI executors)")
+    add("--inter", choices=("mpi", "gloo"), default=None, help="transport of the inter-node level (MPI executors)")
     add("--executors", type=comma_list(EXECUTORS), default=list(EXECUTORS))
     add("--repeats", type=int, default=1, help="timed loops; the median is reported")
     add("--json", metavar="PATH", default=None, help="write the rows as JSON ('-': stdout, no table)")
@@ -402,10 +413,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     ranks, dtype = world.size, DATATYPES[args.datatype]
     show = world.rank == 0 and args.json != "-"
     say = (lambda text: print(text, flush=True)) if show else (lambda text: None)
-    comms = {executor: make_communicator(executor) for executor in args.executors}
+    comms = {executor: make_communicator(executor, args) for executor in args.executors}
     sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor, ranks, dtype.itemsize)
 
-    say(run_header(args, ranks))
+    say(run_header(args, ranks, next(iter(comms.values())).topology))
     rows: list[Row] = []
     for collective in args.collectives:
         say(table_header(collective))
