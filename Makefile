@@ -10,6 +10,8 @@
 #   TORCH=...           the torch requirement; default torch==2.13.0 (CPU build) on machines
 #                       without a GPU. If the base python already has torch (a GPU cluster's
 #                       own build), the venv sees it (--system-site-packages) and keeps it.
+#   GPU=cuda|hip|none   build the GPU kernels; default: cuda where nvidia-smi exists,
+#                       hip where rocm-smi exists, none elsewhere
 #   RANKS=4             ranks for make bench
 
 PYTHON ?= python3
@@ -20,6 +22,9 @@ RANKS ?= 4
 BIN := $(abspath $(VENV))/bin
 PY := $(BIN)/python
 HAS_GPU := $(shell (command -v nvidia-smi || command -v rocm-smi) >/dev/null 2>&1 && echo yes)
+GPU ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || (command -v rocm-smi >/dev/null 2>&1 && echo hip) || echo none)
+GPU_FLAGS := -C cmake.define.PCCL_CUDA=$(if $(filter cuda,$(GPU)),ON,OFF) -C cmake.define.PCCL_HIP=$(if $(filter hip,$(GPU)),ON,OFF)
+NATIVE := $(VENV)/.native-$(GPU)
 TORCH ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 SYSTEM_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
 export PATH := $(BIN):$(PATH)
@@ -43,11 +48,12 @@ endif
 
 # The editable install maps the package's files when it is made, so adding or removing a
 # file (a folder's time changes) re-runs it; edits to existing Python files need nothing.
-$(VENV)/.native: $(VENV)/.deps pyproject.toml CMakeLists.txt $(wildcard csrc/*) $(shell find pccl -type d -not -name __pycache__)
-	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+$(NATIVE): $(VENV)/.deps pyproject.toml CMakeLists.txt $(shell find csrc -type f) $(shell find pccl -type d -not -name __pycache__)
+	$(PY) -m pip install -q --no-build-isolation --no-deps $(GPU_FLAGS) -e .
+	rm -f $(VENV)/.native*
 	touch $@
 
-build: $(VENV)/.native
+build: $(NATIVE)
 
 test: build
 	$(PY) -m pytest -q tests

@@ -7,6 +7,9 @@
 
 #include "comm.h"
 #include "reduce.h"
+#ifdef PCCL_GPU
+#include "gpu/gpu.h"
+#endif
 
 namespace nb = nanobind;
 using namespace pccl;
@@ -51,6 +54,18 @@ NB_MODULE(_native, m) {
   m.def("scale", [](uintptr_t buf, int64_t n, int dtype, double factor) {
     scale(ptr(buf), n, static_cast<DType>(dtype), factor);
   }, nb::call_guard<nb::gil_scoped_release>(), "buf[i] *= factor for n elements");
+
+#ifdef PCCL_GPU
+  m.attr("gpu_platform") = gpu::platform();
+  m.def("gpu_reduce", [](uintptr_t dst, uintptr_t a, uintptr_t b, int64_t n, int dtype, int op, uintptr_t stream) {
+    gpu::reduce(ptr(dst), ptr(a), ptr(b), n, static_cast<DType>(dtype), static_cast<Op>(op), ptr(stream));
+  }, nb::call_guard<nb::gil_scoped_release>(), "dst[i] = op(a[i], b[i]) on a GPU stream");
+  m.def("gpu_scale", [](uintptr_t buf, int64_t n, int dtype, double factor, uintptr_t stream) {
+    gpu::scale(ptr(buf), n, static_cast<DType>(dtype), factor, ptr(stream));
+  }, nb::call_guard<nb::gil_scoped_release>(), "buf[i] *= factor on a GPU stream");
+#else
+  m.attr("gpu_platform") = nb::none();
+#endif
 
   nb::class_<MpiComm>(m, "MpiComm")
       .def("__init__", [](MpiComm* self, nb::handle comm, double timeout) {

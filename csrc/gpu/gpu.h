@@ -1,0 +1,22 @@
+// GPU side of the native layer (built with -DPCCL_CUDA=ON or -DPCCL_HIP=ON): reduction
+// kernels launched on the caller's stream. The host code includes only this header.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "../types.h"
+
+namespace pccl::gpu {
+
+// dst[i] = op(a[i], b[i]) on `stream` (dst may be a); fp32, fp16, bf16 (fp64 too).
+void reduce(void* dst, const void* a, const void* b, int64_t n, DType dtype, Op op, void* stream);
+// buf[i] *= factor on `stream`.
+void scale(void* buf, int64_t n, DType dtype, double factor, void* stream);
+// Device-to-device (or any direction) copy on `stream`.
+void copy(void* dst, const void* src, size_t bytes, void* stream);
+// Wait until everything queued on `stream` is done (before MPI reads device memory).
+void sync(void* stream);
+// The platform the kernels were built for: "cuda" or "hip".
+const char* platform();
+
+}  // namespace pccl::gpu

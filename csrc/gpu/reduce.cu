@@ -1,0 +1,122 @@
+// Reduction kernels for CUDA and HIP from one source (see compat.h). Half types are
+// combined in float and rounded once, as the CPU kernels and torch do. Each thread
+// handles a grid-stride range, so any n (64-bit) fits a bounded grid.
+#include <stdexcept>
+#include <string>
+
+#include "compat.h"
+#include "gpu.h"
+
+namespace pccl::gpu {
+namespace {
+
+template <typename T> struct Num {
+  using Acc = T;
+  __device__ static T load(T v) { return v; }
+  __device__ static T store(T v) { return v; }
+};
+template <> struct Num<half_t> {
+  using Acc = float;
+  __device__ static float load(half_t v) { return __half2float(v); }
+  __device__ static half_t store(float f) { return __float2half_rn(f); }
+};
+template <> struct Num<bfloat16_t> {
+  using Acc = float;
+  __device__ static float load(bfloat16_t v) { return __bfloat162float(v); }
+  __device__ static bfloat16_t store(float f) { return __float2bfloat16_rn(f); }
+};
+
+struct SumOp { template <typename T> __device__ static T apply(T a, T b) { return a + b; } };
+struct MaxOp { template <typename T> __device__ static T apply(T a, T b) { return a > b ? a : b; } };
+struct MinOp { template <typename T> __device__ static T apply(T a, T b) { return a < b ? a : b; } };
+
+template <typename T, typename O>
+__global__ void combine(T* dst, const T* a, const T* __restrict__ b, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = Num<T>::store(O::apply(Num<T>::load(a[i]), Num<T>::load(b[i])));
+}
+
+template <typename T>
+__global__ void multiply(T* buf, int64_t n, typename Num<T>::Acc factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    buf[i] = Num<T>::store(Num<T>::load(buf[i]) * factor);
+}
+
+constexpr int kThreads = 256;
+
+int blocks_for(int64_t n) {
+  const int64_t wanted = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(wanted < 65535 ? (wanted > 0 ? wanted : 1) : 65535);
+}
+
+void check(gpuError_t err, const char* what) {
+  if (err != gpuSuccess) throw std::runtime_error(std::string("pccl gpu: ") + what + ": " + gpuGetErrorString(err));
+}
+
+template <typename T, typename O>
+void launch(void* dst, const void* a, const void* b, int64_t n, void* stream) {
+  combine<T, O><<<blocks_for(n), kThreads, 0, static_cast<gpuStream_t>(stream)>>>(
+      static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
+  check(gpuGetLastError(), "reduce kernel launch");
+}
+
+template <typename O>
+void by_dtype(void* dst, const void* a, const void* b, int64_t n, DType dtype, void* stream) {
+  switch (dtype) {
+    case DType::F32: return launch<float, O>(dst, a, b, n, stream);
+    case DType::F64: return launch<double, O>(dst, a, b, n, stream);
+    case DType::F16: return launch<half_t, O>(dst, a, b, n, stream);
+    case DType::BF16: return launch<bfloat16_t, O>(dst, a, b, n, stream);
+    case DType::I32: return launch<int32_t, O>(dst, a, b, n, stream);
+    case DType::I64: return launch<int64_t, O>(dst, a, b, n, stream);
+  }
+  throw std::invalid_argument("unknown dtype code");
+}
+
+template <typename T>
+void launch_scale(void* buf, int64_t n, typename Num<T>::Acc factor, void* stream) {
+  multiply<T><<<blocks_for(n), kThreads, 0, static_cast<gpuStream_t>(stream)>>>(static_cast<T*>(buf), n, factor);
+  check(gpuGetLastError(), "scale kernel launch");
+}
+
+}  // namespace
+
+void reduce(void* dst, const void* a, const void* b, int64_t n, DType dtype, Op op, void* stream) {
+  if (n == 0) return;
+  switch (op) {
+    case Op::Sum: case Op::Avg: return by_dtype<SumOp>(dst, a, b, n, dtype, stream);
+    case Op::Max: return by_dtype<MaxOp>(dst, a, b, n, dtype, stream);
+    case Op::Min: return by_dtype<MinOp>(dst, a, b, n, dtype, stream);
+  }
+  throw std::invalid_argument("unknown op code");
+}
+
+void scale(void* buf, int64_t n, DType dtype, double factor, void* stream) {
+  if (n == 0) return;
+  switch (dtype) {
+    case DType::F32: return launch_scale<float>(buf, n, static_cast<float>(factor), stream);
+    case DType::F64: return launch_scale<double>(buf, n, factor, stream);
+    case DType::F16: return launch_scale<half_t>(buf, n, static_cast<float>(factor), stream);
+    case DType::BF16: return launch_scale<bfloat16_t>(buf, n, static_cast<float>(factor), stream);
+    default: throw std::invalid_argument("scaling (op avg) needs a floating-point dtype");
+  }
+}
+
+void copy(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  check(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, static_cast<gpuStream_t>(stream)), "copy");
+}
+
+void sync(void* stream) { check(gpuStreamSynchronize(static_cast<gpuStream_t>(stream)), "stream synchronize"); }
+
+const char* platform() {
+#if defined(__HIP_PLATFORM_AMD__) || defined(PCCL_HIP)
+  return "hip";
+#else
+  return "cuda";
+#endif
+}
+
+}  // namespace pccl::gpu
