@@ -29,8 +29,8 @@ MPI_Comm dup_comm(MPI_Comm comm) {
 
 }  // namespace
 
-MpiComm::MpiComm(MPI_Comm comm, double timeout_s)
-    : comm_(dup_comm(comm)), timeout_s_(timeout_s), watchdog_(comm_, timeout_s) {
+MpiComm::MpiComm(MPI_Comm comm, double timeout_s, bool gpu_aware)
+    : comm_(dup_comm(comm)), timeout_s_(timeout_s), gpu_aware_(gpu_aware), watchdog_(comm_, timeout_s) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
@@ -61,11 +61,6 @@ void MpiComm::check_usable() const {
     throw std::runtime_error(
         "pccl: an earlier collective on this communicator timed out or failed and its message "
         "state is unknown; create a new communicator");
-}
-
-char* MpiComm::workspace(std::vector<char>& space, size_t bytes) {
-  if (space.size() < bytes) space.resize(bytes);
-  return space.data();
 }
 
 void MpiComm::post(bool is_send, char* ptr, int64_t bytes, int peer) {
@@ -118,7 +113,7 @@ void MpiComm::wait_all(int64_t step) {
 // Where the current values of blocks [first, first+count) are: in source while none was
 // touched, in buf once all were; a mixed run is completed in buf first.
 const char* MpiComm::current(char* buf, const char* source, Layout layout, size_t esize, int64_t first,
-                             int64_t count) {
+                             int64_t count, const Memory& mem) {
   const int64_t offset = layout.offset(first) * esize;
   if (source == nullptr) return buf + offset;
   int64_t fresh = 0;
@@ -127,50 +122,77 @@ const char* MpiComm::current(char* buf, const char* source, Layout layout, size_
   for (int64_t b = first; b < first + count; ++b) {
     if (touched_[b]) continue;
     const int64_t at = layout.offset(b) * esize;
-    std::memcpy(buf + at, source + at, (layout.offset(b + 1) - layout.offset(b)) * esize);
+    mem.copy(buf + at, source + at, (layout.offset(b + 1) - layout.offset(b)) * esize);
     touched_[b] = 1;
   }
   return buf + offset;
 }
 
+// One step at a time: receives are posted first, then sends; when all completed, the
+// received blocks are reduced (or, staged, copied) into place. On a GPU, local work is
+// queued on the caller's stream and the stream is waited for before MPI reads buffers.
 void MpiComm::execute(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op,
-                      const char* source) {
+                      const Memory& mem, const char* source) {
   const size_t esize = elem_size(dtype);
-  auto bytes_of = [&](int64_t first, int64_t count) {
-    return (layout.offset(first + count) - layout.offset(first)) * static_cast<int64_t>(esize);
+  const Memory host;
+  auto bytes_of = [&](const int64_t* row) {
+    return (layout.offset(row[3] + row[4]) - layout.offset(row[3])) * static_cast<int64_t>(esize);
   };
   for (int64_t begin = 0; begin < rows;) {
     const int64_t step = ops[begin * 5];
     int64_t end = begin;
-    size_t scratch_bytes = 0;
-    for (; end < rows && ops[end * 5] == step; ++end)
-      if (ops[end * 5 + 1] == kRecvReduce) scratch_bytes += bytes_of(ops[end * 5 + 3], ops[end * 5 + 4]);
-    char* scratch = workspace(scratch_, scratch_bytes);
+    size_t scratch_bytes = 0, stage_bytes = 0;
+    for (; end < rows && ops[end * 5] == step; ++end) {
+      const int64_t* row = ops + end * 5;
+      if (row[1] == kRecvReduce) scratch_bytes += bytes_of(row);
+      if (mem.staged) stage_bytes += bytes_of(row);
+    }
+    char* scratch = scratch_.get(scratch_bytes, mem);
+    char* stage = stage_.get(stage_bytes, host);
+    // Where each send reads from, decided (and, staged, copied to host memory) before
+    // the stream is waited for, so no queued copy races with MPI.
+    send_from_.clear();
+    for (int64_t i = begin, at = 0; i < end; ++i) {
+      const int64_t* row = ops + i * 5;
+      if (row[1] == kSend) {
+        const char* from = current(buf, source, layout, esize, row[3], row[4], mem);
+        if (mem.staged) mem.copy(stage + at, from, bytes_of(row));
+        send_from_.push_back(mem.staged ? stage + at : from);
+      }
+      at += mem.staged ? bytes_of(row) : 0;
+    }
+    mem.sync();  // GPU: the previous step's reductions and copies are done before MPI reads
     reductions_.clear();
     landed_.clear();
+    char* slot = stage;
+    size_t sends = 0;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t* row = ops + i * 5;
       const int peer = static_cast<int>(row[2]);
-      const int64_t first = row[3], count = row[4];
-      const int64_t bytes = bytes_of(first, count);
-      if (bytes == 0) continue;  // empty blocks (count < size): neither side sends
-      char* target = buf + layout.offset(first) * esize;
+      const int64_t first = row[3], count = row[4], bytes = bytes_of(row);
+      char* staged = slot;
+      slot += mem.staged ? bytes : 0;
       if (row[1] == kSend) {
-        post(true, const_cast<char*>(current(buf, source, layout, esize, first, count)), bytes, peer);
+        const char* from = send_from_[sends++];
+        if (bytes > 0) post(true, const_cast<char*>(from), bytes, peer);
         continue;
       }
+      if (bytes == 0) continue;  // empty blocks (count < size): neither side sends
+      char* target = buf + layout.offset(first) * esize;
       landed_.emplace_back(first, count);
-      if (row[1] == kRecv) {
-        post(false, target, bytes, peer);
-      } else {
-        post(false, scratch, bytes, peer);
-        reductions_.push_back({target, current(buf, source, layout, esize, first, count), scratch,
-                               bytes / static_cast<int64_t>(esize)});
-        scratch += bytes;
-      }
+      const bool reduce = row[1] == kRecvReduce;
+      char* landing = reduce ? scratch : target;
+      if (reduce) scratch += bytes;
+      post(false, mem.staged ? staged : landing, bytes, peer);
+      if (reduce || mem.staged)
+        reductions_.push_back({target, reduce ? current(buf, source, layout, esize, first, count, mem) : nullptr,
+                               mem.staged ? staged : nullptr, landing, bytes, reduce});
     }
     wait_all(step);
-    for (const Pending& r : reductions_) reduce(r.dst, r.a, r.b, r.elems, dtype, op);
+    for (const Pending& r : reductions_) {
+      if (r.staged != nullptr) mem.copy(r.landing, r.staged, r.bytes);
+      if (r.reduce) mem.reduce(r.dst, r.a, r.landing, r.bytes / static_cast<int64_t>(esize), dtype, op);
+    }
     if (source != nullptr)
       for (auto [first, count] : landed_) std::fill(touched_.begin() + first, touched_.begin() + first + count, 1);
     begin = end;
@@ -178,34 +200,38 @@ void MpiComm::execute(const int64_t* ops, int64_t rows, char* buf, Layout layout
 }
 
 void MpiComm::all_gather(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count,
-                         DType dtype) {
+                         DType dtype, const Memory& mem) {
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
+  mem.activate();
   const size_t bytes = count * elem_size(dtype);
   char* mine = static_cast<char*>(out) + rank_ * bytes;
-  if (mine != in) std::memcpy(mine, in, bytes);
-  execute(ops, rows, static_cast<char*>(out), Layout(count * size_, size_), dtype, Op::Sum);
+  if (mine != in) mem.copy(mine, in, bytes);
+  execute(ops, rows, static_cast<char*>(out), Layout(count * size_, size_), dtype, Op::Sum, mem);
 }
 
 void MpiComm::reduce_scatter(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count,
-                             DType dtype, Op op) {
+                             DType dtype, Op op, const Memory& mem) {
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
+  mem.activate();
   const size_t bytes = count * elem_size(dtype);
   // The input stays untouched: partial results go to a cached work buffer, filled lazily.
-  char* work = workspace(work_, bytes * size_);
+  char* work = work_.get(bytes * size_, mem);
   touched_.assign(size_, 0);
   const char* source = static_cast<const char*>(in);
-  execute(ops, rows, work, Layout(count * size_, size_), dtype, op, source);
-  std::memcpy(out, (touched_[rank_] ? work : source) + rank_ * bytes, bytes);
-  if (op == Op::Avg) scale(out, count, dtype, 1.0 / size_);
+  execute(ops, rows, work, Layout(count * size_, size_), dtype, op, mem, source);
+  mem.copy(out, (touched_[rank_] ? work : source) + rank_ * bytes, bytes);
+  if (op == Op::Avg) mem.scale(out, count, dtype, 1.0 / size_);
 }
 
-void MpiComm::all_reduce(const int64_t* ops, int64_t rows, void* buf, int64_t count, DType dtype, Op op) {
+void MpiComm::all_reduce(const int64_t* ops, int64_t rows, void* buf, int64_t count, DType dtype, Op op,
+                         const Memory& mem) {
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
-  execute(ops, rows, static_cast<char*>(buf), Layout(count, size_), dtype, op);
-  if (op == Op::Avg) scale(buf, count, dtype, 1.0 / size_);
+  mem.activate();
+  execute(ops, rows, static_cast<char*>(buf), Layout(count, size_), dtype, op, mem);
+  if (op == Op::Avg) mem.scale(buf, count, dtype, 1.0 / size_);
 }
 
 }  // namespace pccl

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "memory.h"
 #include "types.h"
 #include "watchdog.h"
 
@@ -32,7 +33,9 @@ struct Layout {
 
 class MpiComm {
  public:
-  MpiComm(MPI_Comm comm, double timeout_s);
+  // gpu_aware: MPI may be handed device pointers (e.g. Cray MPICH with
+  // MPICH_GPU_SUPPORT_ENABLED=1); otherwise GPU buffers are staged through host memory.
+  MpiComm(MPI_Comm comm, double timeout_s, bool gpu_aware);
   ~MpiComm();
   MpiComm(const MpiComm&) = delete;
   MpiComm& operator=(const MpiComm&) = delete;
@@ -40,47 +43,57 @@ class MpiComm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   void set_timeout(double timeout_s);
+  // Where buffers on `device` (-1: host) with the caller's `stream` live, for this MPI.
+  Memory memory(int device, void* stream) const { return Memory{device, stream, device >= 0 && !gpu_aware_}; }
 
   // Schedules: `ops` is the flat table of pccl.schedule.Schedule.ops, `rows` x 5.
   // `count` is elements per rank (all-gather input, reduce-scatter output) or in total
-  // (all-reduce).
-  void all_gather(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count, DType dtype);
+  // (all-reduce). Local work on GPU buffers is queued on mem.stream.
+  void all_gather(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count, DType dtype,
+                  const Memory& mem);
   void reduce_scatter(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count,
-                      DType dtype, Op op);
-  void all_reduce(const int64_t* ops, int64_t rows, void* buf, int64_t count, DType dtype, Op op);
+                      DType dtype, Op op, const Memory& mem);
+  void all_reduce(const int64_t* ops, int64_t rows, void* buf, int64_t count, DType dtype, Op op,
+                  const Memory& mem);
 
   // The MPI library's own collectives (the baseline), same argument meanings.
-  void native_all_gather(void* out, const void* in, int64_t count, DType dtype);
-  void native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op);
-  void native_all_reduce(void* buf, int64_t count, DType dtype, Op op);
+  void native_all_gather(void* out, const void* in, int64_t count, DType dtype, const Memory& mem);
+  void native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op, const Memory& mem);
+  void native_all_reduce(void* buf, int64_t count, DType dtype, Op op, const Memory& mem);
 
  private:
   // Runs a schedule on `buf`. With `source`, buf is a lazily filled copy of source: a
   // block is read from source until a receive lands in it (reduce-scatter's input stays
   // untouched without copying it whole first).
   void execute(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op,
-               const char* source = nullptr);
-  const char* current(char* buf, const char* source, Layout layout, size_t esize, int64_t first, int64_t count);
+               const Memory& mem, const char* source = nullptr);
+  const char* current(char* buf, const char* source, Layout layout, size_t esize, int64_t first, int64_t count,
+                      const Memory& mem);
   void post(bool is_send, char* ptr, int64_t bytes, int peer);
   void wait_all(int64_t step);
-  void native(const char* what, void* result, int64_t result_count, DType dtype, Op op,
-              const std::function<int(MPI_Datatype, MPI_Op)>& call);
+  void native(const char* what, DType dtype, Op op, const std::function<int(MPI_Datatype, MPI_Op)>& call);
+  // GPU buffers MPI cannot take as they are: run the collective on host copies.
+  void native_on_host(void* out, size_t out_bytes, const void* in, size_t in_bytes, const Memory& mem,
+                      const std::function<void(void*, const void*)>& run);
   void check_usable() const;
   void check(int err, const char* what);  // throws, and marks the communicator broken
-  char* workspace(std::vector<char>& space, size_t bytes);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   double timeout_s_;
+  bool gpu_aware_;
   bool broken_ = false;
   std::mutex mu_;
   Watchdog watchdog_;
   // Cached across calls so the steady state allocates nothing.
-  std::vector<char> work_, scratch_;
+  Workspace work_, scratch_, stage_, host_out_, host_in_;
   std::vector<MPI_Request> reqs_;
   std::vector<int> req_peers_;
-  struct Pending { char* dst; const char* a; const char* b; int64_t elems; };
+  // A receive to finish after the step: staged, copy it from host memory to `landing`;
+  // to reduce, dst = op(a, landing).
+  struct Pending { char* dst; const char* a; char* staged; char* landing; int64_t bytes; bool reduce; };
   std::vector<Pending> reductions_;
+  std::vector<const char*> send_from_;                // per send of the current step
   std::vector<char> touched_;                          // per block, when execute has a source
   std::vector<std::pair<int64_t, int64_t>> landed_;    // runs received in the current step
 };

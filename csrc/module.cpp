@@ -67,31 +67,41 @@ NB_MODULE(_native, m) {
   m.attr("gpu_platform") = nb::none();
 #endif
 
+  // Collectives take the buffers' device (-1: host) and the caller's stream (0: default).
   nb::class_<MpiComm>(m, "MpiComm")
-      .def("__init__", [](MpiComm* self, nb::handle comm, double timeout) {
-        new (self) MpiComm(as_mpi_comm(comm), timeout);
-      }, nb::arg("comm"), nb::arg("timeout"))
+      .def("__init__", [](MpiComm* self, nb::handle comm, double timeout, bool gpu_aware) {
+        new (self) MpiComm(as_mpi_comm(comm), timeout, gpu_aware);
+      }, nb::arg("comm"), nb::arg("timeout"), nb::arg("gpu_aware") = false)
       .def_prop_ro("rank", &MpiComm::rank)
       .def_prop_ro("size", &MpiComm::size)
       .def("set_timeout", &MpiComm::set_timeout)
-      .def("all_gather", [](MpiComm& c, OpsTable ops, uintptr_t out, uintptr_t in, int64_t count, int dtype) {
-        c.all_gather(ops.data(), ops.shape(0), ptr(out), ptr(in), count, static_cast<DType>(dtype));
+      .def("all_gather", [](MpiComm& c, OpsTable ops, uintptr_t out, uintptr_t in, int64_t count, int dtype,
+                            int device, uintptr_t stream) {
+        c.all_gather(ops.data(), ops.shape(0), ptr(out), ptr(in), count, static_cast<DType>(dtype),
+                     c.memory(device, ptr(stream)));
       }, nb::call_guard<nb::gil_scoped_release>())
       .def("reduce_scatter", [](MpiComm& c, OpsTable ops, uintptr_t out, uintptr_t in, int64_t count, int dtype,
-                                int op) {
+                                int op, int device, uintptr_t stream) {
         c.reduce_scatter(ops.data(), ops.shape(0), ptr(out), ptr(in), count, static_cast<DType>(dtype),
-                         static_cast<Op>(op));
+                         static_cast<Op>(op), c.memory(device, ptr(stream)));
       }, nb::call_guard<nb::gil_scoped_release>())
-      .def("all_reduce", [](MpiComm& c, OpsTable ops, uintptr_t buf, int64_t count, int dtype, int op) {
-        c.all_reduce(ops.data(), ops.shape(0), ptr(buf), count, static_cast<DType>(dtype), static_cast<Op>(op));
+      .def("all_reduce", [](MpiComm& c, OpsTable ops, uintptr_t buf, int64_t count, int dtype, int op, int device,
+                            uintptr_t stream) {
+        c.all_reduce(ops.data(), ops.shape(0), ptr(buf), count, static_cast<DType>(dtype), static_cast<Op>(op),
+                     c.memory(device, ptr(stream)));
       }, nb::call_guard<nb::gil_scoped_release>())
-      .def("native_all_gather", [](MpiComm& c, uintptr_t out, uintptr_t in, int64_t count, int dtype) {
-        c.native_all_gather(ptr(out), ptr(in), count, static_cast<DType>(dtype));
+      .def("native_all_gather", [](MpiComm& c, uintptr_t out, uintptr_t in, int64_t count, int dtype, int device,
+                                   uintptr_t stream) {
+        c.native_all_gather(ptr(out), ptr(in), count, static_cast<DType>(dtype), c.memory(device, ptr(stream)));
       }, nb::call_guard<nb::gil_scoped_release>())
-      .def("native_reduce_scatter", [](MpiComm& c, uintptr_t out, uintptr_t in, int64_t count, int dtype, int op) {
-        c.native_reduce_scatter(ptr(out), ptr(in), count, static_cast<DType>(dtype), static_cast<Op>(op));
+      .def("native_reduce_scatter", [](MpiComm& c, uintptr_t out, uintptr_t in, int64_t count, int dtype, int op,
+                                       int device, uintptr_t stream) {
+        c.native_reduce_scatter(ptr(out), ptr(in), count, static_cast<DType>(dtype), static_cast<Op>(op),
+                                c.memory(device, ptr(stream)));
       }, nb::call_guard<nb::gil_scoped_release>())
-      .def("native_all_reduce", [](MpiComm& c, uintptr_t buf, int64_t count, int dtype, int op) {
-        c.native_all_reduce(ptr(buf), count, static_cast<DType>(dtype), static_cast<Op>(op));
+      .def("native_all_reduce", [](MpiComm& c, uintptr_t buf, int64_t count, int dtype, int op, int device,
+                                   uintptr_t stream) {
+        c.native_all_reduce(ptr(buf), count, static_cast<DType>(dtype), static_cast<Op>(op),
+                            c.memory(device, ptr(stream)));
       }, nb::call_guard<nb::gil_scoped_release>());
 }

@@ -76,41 +76,96 @@ Count mpi_count(int64_t count) {
 
 }  // namespace
 
-// Common frame of the three: validate, arm the watchdog around the blocking call, check
-// the result, scale for avg.
-void MpiComm::native(const char* what, void* result, int64_t result_count, DType dtype, Op op,
-                     const std::function<int(MPI_Datatype, MPI_Op)>& call) {
-  std::lock_guard<std::mutex> lock(mu_);
-  check_usable();
+// The blocking call, with the watchdog armed around it.
+void MpiComm::native(const char* what, DType dtype, Op op, const std::function<int(MPI_Datatype, MPI_Op)>& call) {
   const MPI_Datatype type = mpi_type(dtype);
   const MPI_Op mop = mpi_op(dtype, op);
   watchdog_.arm(what);
   const int err = call(type, mop);
   watchdog_.disarm();
   check(err, what);
-  if (op == Op::Avg) scale(result, result_count, dtype, 1.0 / size_);
 }
 
-void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType dtype) {
-  const Count n = mpi_count(count);
-  const char* self = static_cast<char*>(out) + rank_ * count * elem_size(dtype);
-  native("MPI_Allgather", out, 0, dtype, Op::Sum, [&](MPI_Datatype type, MPI_Op) {
-    return PCCL_MPI(MPI_Allgather)(self == in ? MPI_IN_PLACE : in, n, type, out, n, type, comm_);
-  });
+// GPU buffers the MPI library cannot use directly (it is not GPU-aware, or the type needs
+// pccl's host reduction): run the collective on host copies.
+void MpiComm::native_on_host(void* out, size_t out_bytes, const void* in, size_t in_bytes,
+                             const Memory& mem, const std::function<void(void*, const void*)>& run) {
+  const Memory host;
+  char* host_out = host_out_.get(out_bytes, host);
+  char* host_in = in == out ? host_out : host_in_.get(in_bytes, host);
+  mem.copy(host_in, in, in_bytes);
+  mem.sync();
+  run(host_out, host_in);
+  mem.copy(out, host_out, out_bytes);
 }
 
-void MpiComm::native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op) {
-  const Count n = mpi_count(count);
-  native("MPI_Reduce_scatter_block", out, count, dtype, op, [&](MPI_Datatype type, MPI_Op mop) {
-    return PCCL_MPI(MPI_Reduce_scatter_block)(in, out, n, type, mop, comm_);
-  });
+namespace {
+
+// Whether MPI can be handed these buffers as they are.
+bool direct(const Memory& mem, DType dtype) {
+  return !mem.gpu() || (!mem.staged && dtype != DType::F16 && dtype != DType::BF16);
 }
 
-void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op) {
+}  // namespace
+
+void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType dtype, const Memory& mem) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  mem.activate();
   const Count n = mpi_count(count);
-  native("MPI_Allreduce", buf, count, dtype, op, [&](MPI_Datatype type, MPI_Op mop) {
-    return PCCL_MPI(MPI_Allreduce)(MPI_IN_PLACE, buf, n, type, mop, comm_);
-  });
+  const size_t bytes = count * elem_size(dtype);
+  auto run = [&](void* o, const void* i) {
+    const bool in_place = static_cast<char*>(o) + rank_ * bytes == i;
+    native("MPI_Allgather", dtype, Op::Sum, [&](MPI_Datatype type, MPI_Op) {
+      return PCCL_MPI(MPI_Allgather)(in_place ? MPI_IN_PLACE : i, n, type, o, n, type, comm_);
+    });
+  };
+  if (direct(mem, dtype)) {
+    mem.sync();
+    run(out, in);
+  } else {
+    native_on_host(out, bytes * size_, in, bytes, mem, run);
+  }
+}
+
+void MpiComm::native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op,
+                                    const Memory& mem) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  mem.activate();
+  const Count n = mpi_count(count);
+  const size_t bytes = count * elem_size(dtype);
+  auto run = [&](void* o, const void* i) {
+    native("MPI_Reduce_scatter_block", dtype, op, [&](MPI_Datatype type, MPI_Op mop) {
+      return PCCL_MPI(MPI_Reduce_scatter_block)(i, o, n, type, mop, comm_);
+    });
+  };
+  if (direct(mem, dtype)) {
+    mem.sync();
+    run(out, in);
+  } else {
+    native_on_host(out, bytes, in, bytes * size_, mem, run);
+  }
+  if (op == Op::Avg) mem.scale(out, count, dtype, 1.0 / size_);
+}
+
+void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op, const Memory& mem) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  mem.activate();
+  const Count n = mpi_count(count);
+  auto run = [&](void* o, const void*) {
+    native("MPI_Allreduce", dtype, op, [&](MPI_Datatype type, MPI_Op mop) {
+      return PCCL_MPI(MPI_Allreduce)(MPI_IN_PLACE, o, n, type, mop, comm_);
+    });
+  };
+  if (direct(mem, dtype)) {
+    mem.sync();
+    run(buf, buf);
+  } else {
+    native_on_host(buf, count * elem_size(dtype), buf, count * elem_size(dtype), mem, run);
+  }
+  if (op == Op::Avg) mem.scale(buf, count, dtype, 1.0 / size_);
 }
 
 }  // namespace pccl

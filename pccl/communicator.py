@@ -21,6 +21,19 @@ EXECUTORS = {"mpi": ("cpp", "python"), "torch": ("torch",)}
 LEVEL_TRANSPORTS = ("mpi", "gloo")
 
 
+def on_callers_stream(fn: Callable[[], None], like: torch.Tensor) -> Callable[[], None]:
+    """GPU tensors: run `fn` (maybe later, on the worker thread) on the stream that is
+    current for the caller now, so the collective is ordered after the caller's work."""
+    if like.device.type != "cuda":
+        return fn
+    stream = torch.cuda.current_stream(like.device)
+
+    def on_stream() -> None:
+        with torch.cuda.stream(stream):
+            fn()
+    return on_stream
+
+
 class Communicator:
     """Collectives over an mpi4py communicator or a torch.distributed process group.
 
@@ -69,7 +82,9 @@ class Communicator:
                 self._executor = MpiPythonExecutor(comm, self.timeout)
             else:
                 self._executor = self._native
-            self.devices = ("cpu",)
+            from .executors.mpi_cpp import gpu_available
+
+            self.devices = ("cpu", "cuda") if executor == "cpp" and gpu_available() else ("cpu",)
         self.executor = executor
         self.rank, self.size = self._native.rank, self._native.size
         self._queue = SerialQueue(f"pccl-{self.transport}")
@@ -121,26 +136,29 @@ class Communicator:
         validation.check_numel(full, big.numel(), self.size * small.numel(),
                                f"size * {other}.numel() = {self.size} * {small.numel()}")
 
-    def _run(self, collective: str, algorithm, nbytes: int, async_op: bool,
+    def _run(self, collective: str, algorithm, like: torch.Tensor, async_op: bool,
              native: Callable[[], None], scheduled: Callable[[Schedule], None],
              planned: Callable[[Plan, PlanExecutor], None]) -> Optional[Work]:
         spec = plans.spec_of(algorithm)
         if spec is not None:
             plan = plans.build(spec, collective, self.topology, self.rank)  # validates the spec
-            return self._queue.run(lambda: planned(plan, self._plan_executor()), async_op)
-        validation.check_algorithm(collective, algorithm)
-        if algorithm == "auto":
-            algorithm = choose(collective, nbytes, self.size)
-        if algorithm == "native":
-            return self._queue.run(native, async_op)
-        sched = schedule(collective, algorithm, self.size, self.rank)
-        return self._queue.run(lambda: scheduled(sched), async_op)
+            fn = lambda: planned(plan, self._plan_executor())  # noqa: E731
+        else:
+            validation.check_algorithm(collective, algorithm)
+            if algorithm == "auto":
+                algorithm = choose(collective, like.numel() * like.element_size(), self.size)
+            if algorithm == "native":
+                fn = native
+            else:
+                sched = schedule(collective, algorithm, self.size, self.rank)
+                fn = lambda: scheduled(sched)  # noqa: E731
+        return self._queue.run(on_callers_stream(fn, like), async_op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, algorithm: str = "auto",
                    async_op: bool = False) -> Optional[Work]:
         """Gather every rank's `input` into `output`: rank i's input lands at block i."""
         self._check_buffers(output, input, full="output")
-        return self._run("all_gather", algorithm, output.numel() * output.element_size(), async_op,
+        return self._run("all_gather", algorithm, output, async_op,
                          lambda: self._native.native_all_gather(output, input),
                          lambda sched: self._executor.all_gather(sched, output, input),
                          lambda plan, run: run.run(plan, {"input": input, "output": output}, input.numel(), "sum"))
@@ -150,7 +168,7 @@ class Communicator:
         """Reduce `input` over all ranks; this rank receives block `rank` in `output`."""
         self._check_buffers(output, input, full="input")
         op_code(op, input.dtype)
-        return self._run("reduce_scatter", algorithm, input.numel() * input.element_size(), async_op,
+        return self._run("reduce_scatter", algorithm, input, async_op,
                          lambda: self._native.native_reduce_scatter(output, input, op),
                          lambda sched: self._executor.reduce_scatter(sched, output, input, op),
                          lambda plan, run: run.run(plan, {"input": input, "output": output}, output.numel(), op))
@@ -160,7 +178,7 @@ class Communicator:
         """Reduce `tensor` over all ranks, in place."""
         validation.check_tensor("tensor", tensor, self.devices)
         op_code(op, tensor.dtype)
-        return self._run("all_reduce", algorithm, tensor.numel() * tensor.element_size(), async_op,
+        return self._run("all_reduce", algorithm, tensor, async_op,
                          lambda: self._native.native_all_reduce(tensor, op),
                          lambda sched: self._executor.all_reduce(sched, tensor, op),
                          lambda plan, run: run.all_reduce(plan, tensor, op))

@@ -1,11 +1,13 @@
 """Runs plans: phases on the level communicators, local steps on tensors.
 
 Workspaces are cached per (name, dtype, device) and grow only, so the steady state
-allocates nothing. Phases reduce with "sum" when the op is "avg"; the result is scaled by
+allocates nothing. The shuffle is one pass: one index_copy_ kernel on GPUs (and for many
+small blocks), straight copies of each piece otherwise. Phases reduce with "sum" when the op is "avg"; the result is scaled by
 1/size once at the end.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -23,22 +25,33 @@ def identity(op: str, dtype: torch.dtype):
     return low if op == "max" else high
 
 
+@lru_cache(maxsize=4096)
+def runs_of(perm: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    """(first src block, first dst block, length) of each stretch that moves as one piece;
+    src blocks mapped to -1 are skipped."""
+    runs: list[list[int]] = []
+    for i, j in enumerate(perm):
+        if j < 0:
+            continue
+        if runs and runs[-1][0] + runs[-1][2] == i and runs[-1][1] + runs[-1][2] == j:
+            runs[-1][2] += 1
+        else:
+            runs.append([i, j, 1])
+    return tuple(tuple(r) for r in runs)
+
+
+# Up to this many pieces (on CPU) plain copies beat index_copy_, which is slower per byte.
+MAX_COPIES = 64
+
+
 def permute_(src: torch.Tensor, dst: torch.Tensor, perm: tuple[int, ...], index: Callable) -> None:
     """dst block perm[i] = src block i, in one pass (src, dst are (blocks, m) views)."""
-    if -1 not in perm:
-        dst.index_copy_(0, index(perm), src)
+    runs = runs_of(perm)
+    if -1 not in perm and (src.device.type != "cpu" or len(runs) > MAX_COPIES):
+        dst.index_copy_(0, index(perm), src)  # one kernel
         return
-    # Partial permutations: copy runs of consecutive blocks.
-    i = 0
-    while i < len(perm):
-        if perm[i] < 0:
-            i += 1
-            continue
-        j = i + 1
-        while j < len(perm) and perm[j] == perm[j - 1] + 1:
-            j += 1
-        dst[perm[i]:perm[i] + j - i].copy_(src[i:j])
-        i = j
+    for i, j, n in runs:
+        dst[j:j + n].copy_(src[i:i + n])
 
 
 class PlanExecutor:

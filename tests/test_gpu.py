@@ -64,3 +64,16 @@ def test_gpu_scale_matches_torch(dtype):
     _native.gpu_scale(a.data_ptr(), a.numel(), DTYPES[dtype], 1 / 3, stream.cuda_stream)
     stream.synchronize()
     assert torch.equal(a, expected)
+
+
+@needs_gpu
+@pytest.mark.parametrize("gpu_aware", ["0", "1"])
+def test_gpu_collectives_match_cpu_on_two_ranks(gpu_aware, monkeypatch):
+    # "0": messages staged through host memory (works with any MPI); "1" needs a GPU-aware MPI.
+    from tests.launch import mpiexec
+
+    if gpu_aware == "1" and __import__("os").environ.get("PCCL_TEST_GPU_AWARE_MPI") != "1":
+        pytest.skip("set PCCL_TEST_GPU_AWARE_MPI=1 where the MPI library is GPU-aware")
+    monkeypatch.setenv("PCCL_GPU_AWARE_MPI", gpu_aware)
+    run = mpiexec(2, "tests/mpi/run_gpu.py", timeout=600)
+    assert run.returncode == 0 and "OK gpu" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]

@@ -17,6 +17,7 @@ using bfloat16_t = __hip_bfloat16;
 #define gpuStreamSynchronize hipStreamSynchronize
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
+#define gpuSetDevice hipSetDevice
 #else
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -33,4 +34,5 @@ using bfloat16_t = __nv_bfloat16;
 #define gpuStreamSynchronize cudaStreamSynchronize
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
+#define gpuSetDevice cudaSetDevice
 #endif

@@ -109,6 +109,18 @@ void copy(void* dst, const void* src, size_t bytes, void* stream) {
   check(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, static_cast<gpuStream_t>(stream)), "copy");
 }
 
+void set_device(int device) { check(gpuSetDevice(device), "set device"); }
+
+void* alloc(size_t bytes) {
+  void* ptr = nullptr;
+  check(gpuMalloc(&ptr, bytes), "allocate workspace");
+  return ptr;
+}
+
+void release(void* ptr) {
+  if (ptr != nullptr) gpuFree(ptr);
+}
+
 void sync(void* stream) { check(gpuStreamSynchronize(static_cast<gpuStream_t>(stream)), "stream synchronize"); }
 
 const char* platform() {

@@ -1,5 +1,13 @@
-"""The fast path: schedules and MPI's own collectives run by the C++ executor (GIL released)."""
+"""The fast path: schedules and MPI's own collectives run by the C++ executor (GIL released).
+
+CPU tensors, and GPU tensors where the build has a GPU path: local work is queued on the
+caller's current stream. With a GPU-aware MPI (PCCL_GPU_AWARE_MPI=1, or Cray MPICH with
+MPICH_GPU_SUPPORT_ENABLED=1) MPI gets device pointers; otherwise messages are staged
+through host memory.
+"""
 from __future__ import annotations
+
+import os
 
 import torch
 from mpi4py import MPI
@@ -21,30 +29,50 @@ def check_same_mpi() -> None:
 check_same_mpi()
 
 
+def gpu_aware_mpi() -> bool:
+    setting = os.environ.get("PCCL_GPU_AWARE_MPI")
+    if setting is not None:
+        return setting == "1"
+    return os.environ.get("MPICH_GPU_SUPPORT_ENABLED") == "1"
+
+
+def gpu_available() -> bool:
+    """Whether the native layer can take GPU tensors here."""
+    return _native.gpu_platform is not None and torch.cuda.is_available()
+
+
+def placement(t: torch.Tensor) -> tuple[int, int]:
+    """(device index, stream handle) for the native layer; (-1, 0) for host memory."""
+    if t.device.type == "cpu":
+        return -1, 0
+    return t.device.index, torch.cuda.current_stream(t.device).cuda_stream
+
+
 class MpiCppExecutor:
     def __init__(self, comm: MPI.Comm, timeout: float):
-        self.native = _native.MpiComm(comm, timeout)
+        self.native = _native.MpiComm(comm, timeout, gpu_aware_mpi())
         self.rank, self.size = self.native.rank, self.native.size
 
     def all_gather(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor) -> None:
         self.native.all_gather(sched.ops, output.data_ptr(), input.data_ptr(), input.numel(),
-                               dtype_code(input.dtype))
+                               dtype_code(input.dtype), *placement(input))
 
     def reduce_scatter(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
         self.native.reduce_scatter(sched.ops, output.data_ptr(), input.data_ptr(), output.numel(),
-                                   dtype_code(input.dtype), op_code(op, input.dtype))
+                                   dtype_code(input.dtype), op_code(op, input.dtype), *placement(input))
 
     def all_reduce(self, sched: Schedule, tensor: torch.Tensor, op: str) -> None:
         self.native.all_reduce(sched.ops, tensor.data_ptr(), tensor.numel(), dtype_code(tensor.dtype),
-                               op_code(op, tensor.dtype))
+                               op_code(op, tensor.dtype), *placement(tensor))
 
     def native_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        self.native.native_all_gather(output.data_ptr(), input.data_ptr(), input.numel(), dtype_code(input.dtype))
+        self.native.native_all_gather(output.data_ptr(), input.data_ptr(), input.numel(), dtype_code(input.dtype),
+                                      *placement(input))
 
     def native_reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
         self.native.native_reduce_scatter(output.data_ptr(), input.data_ptr(), output.numel(),
-                                          dtype_code(input.dtype), op_code(op, input.dtype))
+                                          dtype_code(input.dtype), op_code(op, input.dtype), *placement(input))
 
     def native_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
         self.native.native_all_reduce(tensor.data_ptr(), tensor.numel(), dtype_code(tensor.dtype),
-                                      op_code(op, tensor.dtype))
+                                      op_code(op, tensor.dtype), *placement(tensor))
