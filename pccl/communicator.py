@@ -94,6 +94,8 @@ class Communicator:
         for level, transport in self.level_transports.items():
             if transport not in LEVEL_TRANSPORTS:
                 raise ValueError(f"{level} must be one of {LEVEL_TRANSPORTS}, got {transport!r}")
+            if transport == "mpi" and self.transport != "mpi":
+                raise ValueError(f"{level}='mpi' needs a Communicator built on an mpi4py communicator")
         self._plans: Optional[PlanExecutor] = None
 
     def _topology(self, topology, ranks_per_node, nics_per_node) -> Topology:

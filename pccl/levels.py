@@ -20,6 +20,12 @@ def member_world_ranks(parent) -> list[int]:
     return parent.mpi_comm.allgather(MPI.COMM_WORLD.rank)
 
 
+def _mpi_world_size() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.size
+
+
 def build_levels(parent, intra: str, inter: str) -> dict:
     from .communicator import Communicator
     from .topology import Topology
@@ -34,8 +40,6 @@ def build_levels(parent, intra: str, inter: str) -> dict:
     for level, transport in (("intra", intra), ("inter", inter)):
         topology, color, key, groups = shapes[level]
         if transport == "mpi":
-            if parent.transport != "mpi":
-                raise ValueError(f"{level}='mpi' needs a Communicator built on an mpi4py communicator")
             sub = parent.mpi_comm.Split(color, key)
             levels[level] = Communicator(sub, executor=parent.executor, timeout=parent.timeout, topology=topology)
         else:
@@ -43,8 +47,12 @@ def build_levels(parent, intra: str, inter: str) -> dict:
 
             from .rendezvous import init_torch_distributed
 
-            init_torch_distributed("gloo", parent.timeout)
             world = member_world_ranks(parent)
+            if len(world) != (dist.get_world_size() if dist.is_initialized() else _mpi_world_size()):
+                # new_group (and pccl's MPI rendezvous) are collective over all ranks.
+                raise ValueError(f"{level}='gloo' needs a communicator over all ranks; this one has "
+                                 f"{len(world)}")
+            init_torch_distributed("gloo", parent.timeout)
             mine = None
             for ranks in groups:  # every rank creates every group, in the same order
                 group = dist.new_group([world[r] for r in ranks], backend="gloo")

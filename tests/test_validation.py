@@ -72,3 +72,22 @@ def test_async_handle_on_one_rank():
     assert isinstance(work, pccl.Work)
     assert work.wait() is True and work.is_completed()
     assert torch.equal(t, torch.ones(100))
+
+
+def test_topology_arguments_are_checked():
+    with pytest.raises(pccl.TopologyError, match="world size 1 is not divisible by ranks_per_node=2"):
+        pccl.Communicator(MPI.COMM_SELF, ranks_per_node=2)
+    with pytest.raises(pccl.TopologyError, match="topology has 2 ranks but the communicator 1"):
+        pccl.Communicator(MPI.COMM_SELF, topology=pccl.Topology.regular(2, 1))
+    with pytest.raises(ValueError, match="intra must be one of"):
+        pccl.Communicator(MPI.COMM_SELF, intra="carrier-pigeon")
+    c = pccl.Communicator(MPI.COMM_SELF, ranks_per_node=1)
+    assert (c.topology.num_nodes, c.topology.ranks_per_node) == (1, 1)
+
+
+def test_hierarchical_specs_are_checked_before_sending(comm):
+    with pytest.raises(ValueError, match="no all_gather counterpart"):
+        comm.all_gather(torch.empty(4), torch.ones(4), algorithm=pccl.Hierarchical(inter="rabenseifner"))
+    out = torch.empty(4)
+    comm.all_gather(out, torch.ones(4), algorithm="hierarchical")
+    assert torch.equal(out, torch.ones(4))
