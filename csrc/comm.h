@@ -72,9 +72,9 @@ class MpiComm {
   void post(bool is_send, char* ptr, int64_t bytes, int peer);
   void wait_all(int64_t step);
   void native(const char* what, DType dtype, Op op, const std::function<int(MPI_Datatype, MPI_Op)>& call);
-  // GPU buffers MPI cannot take as they are: run the collective on host copies.
-  void native_on_host(void* out, size_t out_bytes, const void* in, size_t in_bytes, const Memory& mem,
-                      const std::function<void(void*, const void*)>& run);
+  // Runs a native collective on the buffers, or on host copies where MPI cannot take them.
+  void native_on(void* out, size_t out_bytes, const void* in, size_t in_bytes, DType dtype, const Memory& mem,
+                 const std::function<void(void*, const void*)>& run);
   void check_usable() const;
   void check(int err, const char* what);  // throws, and marks the communicator broken
 

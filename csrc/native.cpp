@@ -86,19 +86,6 @@ void MpiComm::native(const char* what, DType dtype, Op op, const std::function<i
   check(err, what);
 }
 
-// GPU buffers the MPI library cannot use directly (it is not GPU-aware, or the type needs
-// pccl's host reduction): run the collective on host copies.
-void MpiComm::native_on_host(void* out, size_t out_bytes, const void* in, size_t in_bytes,
-                             const Memory& mem, const std::function<void(void*, const void*)>& run) {
-  const Memory host;
-  char* host_out = host_out_.get(out_bytes, host);
-  char* host_in = in == out ? host_out : host_in_.get(in_bytes, host);
-  mem.copy(host_in, in, in_bytes);
-  mem.sync();
-  run(host_out, host_in);
-  mem.copy(out, host_out, out_bytes);
-}
-
 namespace {
 
 // Whether MPI can be handed these buffers as they are.
@@ -107,6 +94,25 @@ bool direct(const Memory& mem, DType dtype) {
 }
 
 }  // namespace
+
+// Runs `run(out, in)` on the buffers themselves, or, for GPU buffers the MPI library cannot
+// use as they are (it is not GPU-aware, or the type needs pccl's host reduction), on host
+// copies.
+void MpiComm::native_on(void* out, size_t out_bytes, const void* in, size_t in_bytes, DType dtype,
+                        const Memory& mem, const std::function<void(void*, const void*)>& run) {
+  if (direct(mem, dtype)) {
+    mem.sync();
+    run(out, in);
+    return;
+  }
+  const Memory host;
+  char* host_out = host_out_.get(out_bytes, host);
+  char* host_in = in == out ? host_out : host_in_.get(in_bytes, host);
+  mem.copy(host_in, in, in_bytes);
+  mem.sync();
+  run(host_out, host_in);
+  mem.copy(out, host_out, out_bytes);
+}
 
 void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType dtype, const Memory& mem) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -120,12 +126,7 @@ void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType 
       return PCCL_MPI(MPI_Allgather)(in_place ? MPI_IN_PLACE : i, n, type, o, n, type, comm_);
     });
   };
-  if (direct(mem, dtype)) {
-    mem.sync();
-    run(out, in);
-  } else {
-    native_on_host(out, bytes * size_, in, bytes, mem, run);
-  }
+  native_on(out, bytes * size_, in, bytes, dtype, mem, run);
 }
 
 void MpiComm::native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op,
@@ -140,12 +141,7 @@ void MpiComm::native_reduce_scatter(void* out, const void* in, int64_t count, DT
       return PCCL_MPI(MPI_Reduce_scatter_block)(i, o, n, type, mop, comm_);
     });
   };
-  if (direct(mem, dtype)) {
-    mem.sync();
-    run(out, in);
-  } else {
-    native_on_host(out, bytes, in, bytes * size_, mem, run);
-  }
+  native_on(out, bytes, in, bytes * size_, dtype, mem, run);
   if (op == Op::Avg) mem.scale(out, count, dtype, 1.0 / size_);
 }
 
@@ -159,12 +155,7 @@ void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op, co
       return PCCL_MPI(MPI_Allreduce)(MPI_IN_PLACE, o, n, type, mop, comm_);
     });
   };
-  if (direct(mem, dtype)) {
-    mem.sync();
-    run(buf, buf);
-  } else {
-    native_on_host(buf, count * elem_size(dtype), buf, count * elem_size(dtype), mem, run);
-  }
+  native_on(buf, count * elem_size(dtype), buf, count * elem_size(dtype), dtype, mem, run);
   if (op == Op::Avg) mem.scale(buf, count, dtype, 1.0 / size_);
 }
 

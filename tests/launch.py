@@ -1,6 +1,7 @@
 """Launch an mpiexec job from pytest and return its output (multi-rank tests)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,3 +15,23 @@ def mpiexec(ranks: int, script: str, *args: str, timeout: float = 600) -> subpro
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [MPIEXEC, "-n", str(ranks), sys.executable, str(ROOT / script), *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def report_of(cache: dict, key, tmp_dir: Path, ranks: int, script: str, *args: str) -> dict:
+    """The JSON report a worker writes (launched once per key and cached); on a failed
+    launch, {"_launch": its output}."""
+    if key not in cache:
+        path = tmp_dir / "report.json"
+        run = mpiexec(ranks, script, *args, str(path))
+        if run.returncode != 0 or not path.exists():
+            cache[key] = {"_launch": f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"}
+        else:
+            cache[key] = json.loads(path.read_text())
+    return cache[key]
+
+
+def check_group(report: dict, key: str) -> None:
+    """A group of a report passed: the launch worked and no case of the group failed."""
+    assert "_launch" not in report, report.get("_launch")
+    assert key in report, f"no result for {key}"
+    assert report[key] == [], "\n".join(report[key][:20])

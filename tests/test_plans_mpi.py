@@ -2,11 +2,9 @@
 p=4 as 2x2, p=1; every collective, plan, dtype and op against the reference, over the C++
 and Python MPI executors, gloo, and mixed transports (intra gloo, inter MPI); async plans.
 One mpiexec launch per topology; each group is reported as its own test case."""
-import json
-
 import pytest
 
-from tests.launch import mpiexec
+from tests.launch import check_group as check, report_of
 from tests.mpi.cases import PLAN_TOPOLOGIES, PLAN_TRANSPORTS, group_id, plan_groups
 
 _reports: dict = {}
@@ -15,22 +13,9 @@ _reports: dict = {}
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     def get(p: int, ranks_per_node: int) -> dict:
-        key = (p, ranks_per_node)
-        if key not in _reports:
-            path = tmp_path_factory.mktemp(f"plans{p}x{ranks_per_node}") / "report.json"
-            run = mpiexec(p, "tests/mpi/run_plans.py", str(ranks_per_node), str(path))
-            if run.returncode != 0 or not path.exists():
-                _reports[key] = {"_launch": f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"}
-            else:
-                _reports[key] = json.loads(path.read_text())
-        return _reports[key]
+        return report_of(_reports, (p, ranks_per_node), tmp_path_factory.mktemp(f"plans{p}x{ranks_per_node}"),
+                         p, "tests/mpi/run_plans.py", str(ranks_per_node))
     return get
-
-
-def check(report: dict, key: str) -> None:
-    assert "_launch" not in report, report.get("_launch")
-    assert key in report, f"no result for {key}"
-    assert report[key] == [], "\n".join(report[key][:20])
 
 
 TOPOLOGY_IDS = [f"{p // r}x{r}" for p, r in PLAN_TOPOLOGIES]

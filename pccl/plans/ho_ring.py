@@ -21,12 +21,16 @@ def node_slice(topology: Topology, node: int, buffer: str):
     return Ref(buffer, ranks[0], len(ranks)) if ranks == tuple(range(ranks[0], ranks[0] + len(ranks))) else None
 
 
+def grid(topology: Topology, rank: int):
+    """(N, L, p, this rank's node, the other nodes)."""
+    n_nodes, n_local, node = topology.num_nodes, topology.ranks_per_node, topology.node_of(rank)
+    return n_nodes, n_local, n_nodes * n_local, node, [k for k in range(n_nodes) if k != node]
+
+
 def all_gather(topology: Topology, rank: int, src: str, dst: str):
-    n_nodes, n_local = topology.num_nodes, topology.ranks_per_node
-    if n_nodes == 1 or n_local == 1:
+    n_nodes, n_local, p, node, foreign = grid(topology, rank)
+    if n_nodes == 1 or n_local == 1:  # one level only: a plain ring
         return hierarchical.all_gather(topology, rank, "ring", "ring", src, dst)
-    p, node = n_nodes * n_local, topology.node_of(rank)
-    foreign = [k for k in range(n_nodes) if k != node]
     spaces = {"column": n_nodes, "foreign": n_nodes - 1, "rest": n_local * (n_nodes - 1)}
     own = node_slice(topology, node, dst)
     steps: list = []
@@ -52,11 +56,9 @@ def all_gather(topology: Topology, rank: int, src: str, dst: str):
 
 
 def reduce_scatter(topology: Topology, rank: int, src: str, dst: str):
-    n_nodes, n_local = topology.num_nodes, topology.ranks_per_node
-    if n_nodes == 1 or n_local == 1:
+    n_nodes, n_local, p, node, foreign = grid(topology, rank)
+    if n_nodes == 1 or n_local == 1:  # one level only: a plain ring
         return hierarchical.reduce_scatter(topology, rank, "ring", "ring", src, dst)
-    p, node = n_nodes * n_local, topology.node_of(rank)
-    foreign = [k for k in range(n_nodes) if k != node]
     rest = n_local * (n_nodes - 1)
     spaces = {"rest": rest, "partial": n_nodes - 1, "column": n_nodes, "mine": 1}
     steps: list = [
