@@ -1,8 +1,8 @@
 """Runs plans: phases on the level communicators, local steps on tensors.
 
 Workspaces are cached per (name, dtype, device) and grow only, so the steady state
-allocates nothing. The shuffle is one pass: one index_copy_ kernel on GPUs (and for many
-small blocks), straight copies of each piece otherwise. Phases reduce with "sum" when the op is "avg"; the result is scaled by
+allocates nothing. The shuffle is one pass: one Triton kernel on GPUs (index_copy_ where
+Triton is missing, and on CPUs for many small blocks), straight copies of each piece otherwise. Phases reduce with "sum" when the op is "avg"; the result is scaled by
 1/size once at the end.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 
 from .executors.base import reduce_
 from .plan import Combine, Concurrent, Fill, Permute, Phase, Plan, Ref
+from .shuffle_triton import permute_blocks
 
 
 def identity(op: str, dtype: torch.dtype):
@@ -46,6 +47,8 @@ MAX_COPIES = 64
 
 def permute_(src: torch.Tensor, dst: torch.Tensor, perm: tuple[int, ...], index: Callable) -> None:
     """dst block perm[i] = src block i, in one pass (src, dst are (blocks, m) views)."""
+    if src.device.type == "cuda" and permute_blocks(src, dst, index(perm)):
+        return  # one Triton kernel, partial permutations included
     runs = runs_of(perm)
     if -1 not in perm and (src.device.type != "cpu" or len(runs) > MAX_COPIES):
         dst.index_copy_(0, index(perm), src)  # one kernel

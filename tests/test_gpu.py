@@ -77,3 +77,29 @@ def test_gpu_collectives_match_cpu_on_two_ranks(gpu_aware, monkeypatch):
     monkeypatch.setenv("PCCL_GPU_AWARE_MPI", gpu_aware)
     run = mpiexec(2, "tests/mpi/run_gpu.py", timeout=600)
     assert run.returncode == 0 and "OK gpu" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("n_nodes,n_local,m", [(2, 4, 1), (4, 2, 1000), (3, 8, 5000)])
+def test_gpu_shuffle_is_torchs_permute(dtype, n_nodes, n_local, m):
+    from pccl.plan_executor import permute_
+    from pccl.plans.layout import grid_perm
+    from pccl.shuffle_triton import kernel
+    from pccl.topology import Topology
+
+    if kernel() is None:
+        pytest.skip("Triton is not installed")
+    p = n_nodes * n_local
+    src = torch.arange(p * m, device="cuda").to(dtype).view(p, m)
+    dst = torch.full_like(src, -1)
+    perm = grid_perm(Topology.regular(p, n_local), list(range(n_nodes)), list(range(n_local)))
+    permute_(src, dst, perm, lambda q: torch.tensor(q, device="cuda"))
+    expected = src.view(n_local, n_nodes, m).permute(1, 0, 2).reshape(p, m)
+    assert torch.equal(dst, expected)
+    # A partial permutation leaves the unmapped destination blocks alone.
+    dst.fill_(-1)
+    partial = tuple(-1 if i == 0 else j for i, j in enumerate(perm))
+    permute_(src, dst, partial, lambda q: torch.tensor(q, device="cuda"))
+    assert torch.equal(dst[perm[0]], torch.full((m,), -1, device="cuda").to(dtype))
+    assert torch.equal(dst[list(perm[1:])], src[1:])
