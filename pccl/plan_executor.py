@@ -21,9 +21,10 @@ def identity(op: str, dtype: torch.dtype):
     """The value that leaves `op` unchanged."""
     if op in ("sum", "avg"):
         return 0
-    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
-    low, high = (-float("inf"), float("inf")) if dtype.is_floating_point else (info.min, info.max)
-    return low if op == "max" else high
+    if dtype.is_floating_point:
+        return -float("inf") if op == "max" else float("inf")
+    info = torch.iinfo(dtype)
+    return info.min if op == "max" else info.max
 
 
 @lru_cache(maxsize=4096)
@@ -85,6 +86,8 @@ class PlanExecutor:
 
     def run(self, plan: Plan, buffers: dict[str, torch.Tensor], block: int, op: str) -> None:
         """Run `plan` with its named buffers ("input"/"output" or "io"), `block` elements a block."""
+        if block == 0:
+            return
         like = next(iter(buffers.values()))
         bufs = dict(buffers)
         for name, blocks in plan.workspaces:
@@ -93,8 +96,6 @@ class PlanExecutor:
         def view(ref: Ref) -> torch.Tensor:
             return bufs[ref.buffer][ref.start * block:(ref.start + ref.count) * block]
 
-        if block == 0:
-            return
         phase_op = "sum" if op == "avg" else op
         for step in plan.steps:
             if isinstance(step, Phase):
