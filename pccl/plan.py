@@ -63,7 +63,6 @@ class Combine:
 
 
 Step = Union[Phase, Concurrent, Permute, Fill, Combine]
-LEVELS = ("intra", "inter")
 
 
 @dataclass(frozen=True)

@@ -98,14 +98,6 @@ class Schedule:
                     rows.append((i, int(t.kind), t.peer, first, count))
         return np.asarray(rows, dtype=np.int64).reshape(-1, 5)
 
-    @cached_property
-    def max_reduce_blocks(self) -> int:
-        """Largest number of blocks received for reduction in one step (scratch size)."""
-        return max(
-            (sum(len(t.blocks) for t in step if t.kind == Kind.RECV_REDUCE) for step in self.steps),
-            default=0,
-        )
-
     @property
     def num_steps(self) -> int:
         return len(self.steps)
