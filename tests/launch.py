@@ -5,16 +5,36 @@ import json
 import os
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
 
+@lru_cache(maxsize=1)
+def launcher() -> tuple[str, ...]:
+    """The mpiexec next to this Python, with what Open MPI needs to run as root and with
+    more ranks than cores (MPICH needs nothing)."""
+    version = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        return (MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1")
+    return (MPIEXEC,)
+
+
+def job_env() -> dict:
+    """This environment without a surrounding MPI job's variables (pytest may itself run
+    under mpiexec), one compute thread per rank."""
+    prefixes = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "OMPI_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    return dict(env, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+
+
 def mpiexec(ranks: int, script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, str(ROOT / script), *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    """Run `script` (a path under the repository, or "-m module") on `ranks` ranks."""
+    target = list(script.split()) if script.startswith("-m ") else [str(ROOT / script)]
+    cmd = [*launcher(), "-n", str(ranks), sys.executable, *target, *args]
+    return subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def report_of(cache: dict, key, tmp_dir: Path, ranks: int, script: str, *args: str) -> dict:

@@ -1,8 +1,6 @@
 """pccl-bench: size parsing and rounding, bandwidth formulas, test data, and one small run."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -10,6 +8,7 @@ import torch
 from pccl.algorithms import algorithms_for
 from pccl.bench import (DATATYPES, Case, bandwidths, bus_factor, parse_size, round_size, size_sweep,
                         value_modulus)
+from tests.launch import MPIEXEC, mpiexec
 
 
 @pytest.mark.parametrize("text,nbytes", [("64", 64), ("4K", 4096), ("4k", 4096), ("1M", 1 << 20),
@@ -77,19 +76,11 @@ def test_all_gather_expectation_is_every_ranks_input():
     assert torch.equal(cases[0].expected, torch.cat([cases[0].input, cases[1].input]))
 
 
-def mpiexec_env() -> dict:
-    """This environment without a surrounding MPI job's variables (pytest may run under mpiexec)."""
-    prefixes = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "OMPI_")
-    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
-
-
 def test_two_rank_run_reports_every_algorithm_correct():
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if not os.path.exists(mpiexec):
+    if not os.path.exists(MPIEXEC):
         pytest.skip("no mpiexec next to the python interpreter")
-    command = [mpiexec, "-n", "2", sys.executable, "-m", "pccl.bench", "-b", "1K", "-e", "4K", "-f", "4",
-               "-n", "2", "-w", "1", "--executors", "cpp,python", "--json", "-"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=mpiexec_env())
+    done = mpiexec(2, "-m pccl.bench", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2", "-w", "1",
+                   "--executors", "cpp,python", "--json", "-", timeout=120)
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
     for collective in ("all_gather", "reduce_scatter"):
