@@ -1,0 +1,75 @@
+"""Cutting a model into units: the pieces whose parameters are gathered, used and released
+together.
+
+By default each direct child module that holds parameters is a unit (for a GPT: the
+embedding, each transformer block, the final norm and head), or the user passes a list of
+submodules. Parameters that belong to no unit, or to several (tied weights such as a
+shared embedding and output head), go to the root unit, which is gathered for the whole
+forward and backward pass. Units whose parameters are fewer than `min_shard_numel`
+stay replicated: sharding them would cost more in latency than it saves in memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from torch import nn
+
+MIN_SHARD_NUMEL = 1 << 12   # units smaller than this (elements) are replicated, not sharded
+
+
+class UnitError(ValueError):
+    """Units that do not cover the model's parameters properly."""
+
+
+@dataclass
+class Unit:
+    name: str
+    module: nn.Module
+    params: list[tuple[str, nn.Parameter]]   # (qualified name in the model, parameter)
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for _, p in self.params)
+
+
+def split_units(model: nn.Module, units: Optional[list[nn.Module]] = None) -> list[Unit]:
+    """The model's units, in registration order, with a root unit first if any parameter
+    belongs to none or to several units."""
+    names = {module: name for name, module in model.named_modules()}
+    if units is None:
+        units = [child for child in model.children() if any(True for _ in child.parameters())]
+    for module in units:
+        if module not in names:
+            raise UnitError(f"unit {type(module).__name__} is not a submodule of the model")
+        if module is model:
+            raise UnitError("the model itself cannot be a unit; pass its submodules")
+    qualified = {param: name for name, param in model.named_parameters(remove_duplicate=True)}
+    owners: dict[nn.Parameter, list[int]] = {}
+    for index, module in enumerate(units):
+        for param in dict.fromkeys(module.parameters()):
+            owners.setdefault(param, []).append(index)
+    nested = [(names[a], names[b]) for a in units for b in units
+              if a is not b and names[b].startswith(names[a] + ".")]
+    if nested:
+        raise UnitError(f"units must not contain each other: {nested[0][1]!r} is inside {nested[0][0]!r}")
+    root = [(qualified[p], p) for p in qualified if len(owners.get(p, [])) != 1]
+    out = [Unit("<root>", model, root)] if root else []
+    for index, module in enumerate(units):
+        params = [(qualified[p], p) for p in dict.fromkeys(module.parameters()) if owners[p] == [index]]
+        out.append(Unit(names[module], module, params))
+    covered = sum(len(u.params) for u in out)
+    if covered != len(qualified):
+        raise UnitError(f"units cover {covered} of the model's {len(qualified)} parameters")
+    return out
+
+
+def is_sharded(unit: Unit, min_shard_numel: int = MIN_SHARD_NUMEL) -> bool:
+    return unit.numel >= min_shard_numel
+
+
+def total_numel(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["Unit", "UnitError", "split_units", "is_sharded", "MIN_SHARD_NUMEL", "total_numel"]

@@ -1,0 +1,104 @@
+"""Units and flat parameter buffers (single process)."""
+import pytest
+import torch
+from torch import nn
+
+from shard.flat import FlatParams
+from shard.units import UnitError, is_sharded, split_units
+
+
+class Tied(nn.Module):
+    """Embedding and output head share one weight; a scale lives on the root."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.body = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.act = nn.ReLU()
+        self.head = nn.Linear(16, 50, bias=False)
+        self.head.weight = self.embed.weight
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, idx):
+        return self.head(self.act(self.body(self.embed(idx)))) * self.scale
+
+
+def test_default_units_are_children_with_parameters_and_the_root_takes_the_rest():
+    model = Tied()
+    units = split_units(model)
+    assert [u.name for u in units] == ["<root>", "embed", "body", "head"]
+    root = dict(units[0].params)
+    assert set(root) == {"embed.weight", "scale"}          # tied weight and root parameter
+    assert units[1].params == [] and [n for n, _ in units[3].params] == []
+    assert [n for n, _ in units[2].params] == ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"]
+    every = [p for u in units for _, p in u.params]
+    assert len(every) == len(set(every)) == len(list(model.parameters()))
+
+
+def test_explicit_units():
+    model = Tied()
+    units = split_units(model, [model.body[0], model.body[2]])
+    assert [u.name for u in units] == ["<root>", "body.0", "body.2"]
+    assert {n for n, _ in units[0].params} == {"embed.weight", "scale"}
+
+
+def test_bad_units_are_refused():
+    model = Tied()
+    with pytest.raises(UnitError, match="not a submodule"):
+        split_units(model, [nn.Linear(2, 2)])
+    with pytest.raises(UnitError, match="must not contain each other"):
+        split_units(model, [model.body, model.body[0]])
+    with pytest.raises(UnitError, match="model itself"):
+        split_units(model, [model])
+
+
+def test_tiny_units_stay_replicated():
+    units = split_units(Tied())
+    assert is_sharded(units[2], min_shard_numel=100) and not is_sharded(units[2], min_shard_numel=10**6)
+
+
+@pytest.mark.parametrize("world", [1, 3, 4, 8])
+def test_flat_buffer_round_trip_views_and_shards(world):
+    torch.manual_seed(0)
+    model = Tied()
+    unit = split_units(model)[2]
+    flat_params = FlatParams(unit.params, world)
+    before = [p.detach().clone() for _, p in unit.params]
+    x = torch.randint(0, 50, (2, 5))
+    expected = model(x)
+    flat = flat_params.flatten(torch.float32)
+    assert flat_params.padded % world == 0 and flat_params.padded >= flat_params.numel
+    assert torch.equal(flat[flat_params.numel:], torch.zeros(flat_params.padded - flat_params.numel))
+    flat_params.bind(flat)
+    for (_, p), old in zip(unit.params, before):
+        assert torch.equal(p, old) and p.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+    assert torch.equal(model(x), expected)
+    flat[0] += 1.0                                       # parameters are views, not copies
+    assert unit.params[0][1].reshape(-1)[0] == before[0].reshape(-1)[0] + 1
+    shards = [flat_params.shard(flat, i, world) for i in range(world)]
+    assert torch.equal(torch.cat(shards), flat)
+
+
+def test_gradients_land_in_their_slices_and_release_frees_the_views():
+    model = Tied()
+    unit = split_units(model)[2]
+    flat_params = FlatParams(unit.params, 4)
+    flat_params.bind(flat_params.flatten(torch.float32))
+    model(torch.randint(0, 50, (3, 4))).sum().backward()
+    grads = torch.full((flat_params.padded,), 7.0)
+    flat_params.gradients(grads)
+    expected = torch.cat([p.grad.reshape(-1) for _, p in unit.params])
+    assert torch.equal(grads[:flat_params.numel], expected)
+    assert torch.equal(grads[flat_params.numel:], torch.zeros(flat_params.padded - flat_params.numel))
+    flat_params.release()
+    assert all(p.numel() == 0 for _, p in unit.params)
+
+
+def test_wrong_buffers_are_refused():
+    flat_params = FlatParams(split_units(Tied())[2].params, 4)
+    with pytest.raises(ValueError, match="flat buffer of"):
+        flat_params.bind(torch.zeros(3))
+    with pytest.raises(ValueError, match="cannot take shard"):
+        flat_params.shard(torch.zeros(flat_params.padded), 0, flat_params.padded + 1)
+    with pytest.raises(ValueError, match="world size"):
+        FlatParams([], 0)
