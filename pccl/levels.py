@@ -12,9 +12,7 @@ from __future__ import annotations
 def member_world_ranks(parent) -> list[int]:
     """The global (world) rank of each rank of `parent`."""
     if parent.transport == "torch":
-        import torch.distributed as dist
-
-        return [dist.get_global_rank(parent.group, r) for r in range(parent.size)]
+        return list(parent._native.global_rank)  # the torch executor's map, computed once
     from mpi4py import MPI
 
     return parent.mpi_comm.allgather(MPI.COMM_WORLD.rank)

@@ -68,8 +68,4 @@ def is_sharded(unit: Unit, min_shard_numel: int = MIN_SHARD_NUMEL) -> bool:
     return unit.numel >= min_shard_numel
 
 
-def total_numel(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-__all__ = ["Unit", "UnitError", "split_units", "is_sharded", "MIN_SHARD_NUMEL", "total_numel"]
+__all__ = ["Unit", "UnitError", "split_units", "is_sharded", "MIN_SHARD_NUMEL"]

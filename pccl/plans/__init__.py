@@ -58,9 +58,6 @@ def spec_of(algorithm) -> Optional[PlanSpec]:
     return NAMED.get(algorithm) if isinstance(algorithm, str) else None
 
 
-Parts = tuple[list, dict]   # (steps, {workspace: blocks})
-
-
 def assemble(collective: str, name: str, topology: Topology, rank: int, all_gather, reduce_scatter) -> Plan:
     """A Plan from part builders `f(src, dst) -> (steps, workspaces)`; all-reduce is the
     reduce-scatter into a one-block "shard" followed by the all-gather from it, in place on "io"."""
