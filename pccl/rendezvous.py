@@ -20,7 +20,7 @@ def init_torch_distributed(backend: str, timeout: float) -> None:
     span = timedelta(seconds=timeout)
     if all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
         dist.init_process_group(backend, timeout=span)
-        atexit.register(dist.destroy_process_group)
+        atexit.register(shut_down, span)
         return
     from mpi4py import MPI
 
@@ -40,4 +40,16 @@ def init_torch_distributed(backend: str, timeout: float) -> None:
         store = dist.TCPStore(host, port, comm.size, False, timeout=span)
     dist.init_process_group(backend, store=store, rank=comm.rank, world_size=comm.size, timeout=span)
     # Tear down before MPI_Finalize (mpi4py's exit hook, registered earlier, runs after this).
-    atexit.register(dist.destroy_process_group)
+    atexit.register(shut_down, span)
+
+
+def shut_down(span: timedelta) -> None:
+    """Destroy the process groups once every rank got here: a rank that tore its gloo
+    connections down while a peer still read from them would crash that peer."""
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "gloo":
+        dist.monitored_barrier(timeout=span)  # raises instead of hanging if a rank is gone
+    else:
+        dist.barrier()
+    dist.destroy_process_group()

@@ -19,6 +19,11 @@ def test_missing_peer_raises_timeout_on_every_executor():
     run_ok(3, "timeout")
 
 
+def test_gloo_sub_groups_shut_down_cleanly():
+    for _ in range(3):  # the crash this guards against was intermittent
+        run_ok(4, "gloo_levels")
+
+
 def test_native_mpi_collective_is_aborted_by_the_watchdog():
     t0 = time.perf_counter()
     run = mpiexec(3, "tests/mpi/run_special.py", "native_watchdog", timeout=120)
