@@ -117,6 +117,22 @@ class Communicator:
             self._plans = PlanExecutor(build_levels(self, **self.level_transports))
         return self._plans
 
+    def split(self, groups, transport: Optional[str] = None) -> "Communicator":
+        """The communicator of this rank's group in `groups` (a partition of the ranks, each
+        group in its new rank order). Collective: every rank calls it with the same groups."""
+        from .levels import split
+
+        return split(self, groups, transport)
+
+    def resolve(self, collective: str, algorithm, nbytes: int):
+        """What `algorithm` runs for `nbytes` (the full buffer): a flat algorithm's name,
+        "native", or a plan spec; "auto" resolved as a call would resolve it."""
+        spec = plans.spec_of(algorithm)
+        if spec is not None:
+            return spec
+        validation.check_algorithm(collective, algorithm)
+        return choose(collective, nbytes, self.size) if algorithm == "auto" else algorithm
+
     def _check_executor(self, executor: str) -> str:
         valid = EXECUTORS[self.transport]
         if executor not in valid:
@@ -141,19 +157,15 @@ class Communicator:
     def _run(self, collective: str, algorithm, like: torch.Tensor, async_op: bool,
              native: Callable[[], None], scheduled: Callable[[Schedule], None],
              planned: Callable[[Plan, PlanExecutor], None]) -> Optional[Work]:
-        spec = plans.spec_of(algorithm)
-        if spec is not None:
-            plan = plans.build(spec, collective, self.topology, self.rank)  # validates the spec
+        algorithm = self.resolve(collective, algorithm, like.numel() * like.element_size())
+        if not isinstance(algorithm, str):
+            plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec
             fn = lambda: planned(plan, self._plan_executor())  # noqa: E731
+        elif algorithm == "native":
+            fn = native
         else:
-            validation.check_algorithm(collective, algorithm)
-            if algorithm == "auto":
-                algorithm = choose(collective, like.numel() * like.element_size(), self.size)
-            if algorithm == "native":
-                fn = native
-            else:
-                sched = schedule(collective, algorithm, self.size, self.rank)
-                fn = lambda: scheduled(sched)  # noqa: E731
+            sched = schedule(collective, algorithm, self.size, self.rank)
+            fn = lambda: scheduled(sched)  # noqa: E731
         return self._queue.run(on_callers_stream(fn, like), async_op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, algorithm: str = "auto",

@@ -129,6 +129,16 @@ class Topology:
         return ";".join(f"{nic}:{locals_[0]}-{locals_[-1]}" if len(locals_) > 1 else f"{nic}:{locals_[0]}"
                         for nic, locals_ in sorted(groups.items()))
 
+    def restrict(self, ranks) -> "Topology":
+        """The topology of a sub-group: `ranks` (this topology's ranks) become 0..len-1 in
+        the order given; each node keeps the members it has, in that order."""
+        position = {r: i for i, r in enumerate(ranks)}
+        if len(position) != len(ranks) or any(r not in self._where for r in ranks):
+            raise TopologyError(f"a sub-group needs distinct ranks of 0..{self.size - 1}, got {list(ranks)}")
+        nodes = [sorted(position[r] for r in node if r in position) for node in self.nodes]
+        nodes = sorted((n for n in nodes if n), key=lambda n: n[0])
+        return Topology(tuple(tuple(n) for n in nodes), self.nics_per_node)
+
     def describe(self) -> str:
         shape = f"{self.num_nodes}x{self.ranks_per_node}" if self.is_uniform else str([len(n) for n in self.nodes])
         return f"Topology({shape} ranks, {self.nics_per_node} NIC(s) per node)"
