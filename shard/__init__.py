@@ -1,10 +1,15 @@
 """shard: a ZeRO-3/FSDP-style training engine with PaRO's grouped sharding strategies.
 
-Work in progress: the strategy set (strategy.py), units (units.py) and flat parameter
-buffers (flat.py) are here; the engine comes next.
+Engine (engine.py) runs a model cut into units (units.py), each unit's parameters in one
+flat padded buffer (flat.py), sharded by a strategy (strategy.py) over a layout of groups
+(layout.py), with communication on two lanes (lanes.py), AdamW over the flat optimizer
+shard (adamw.py) and sharded, reshardable checkpoints (checkpoint.py).
 """
+from .checkpoint import CheckpointError
+from .engine import Engine, StepResult
 from .flat import FlatParams
-from .strategy import Scope, Strategy, StrategyError
+from .strategy import STRATEGIES, Scope, Strategy, StrategyError
 from .units import Unit, UnitError, split_units
 
-__all__ = ["Scope", "Strategy", "StrategyError", "FlatParams", "Unit", "UnitError", "split_units"]
+__all__ = ["Engine", "StepResult", "CheckpointError", "Scope", "Strategy", "StrategyError", "STRATEGIES",
+           "FlatParams", "Unit", "UnitError", "split_units"]

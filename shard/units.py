@@ -2,8 +2,8 @@
 together.
 
 By default each direct child module that holds parameters is a unit (for a GPT: the
-embedding, each transformer block, the final norm and head), or the user passes a list of
-submodules. Parameters that belong to no unit, or to several (tied weights such as a
+embedding, each transformer block of its ModuleList, the final norm and head), or the
+user passes a list of submodules. Parameters that belong to no unit, or to several (tied weights such as a
 shared embedding and output head), go to the root unit, which is gathered for the whole
 forward and backward pass. Units whose parameters are fewer than `min_shard_numel`
 stay replicated: sharding them would cost more in latency than it saves in memory.
@@ -33,12 +33,25 @@ class Unit:
         return sum(p.numel() for _, p in self.params)
 
 
+def default_units(model: nn.Module) -> list[nn.Module]:
+    """Direct children with parameters; containers that are never called themselves
+    (ModuleList, ModuleDict) contribute their children instead, so each transformer block
+    of a ModuleList is its own unit."""
+    out = []
+    for child in model.children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            out += default_units(child)
+        elif any(True for _ in child.parameters()):
+            out.append(child)
+    return out
+
+
 def split_units(model: nn.Module, units: Optional[list[nn.Module]] = None) -> list[Unit]:
     """The model's units, in registration order, with a root unit first if any parameter
     belongs to none or to several units."""
     names = {module: name for name, module in model.named_modules()}
     if units is None:
-        units = [child for child in model.children() if any(True for _ in child.parameters())]
+        units = default_units(model)
     for module in units:
         if module not in names:
             raise UnitError(f"unit {type(module).__name__} is not a submodule of the model")
@@ -57,7 +70,8 @@ def split_units(model: nn.Module, units: Optional[list[nn.Module]] = None) -> li
     out = [Unit("<root>", model, root)] if root else []
     for index, module in enumerate(units):
         params = [(qualified[p], p) for p in dict.fromkeys(module.parameters()) if owners[p] == [index]]
-        out.append(Unit(names[module], module, params))
+        if params:  # a unit whose parameters all went to the root has nothing to gather
+            out.append(Unit(names[module], module, params))
     covered = sum(len(u.params) for u in out)
     if covered != len(qualified):
         raise UnitError(f"units cover {covered} of the model's {len(qualified)} parameters")

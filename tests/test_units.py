@@ -26,11 +26,11 @@ class Tied(nn.Module):
 def test_default_units_are_children_with_parameters_and_the_root_takes_the_rest():
     model = Tied()
     units = split_units(model)
-    assert [u.name for u in units] == ["<root>", "embed", "body", "head"]
+    # embed and head hold only the tied weight, which goes to the root: no units of their own
+    assert [u.name for u in units] == ["<root>", "body"]
     root = dict(units[0].params)
     assert set(root) == {"embed.weight", "scale"}          # tied weight and root parameter
-    assert units[1].params == [] and [n for n, _ in units[3].params] == []
-    assert [n for n, _ in units[2].params] == ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"]
+    assert [n for n, _ in units[1].params] == ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"]
     every = [p for u in units for _, p in u.params]
     assert len(every) == len(set(every)) == len(list(model.parameters()))
 
@@ -54,14 +54,24 @@ def test_bad_units_are_refused():
 
 def test_tiny_units_stay_replicated():
     units = split_units(Tied())
-    assert is_sharded(units[2], min_shard_numel=100) and not is_sharded(units[2], min_shard_numel=10**6)
+    assert is_sharded(units[1], min_shard_numel=100) and not is_sharded(units[1], min_shard_numel=10**6)
+
+
+def test_module_lists_contribute_each_member():
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(3, 3) for _ in range(3))
+            self.named = nn.ModuleDict({"a": nn.Linear(3, 3)})
+
+    assert [u.name for u in split_units(Stack())] == ["blocks.0", "blocks.1", "blocks.2", "named.a"]
 
 
 @pytest.mark.parametrize("world", [1, 3, 4, 8])
 def test_flat_buffer_round_trip_views_and_shards(world):
     torch.manual_seed(0)
     model = Tied()
-    unit = split_units(model)[2]
+    unit = split_units(model)[1]
     flat_params = FlatParams(unit.params, world)
     before = [p.detach().clone() for _, p in unit.params]
     x = torch.randint(0, 50, (2, 5))
@@ -81,7 +91,7 @@ def test_flat_buffer_round_trip_views_and_shards(world):
 
 def test_gradients_land_in_their_slices_and_release_frees_the_views():
     model = Tied()
-    unit = split_units(model)[2]
+    unit = split_units(model)[1]
     flat_params = FlatParams(unit.params, 4)
     flat_params.bind(flat_params.flatten(torch.float32))
     model(torch.randint(0, 50, (3, 4))).sum().backward()
@@ -95,7 +105,7 @@ def test_gradients_land_in_their_slices_and_release_frees_the_views():
 
 
 def test_wrong_buffers_are_refused():
-    flat_params = FlatParams(split_units(Tied())[2].params, 4)
+    flat_params = FlatParams(split_units(Tied())[1].params, 4)
     with pytest.raises(ValueError, match="flat buffer of"):
         flat_params.bind(torch.zeros(3))
     with pytest.raises(ValueError, match="cannot take shard"):

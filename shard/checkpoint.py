@@ -1,0 +1,179 @@
+"""Sharded checkpoints that survive crashes and change of world size or strategy.
+
+A checkpoint directory holds snapshots and a LATEST file naming the complete one:
+
+    path/LATEST                      "snap-00000042-5f3a9c1e"
+    path/snap-00000042-5f3a9c1e/     meta.json, shard-<rank>.pt (one per written shard)
+
+Saving writes a new snapshot (each file under a temporary name, flushed to disk, then
+renamed), waits for every rank, and only then replaces LATEST (an atomic rename) and
+removes older snapshots. A crash at any point leaves LATEST naming a complete snapshot.
+
+What is saved is the optimizer state (fp32 master weights and both moments), the only
+state a rank cannot rebuild, as ranges of each unit's flat buffer. The metadata records
+which parameter sits where in every unit, so a loader with another world size, group
+size, strategy or unit split finds each of its elements by parameter name and offset.
+Ranks that hold a replica of another rank's shard (I and N scopes) write nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+
+FORMAT = 1
+STATE = ("master", "exp_avg", "exp_avg_sq")
+
+
+class CheckpointError(ValueError):
+    """A missing or damaged checkpoint, or one written for another model."""
+
+
+def _write_atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _metadata(engine) -> dict:
+    return {
+        "format": FORMAT,
+        "world": engine.layout.world,
+        "group": engine.layout.group,
+        "strategy": engine.strategy.letters,
+        "optimizer_steps": engine.optimizer.steps,
+        "steps": engine.steps,
+        "skipped_steps": engine.skipped_steps,
+        "loss_scale": engine.scaler.scale,
+        "loss_scale_clean": engine.scaler.clean,
+        "params": {name: list(p.shape) for u in engine.units for name, p in u.unit.params},
+        "units": [{"name": u.name, "params": [name for name, _ in u.unit.params], "offsets": u.flat.offsets,
+                   "padded": u.flat.padded} for u in engine.units],
+    }
+
+
+def save(engine, path) -> None:
+    root = Path(path)
+    token = engine.agree(int(uuid.uuid4().int % (1 << 62)))
+    snap = root / f"snap-{engine.steps:08d}-{token:016x}"
+    snap.mkdir(parents=True, exist_ok=True)
+    shards = {}
+    state = engine.optimizer.state()
+    for u, base in zip(engine.units, engine._os_offsets):
+        if engine.layout.is_first_replica(u.strategy.os):
+            start, end = u.os_span
+            shards[u.name] = {"start": start, "end": end,
+                              **{k: state[k][base:base + u.os_numel].cpu().clone() for k in STATE}}
+    if shards:
+        _write_atomic(snap / f"shard-{engine.layout.rank}.pt", lambda f: torch.save(shards, f))
+    engine.barrier()
+    if engine.layout.rank == 0:
+        meta = _metadata(engine)
+        meta["files"] = sorted(p.name for p in snap.glob("shard-*.pt"))
+        _write_atomic(snap / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+        _fsync_dir(snap)
+        _write_atomic(root / "LATEST", lambda f: f.write(snap.name.encode()))
+        _fsync_dir(root)
+        for old in root.glob("snap-*"):
+            if old.name != snap.name:
+                shutil.rmtree(old, ignore_errors=True)
+    engine.barrier()
+
+
+def latest(path) -> Path:
+    """The complete snapshot `path`'s LATEST names."""
+    root = Path(path)
+    pointer = root / "LATEST"
+    if not pointer.is_file():
+        raise CheckpointError(f"no checkpoint at {root}: {pointer} is missing")
+    snap = root / pointer.read_text().strip()
+    if not (snap / "meta.json").is_file():
+        raise CheckpointError(f"checkpoint {snap} is incomplete: meta.json is missing")
+    return snap
+
+
+def _check_model(engine, meta: dict) -> None:
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint format {meta.get('format')!r} is not {FORMAT}")
+    mine = {name: list(p.shape) for u in engine.units for name, p in u.unit.params}
+    theirs = meta["params"]
+    if mine != theirs:
+        missing = sorted(set(mine) - set(theirs))
+        extra = sorted(set(theirs) - set(mine))
+        shapes = sorted(n for n in set(mine) & set(theirs) if mine[n] != theirs[n])
+        raise CheckpointError(
+            "the checkpoint was written for another model: "
+            f"parameters missing from it {missing[:5]}, not in this model {extra[:5]}, "
+            f"with other shapes {[(n, theirs[n], mine[n]) for n in shapes[:5]]}")
+
+
+class _Source:
+    """Where each parameter's elements lie in the checkpoint's shard files."""
+
+    def __init__(self, snap: Path, meta: dict):
+        self.snap = snap
+        self.where = {}
+        for unit in meta["units"]:
+            for name, start in zip(unit["params"], unit["offsets"]):
+                self.where[name] = (unit["name"], start)
+        self.pieces: dict[str, list] = {}  # unit -> [(start, end, file)]
+        self._files: dict[str, dict] = {}
+        for name in meta["files"]:
+            for unit, shard in self._load(name).items():
+                self.pieces.setdefault(unit, []).append((shard["start"], shard["end"], name))
+
+    def _load(self, name: str) -> dict:
+        if name not in self._files:
+            self._files[name] = torch.load(self.snap / name, map_location="cpu", mmap=True, weights_only=True)
+        return self._files[name]
+
+    def read(self, param: str, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
+        """Elements [lo, hi) of `param` (flattened) into `out` (one tensor per STATE key)."""
+        unit, base = self.where[param]
+        a, b = base + lo, base + hi
+        covered = 0
+        for start, end, name in self.pieces.get(unit, []):
+            s, e = max(a, start), min(b, end)
+            if s < e:
+                shard = self._load(name)[unit]
+                for k in STATE:
+                    out[k][s - a:e - a].copy_(shard[k][s - start:e - start])
+                covered += e - s
+        if covered != b - a:
+            raise CheckpointError(f"checkpoint {self.snap} lacks part of {param} (elements {lo}..{hi}): "
+                                  "a shard file is missing")
+
+
+def load(engine, path) -> None:
+    snap = latest(path)
+    meta = json.loads((snap / "meta.json").read_text())
+    _check_model(engine, meta)
+    source = _Source(snap, meta)
+    state = engine.optimizer.state()
+    for u, base in zip(engine.units, engine._os_offsets):
+        lo, hi = u.os_span
+        targets = {k: state[k][base:base + u.os_numel] for k in STATE}
+        for k in STATE:
+            targets[k].zero_()   # padding
+        for (name, _), start, end in zip(u.unit.params, u.flat.offsets, u.flat.offsets[1:]):
+            a, b = max(start, lo), min(end, hi)
+            if a < b:
+                source.read(name, a - start, b - start, {k: t[a - lo:b - lo] for k, t in targets.items()})
+    engine.optimizer.steps = meta["optimizer_steps"]
+    engine.steps, engine.skipped_steps = meta["steps"], meta["skipped_steps"]
+    engine.scaler.scale, engine.scaler.clean = meta["loss_scale"], meta["loss_scale_clean"]

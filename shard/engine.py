@@ -1,0 +1,393 @@
+"""The training engine: a model cut into units, each unit's state sharded by a PaRO
+strategy, parameters gathered just in time (and prefetched), gradients reduced as soon as
+each unit's backward ends, and AdamW over this rank's optimizer shard.
+
+    engine = Engine(model, comm, strategy="paro-iig")
+    loss = loss_fn(engine(inputs), targets)
+    engine.backward(loss)        # once per micro-batch
+    engine.step()                # reduce what is left, clip, update, refresh parameters
+
+Gradients are averaged over ranks and micro-batches, so k micro-batches of b samples on
+N ranks give the update one process would make from the mean loss over all k*N*b samples.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+from torch.utils import checkpoint as torch_checkpoint
+from torch.utils._pytree import tree_flatten, tree_map
+
+from pccl.communicator import Communicator
+
+from . import checkpoint
+from .adamw import FlatAdamW
+from .lanes import STAGES, Handle, Lane, Ledger
+from .layout import Layout
+from .sharded_unit import ShardedUnit
+from .strategy import Scope, Strategy
+from .units import MIN_SHARD_NUMEL, split_units
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+REPLICATED = Strategy(Scope.N, Scope.N, Scope.N)
+OPTIMIZER_BYTES = 12   # fp32 master weights and two fp32 moments per element
+
+
+def default_decay(name: str, param: nn.Parameter) -> bool:
+    """Decay matrices and embeddings, not biases and norm gains (nanoGPT, torchtitan)."""
+    return param.dim() >= 2
+
+
+@dataclass
+class StepResult:
+    grad_norm: float     # global norm of the averaged gradient, before clipping
+    skipped: bool        # non-finite gradients: no update was made
+    loss_scale: float    # fp16 dynamic loss scale (1.0 otherwise)
+
+
+class LossScaler:
+    """fp16 dynamic loss scaling: halve on overflow (the step is skipped), double after
+    `growth_interval` clean steps. A no-op scale of 1 for bf16 and fp32."""
+
+    def __init__(self, enabled: bool, init: float = 2.0 ** 16, growth_interval: int = 2000):
+        self.scale = init if enabled else 1.0
+        self.enabled, self.growth_interval, self.clean = enabled, growth_interval, 0
+
+    def update(self, finite: bool) -> None:
+        if not self.enabled:
+            return
+        if not finite:
+            self.scale, self.clean = max(self.scale / 2, 1.0), 0
+        else:
+            self.clean += 1
+            if self.clean % self.growth_interval == 0:
+                self.scale *= 2
+
+
+def _positive(name: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+class Engine:
+    def __init__(self, model: nn.Module, comm: Communicator, strategy="paro-iig", group_size: Optional[int] = None,
+                 lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.1, precision: str = "fp32", grad_clip: Optional[float] = None,
+                 prefetch: int = 1, units: Optional[list[nn.Module]] = None, *, reduce_dtype: str = "fp32",
+                 algorithm="auto", activation_checkpointing: bool = False,
+                 min_shard_numel: int = MIN_SHARD_NUMEL, prefetch_bytes: Optional[int] = None,
+                 decay: Callable[[str, nn.Parameter], bool] = default_decay):
+        """algorithm: the pccl algorithm of every collective ("auto", "native", "ring",
+        "hierarchical", ...) or a dict per collective name. Units smaller than
+        `min_shard_numel` elements stay replicated (DDP-like). prefetch: how many units
+        ahead to gather (0: none); prefetch_bytes caps the bytes they hold."""
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(comm, Communicator):
+            raise TypeError(f"comm must be a pccl.Communicator, got {type(comm).__name__}")
+        self.strategy = Strategy.parse(strategy)
+        group = comm.topology.ranks_per_node if group_size is None else group_size
+        self.strategy.check_group(comm.size, group)
+        for name, value in (("lr", lr), ("eps", eps)):
+            _positive(name, value)
+        _positive("grad_clip", grad_clip, allow_none=True)
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(0 <= b < 1 for b in betas)):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+        for name, value, valid in (("precision", precision, PRECISIONS), ("reduce_dtype", reduce_dtype, PRECISIONS)):
+            if value not in valid:
+                raise ValueError(f"{name} must be one of {tuple(valid)}, got {value!r}")
+        if not (isinstance(prefetch, int) and prefetch >= 0):
+            raise ValueError(f"prefetch must be an integer >= 0 (units gathered ahead), got {prefetch!r}")
+        _positive("prefetch_bytes", prefetch_bytes, allow_none=True)
+        params = list(model.parameters())
+        if not params:
+            raise ValueError("the model has no parameters to train")
+        devices = {p.device for p in params}
+        if len(devices) != 1:
+            raise ValueError(f"all parameters must be on one device, found {sorted(map(str, devices))}")
+        self.device = devices.pop()
+
+        self.model, self.comm = model, comm
+        self.lr, self.grad_clip = float(lr), grad_clip
+        self.precision, self.compute_dtype = precision, PRECISIONS[precision]
+        self.reduce_dtype = PRECISIONS[reduce_dtype]
+        self.prefetch, self.prefetch_bytes = prefetch, prefetch_bytes
+        self.layout = Layout(comm.size, group, comm.rank, nested=self.strategy.uses_groups())
+        self.ledger = Ledger(self.layout)
+        levels = self.strategy.uses_groups()
+        self.gathers = Lane("gather", comm, self.layout, levels, algorithm, self.ledger, self.device)
+        self.reductions = Lane("reduce", comm, self.layout, levels, algorithm, self.ledger, self.device)
+        self.scaler = LossScaler(precision == "fp16")
+
+        self.units: list[ShardedUnit] = []
+        for unit in split_units(model, units):
+            chosen = self.strategy if unit.numel >= min_shard_numel else REPLICATED
+            self.units.append(ShardedUnit(unit, chosen, self.layout, self.compute_dtype, self.reduce_dtype,
+                                          self.device))
+        self.root = self.units[0] if self.units[0].name == "<root>" else None
+        self._dtypes = {id(p): p.dtype for u in self.units for p in u.flat.params}
+        self._init_optimizer(weight_decay, betas, eps, decay)
+        self.ledger.reset()
+
+        self._forward_order: list[ShardedUnit] = []
+        self._backward_order: list[ShardedUnit] = []
+        self._this_backward: list[ShardedUnit] = []
+        self._reductions: list[Handle] = []
+        self._micro_batches = 0
+        self._warned_order = False
+        self.steps = 0
+        self.skipped_steps = 0
+        for u in self.units:
+            if u is not self.root:
+                u.unit.module.register_forward_pre_hook(partial(self._before_forward, u))
+                u.unit.module.register_forward_hook(partial(self._after_forward, u))
+                if activation_checkpointing:
+                    self._checkpoint_activations(u.unit.module)
+            for p in u.flat.params:
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(partial(self._gradient_ready, u))
+
+    # Set-up.
+
+    def _init_optimizer(self, weight_decay, betas, eps, decay) -> None:
+        offsets = self._os_offsets = [0]
+        for u in self.units:
+            offsets.append(offsets[-1] + u.os_numel)
+        master = torch.empty(offsets[-1], dtype=torch.float32, device=self.device)
+        self._os_views = [master[a:b] for a, b in zip(offsets, offsets[1:])]
+        decayed = []
+        for u, base in zip(self.units, offsets):
+            lo, hi = u.os_span
+            for (name, p), start, end in zip(u.unit.params, u.flat.offsets, u.flat.offsets[1:]):
+                a, b = max(start, lo), min(end, hi)
+                if p.requires_grad and a < b and decay(name, p):
+                    decayed.append((base + a - lo, base + b - lo))
+        for u, view in zip(self.units, self._os_views):
+            u.load_master(self.reductions, view)
+        self.optimizer = FlatAdamW(master, decayed, tuple(betas), eps, weight_decay)
+        self._refresh("update")
+        for u in self.units:
+            if u.sharded_params:
+                u.flat.release()   # the model's own full copy is no longer needed
+
+    def _refresh(self, stage: str) -> None:
+        def task() -> None:
+            for u, view in zip(self.units, self._os_views):
+                u.refresh(self.gathers, stage, view)
+        self.gathers.submit(task).wait()
+
+    @staticmethod
+    def _checkpoint_activations(module: nn.Module) -> None:
+        forward = module.forward
+
+        def checkpointed(*args, **kwargs):
+            return torch_checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        module.forward = checkpointed
+
+    # Forward.
+
+    def __call__(self, *args, **kwargs):
+        if self.compute_dtype != torch.float32:
+            cast = lambda t: t.to(self.compute_dtype) if torch.is_tensor(t) and t.is_floating_point() else t  # noqa: E731
+            args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
+        if self.root is not None:
+            self.root.ensure_gathered(self.gathers, "forward")
+        out = self.model(*args, **kwargs)
+        if self.root is not None and not torch.is_grad_enabled():
+            self.root.release()
+        return out
+
+    def _before_forward(self, u: ShardedUnit, module, args) -> None:
+        if u not in self._forward_order:
+            self._forward_order.append(u)
+        u.ensure_gathered(self.gathers, "forward")
+        self._prefetch(self._forward_order, u, "forward")
+
+    def _after_forward(self, u: ShardedUnit, module, args, output) -> None:
+        if torch.is_grad_enabled():
+            for t in tree_flatten(output)[0]:
+                if torch.is_tensor(t) and t.requires_grad:
+                    t.register_hook(partial(self._before_backward, u))
+        u.release()
+
+    def _prefetch(self, order: list[ShardedUnit], current: ShardedUnit, stage: str) -> None:
+        if not self.prefetch or current not in order:
+            return
+        at = order.index(current)
+        held = sum(u.held_bytes for u in self.units if u is not current and u is not self.root)
+        for u in order[at + 1:at + 1 + self.prefetch]:
+            size = u.flat.padded * u.params.element_size()
+            if u.sharded_params and self.prefetch_bytes is not None and held + size > self.prefetch_bytes:
+                break
+            u.start_gather(self.gathers, stage)
+            held += u.held_bytes
+
+    # Backward.
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate one micro-batch's loss; gradients are summed into their shards."""
+        if not (torch.is_tensor(loss) and loss.numel() == 1 and loss.requires_grad):
+            raise ValueError("backward() needs a scalar loss tensor that requires grad, got "
+                             f"{type(loss).__name__} {tuple(loss.shape) if torch.is_tensor(loss) else ''}")
+        self._this_backward = []
+        (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
+        # Units whose gradients did not all arrive (unused parameters) and the root unit
+        # reduce now, in unit order, so every rank issues the same collectives.
+        for u in self.units:
+            if not u.reduced:
+                self._reduce(u)
+            u.reduced = False
+            u.pending = 0
+        if self._backward_order and self._this_backward != self._backward_order and not self._warned_order:
+            warnings.warn("the order in which units run backward changed between iterations; backward "
+                          "prefetch follows the latest order", stacklevel=2)
+            self._warned_order = True
+        self._backward_order = self._this_backward
+        self._micro_batches += 1
+
+    def _before_backward(self, u: ShardedUnit, grad):
+        if u in self._this_backward:
+            return None
+        self._this_backward.append(u)
+        u.pending = sum(u.requires_grad)
+        u.ensure_gathered(self.gathers, "backward")
+        self._prefetch(self._backward_order, u, "backward")
+        return None
+
+    def _gradient_ready(self, u: ShardedUnit, param) -> None:
+        if u is self.root or u.reduced:
+            return
+        u.pending -= 1
+        if u.pending == 0:
+            self._reduce(u)
+
+    def _reduce(self, u: ShardedUnit) -> None:
+        u.reduced = True
+        flat = u.take_gradients(1.0 / self.layout.world)
+        if u is not self.root:
+            u.release()
+        self._reductions.append(u.reduce_micro_batch(self.reductions, flat))
+
+    # Update.
+
+    def step(self) -> StepResult:
+        """Finish the gradient reduction, clip, update with AdamW, refresh the parameters."""
+        if not self._micro_batches:
+            raise RuntimeError("step() needs at least one backward() since the last step")
+        if self.root is not None:
+            self.root.release()
+        for handle in self._reductions:
+            handle.wait()
+        self._reductions = []
+        grad = torch.empty_like(self.optimizer.master)
+        scale = 1.0 / (self._micro_batches * self.scaler.scale)
+        self._micro_batches = 0
+        norm = self._finish_gradients(grad, scale)
+        finite = math.isfinite(norm)
+        self.scaler.update(finite)
+        result = StepResult(norm, not finite, self.scaler.scale)
+        if not finite:
+            self.skipped_steps += 1
+            return result
+        if self.grad_clip is not None and norm > self.grad_clip:
+            grad.mul_(self.grad_clip / (norm + 1e-6))   # torch.nn.utils.clip_grad_norm_'s factor
+        self.optimizer.step(grad, self.lr)
+        self._refresh("update")
+        self.steps += 1
+        return result
+
+    def _finish_gradients(self, grad: torch.Tensor, scale: float) -> float:
+        """Complete every unit's gradient into its slice of `grad`; the global norm."""
+        offsets = self._os_offsets
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+
+        def task() -> None:
+            nonlocal squares
+            for u, a, b in zip(self.units, offsets, offsets[1:]):
+                u.finish_gradients(self.reductions, grad[a:b], scale)
+                # each optimizer shard is held by `replicas` ranks: count it once
+                squares += grad[a:b].double().square().sum() / self.layout.replicas(u.strategy.os)
+            self.reductions.all_reduce(None, squares.view(1), Scope.N)
+        self.reductions.submit(task).wait()
+        return math.sqrt(squares.item()) if math.isfinite(squares.item()) else float("nan")
+
+    # Reports.
+
+    def memory_report(self) -> dict:
+        """Bytes per rank of parameters (P), gradients (G) and optimizer state (OS) as this
+        strategy holds them (PaRO Table 2, padding included), and the element counts."""
+        return {
+            "P": sum(u.params.numel() * u.params.element_size() for u in self.units),
+            "G": sum(u.flat.padded // self.layout.shards(u.strategy.g) for u in self.units)
+            * torch.empty((), dtype=self.reduce_dtype).element_size(),
+            "OS": OPTIMIZER_BYTES * self.optimizer.master.numel(),
+            "numel": sum(u.flat.numel for u in self.units),
+            "padded_numel": sum(u.flat.padded for u in self.units),
+            "units": {u.name: {"numel": u.flat.numel, "padded": u.flat.padded, "strategy": u.strategy.letters}
+                      for u in self.units},
+        }
+
+    def comm_report(self, reset: bool = False) -> dict:
+        """Bytes this rank sent per stage (forward, backward, update), intra-group and
+        inter-group, since the engine was built or last reset; seconds each communication
+        lane was busy and seconds the training loop waited for it (exposed)."""
+        report = {stage: dict(self.ledger.sent[stage]) for stage in STAGES}
+        report["busy_s"] = dict(self.ledger.busy)
+        report["exposed_s"] = self.ledger.exposed
+        if reset:
+            self.ledger.reset()
+        return report
+
+    # State.
+
+    def full_state_dict(self) -> Optional[dict]:
+        """A plain state dict with the model's own keys (fp32 master values in each
+        parameter's original dtype) on rank 0; None elsewhere. Collective."""
+        values: dict[int, torch.Tensor] = {}
+        for u, view in zip(self.units, self._os_views):
+            full = torch.empty(u.flat.padded, dtype=torch.float32, device=self.device)
+            self.gathers.submit(lambda u=u, view=view, full=full: self.gathers.gather(
+                None, full, view, u.strategy.os, Scope.N)).wait()
+            for p, v in zip(u.flat.params, u.flat.views(full)):
+                values[id(p)] = v.to(self._dtypes[id(p)]).clone()
+        if self.layout.rank != 0:
+            return None
+        return {k: values[id(v)] if id(v) in values else v.detach().clone()
+                for k, v in self.model.state_dict(keep_vars=True).items()}
+
+    def save(self, path) -> None:
+        """Write a sharded checkpoint into the directory `path` (see shard/checkpoint.py):
+        a crash mid-save leaves the previous checkpoint there loadable. Collective."""
+        checkpoint.save(self, path)
+
+    def load(self, path) -> None:
+        """Restore the latest checkpoint in `path`, written at any world size, group size or
+        strategy for a model with the same parameters. Collective."""
+        checkpoint.load(self, path)
+        self._refresh("update")
+        self.ledger.reset()
+
+    def barrier(self) -> None:
+        """Every rank reached this point (a tiny all-reduce on the reduction lane)."""
+        token = torch.zeros(1, dtype=torch.float32, device=self.device)
+        self.reductions.submit(lambda: self.reductions.all_reduce(None, token, Scope.N)).wait()
+
+    def agree(self, value: int) -> int:
+        """Rank 0's `value`, on every rank."""
+        token = torch.tensor([value if self.layout.rank == 0 else 0], dtype=torch.int64, device=self.device)
+        self.reductions.submit(lambda: self.reductions.all_reduce(None, token, Scope.N)).wait()
+        return int(token.item())
+
+    def close(self) -> None:
+        """Stop the communication threads (also done at interpreter exit)."""
+        self.gathers.close()
+        self.reductions.close()

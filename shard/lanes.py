@@ -1,0 +1,181 @@
+"""The engine's communication: two ordered lanes, one for parameter gathers and one for
+gradient reductions (as FSDP's all-gather and reduce-scatter streams), so a prefetch never
+queues behind a reduction. Each lane owns its communicators (world, and where the strategy
+has I scopes, its group and its inter-group peers), so the lanes run concurrently and
+every communicator still sees the same sequence of collectives on every rank.
+
+Scope changes are one or two collectives (PaRO, Figures 1-3): I <-> full inside the group,
+G <-> I across groups, G <-> full over the world (or both steps when G shards nest in I
+shards). The ledger counts the bytes each collective sends from this rank, read off the
+schedule or plan it runs (pccl.traffic), split into intra-group and inter-group traffic.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from pccl.traffic import sent
+from pccl.work import SerialQueue, Work
+
+from .layout import Layout
+from .strategy import Scope
+
+STAGES = ("forward", "backward", "update")
+
+
+class Ledger:
+    """Bytes this rank sent per stage (intra-group, inter-group), seconds each lane was
+    busy, and seconds the caller waited for communication (the exposed part)."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.sent = {stage: {"intra": 0, "inter": 0} for stage in STAGES}
+        self.busy: dict[str, float] = {}
+        self.exposed = 0.0
+        self._lock = threading.Lock()
+        self._cache: dict = {}
+
+    def record(self, stage: str, comm, members: list[int], collective: str, algorithm, count: int,
+               itemsize: int) -> None:
+        key = (id(comm), collective, repr(algorithm), count, itemsize)
+        split = self._cache.get(key)
+        if split is None:
+            split = {"intra": 0, "inter": 0}
+            for peer, nbytes in sent(collective, algorithm, comm.topology, comm.rank, count, itemsize).items():
+                split["intra" if self.layout.same_group(members[peer]) else "inter"] += nbytes
+            self._cache[key] = split
+        with self._lock:
+            for kind, nbytes in split.items():
+                self.sent[stage][kind] += nbytes
+
+    def add_busy(self, lane: str, seconds: float) -> None:
+        with self._lock:
+            self.busy[lane] = self.busy.get(lane, 0.0) + seconds
+
+    def reset(self) -> None:
+        with self._lock:
+            for stage in STAGES:
+                self.sent[stage] = {"intra": 0, "inter": 0}
+            self.busy.clear()
+            self.exposed = 0.0
+
+
+class Handle:
+    """A queued lane task; wait() blocks until it is done (and orders the caller's GPU
+    stream after it) and counts the time spent waiting as exposed communication."""
+
+    def __init__(self, work: Work, event, ledger: Ledger):
+        self._work, self._event, self._ledger = work, event, ledger
+
+    def wait(self) -> None:
+        if self._work is None:
+            return
+        start = time.perf_counter()
+        self._work.wait()
+        if self._event is not None:
+            torch.cuda.current_stream().wait_event(self._event)
+        with self._ledger._lock:
+            self._ledger.exposed += time.perf_counter() - start
+        self._work = None
+
+
+class Lane:
+    def __init__(self, name: str, comm, layout: Layout, levels: bool, algorithm, ledger: Ledger,
+                 device: torch.device):
+        self.name, self.layout, self.ledger, self.algorithm = name, layout, ledger, algorithm
+        everyone = list(range(layout.world))
+        self.comms = {"world": (comm.split([everyone]), everyone)}
+        if levels:
+            for level, groups in (("group", layout.group_members()), ("cross", layout.cross_members())):
+                mine = next(g for g in groups if layout.rank in g)
+                self.comms[level] = (comm.split(groups), mine)
+        self.log: list | None = None   # when a list: (level, collective, numel, dtype, algorithm) of each call
+        self._queue = SerialQueue(f"shard-{name}")
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def submit(self, fn: Callable[[], None]) -> Handle:
+        """Run `fn` after everything queued before it on this lane; on GPUs on the lane's
+        stream, ordered after the caller's stream as it is now."""
+        event = None
+        if self._stream is not None:
+            ready = torch.cuda.Event()
+            ready.record()
+            event = torch.cuda.Event()
+        stream = self._stream
+
+        def task() -> None:
+            start = time.perf_counter()
+            if stream is None:
+                fn()
+            else:
+                with torch.cuda.stream(stream):
+                    stream.wait_event(ready)
+                    fn()
+                    event.record(stream)
+            self.ledger.add_busy(self.name, time.perf_counter() - start)
+
+        return Handle(self._queue.run(task, async_op=True), event, self.ledger)
+
+    def close(self) -> None:
+        self._queue.close()
+
+    # Collectives, called from inside tasks.
+
+    def _algorithm(self, collective: str):
+        return self.algorithm.get(collective, "auto") if isinstance(self.algorithm, dict) else self.algorithm
+
+    def _run(self, stage: str, level: str, collective: str, full: torch.Tensor, *args) -> None:
+        comm, members = self.comms[level]
+        algorithm = comm.resolve(collective, self._algorithm(collective), full.numel() * full.element_size())
+        if comm.size > 1 and stage is not None:  # stage None: scalars, not counted
+            self.ledger.record(stage, comm, members, collective, algorithm, full.numel(), full.element_size())
+            if self.log is not None:
+                self.log.append((level, collective, full.numel(), full.dtype, algorithm))
+        getattr(comm, collective)(*args, algorithm=algorithm)
+
+    def _levels(self, coarse: Scope, fine: Scope) -> list[str]:
+        """The communicators that take a buffer from scope `coarse` to the finer `fine`."""
+        if coarse == fine:
+            return []
+        if not self.layout.nested:
+            return ["world"]
+        return {(Scope.N, Scope.I): ["group"], (Scope.I, Scope.G): ["cross"],
+                (Scope.N, Scope.G): ["group", "cross"]}[(coarse, fine)]
+
+    def gather(self, stage: str, dst: torch.Tensor, src: torch.Tensor, shard: Scope, to: Scope) -> None:
+        """All-gather `src` (this rank's `shard`-scope piece) into `dst` (its `to`-scope
+        piece), through the nested scopes outward."""
+        levels = self._levels(to, shard)
+        if not levels:
+            dst.copy_(src)
+            return
+        if len(levels) == 2:  # the inner gather lands in this rank's block of the outer one
+            outer = self.comms[levels[0]][0]
+            size = dst.numel() // outer.size
+            block = dst[outer.rank * size:(outer.rank + 1) * size]
+            self._run(stage, levels[1], "all_gather", block, block, src)
+            src = block
+        self._run(stage, levels[0], "all_gather", dst, dst, src)
+
+    def reduce_scatter(self, stage: str, dst: torch.Tensor, src: torch.Tensor, full: Scope, to: Scope) -> None:
+        """Sum `src` (this rank's `full`-scope piece) over the ranks sharing it, leaving this
+        rank's `to`-scope piece in `dst`, through the nested scopes inward."""
+        levels = self._levels(full, to)
+        if not levels:
+            dst.copy_(src)
+            return
+        for level in levels:
+            comm = self.comms[level][0]
+            out = dst if level == levels[-1] else torch.empty(src.numel() // comm.size, dtype=src.dtype,
+                                                             device=src.device)
+            self._run(stage, level, "reduce_scatter", src, out, src)
+            src = out
+
+    def all_reduce(self, stage: str, tensor: torch.Tensor, scope: Scope) -> None:
+        """Sum `tensor`, this rank's `scope`-scope piece, over the ranks holding the same piece."""
+        level = {Scope.N: "world", Scope.I: "cross"}.get(scope)
+        if level is not None:
+            self._run(stage, level, "all_reduce", tensor, tensor)

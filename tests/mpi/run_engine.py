@@ -1,0 +1,271 @@
+"""mpiexec worker for the engine: runs one scenario and writes a JSON report (rank 0).
+
+Usage: mpiexec -n P python tests/mpi/run_engine.py SCENARIO [ARG] REPORT.json
+  equivalence GROUP   every strategy against single-process AdamW; memory and traffic
+  save DIR            train, save a checkpoint, record what a loader must reproduce
+  load DIR            load DIR's checkpoint (another world size and strategy), continue
+  single DIR          one rank: crash mid-save, fp16 overflow, bad input
+"""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.engine_models import MLP, TinyTransformer, mlp_batch, mlp_loss, token_batch, token_loss  # noqa: E402
+
+import pccl  # noqa: E402
+import shard  # noqa: E402
+from shard import Engine  # noqa: E402
+
+torch.set_num_threads(1)
+warnings.simplefilter("ignore")
+comm = pccl.init()
+N, RANK = comm.size, comm.rank
+STEPS, MICRO, PER_RANK = 3, 2, 2        # optimizer steps, micro-batches per step, samples each
+HYPER = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+MODELS = {"mlp": (MLP, mlp_batch, mlp_loss), "transformer": (TinyTransformer, token_batch, token_loss)}
+
+
+def reference_optimizer(model):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": HYPER["weight_decay"]},
+                              {"params": rest, "weight_decay": 0.0}],
+                             lr=HYPER["lr"], betas=HYPER["betas"], eps=HYPER["eps"])
+
+
+def global_batch(kind: str, step: int, ranks: int = N, micro: int = MICRO):
+    return MODELS[kind][1](step, ranks * micro * PER_RANK)
+
+
+def my_micro_batch(batch, j: int, ranks: int = N, rank: int = RANK):
+    """Rank `rank`'s j-th micro-batch of a global batch."""
+    at = (j * ranks + rank) * PER_RANK
+    return tuple(t[at:at + PER_RANK] for t in batch)
+
+
+def reference_run(kind: str, steps: int, clip, seed: int = 0):
+    """Single-process AdamW on the whole global batch each step: losses and final state."""
+    torch.manual_seed(seed)
+    model = MODELS[kind][0]()
+    opt = reference_optimizer(model)
+    losses = []
+    for step in range(steps):
+        x, y = global_batch(kind, step)
+        loss = MODELS[kind][2](model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def engine_run(kind: str, strategy, steps: int, group: int, clip=None, **options):
+    torch.manual_seed(0)
+    model = MODELS[kind][0]()
+    engine = Engine(model, comm, strategy=strategy, group_size=group, grad_clip=clip, units=model.units(),
+                    min_shard_numel=0, **HYPER, **options)
+    losses = []
+    for step in range(steps):
+        batch = global_batch(kind, step)
+        total = 0.0
+        for j in range(MICRO):
+            x, y = my_micro_batch(batch, j)
+            loss = MODELS[kind][2](engine(x), y)
+            engine.backward(loss)
+            total += loss.item()
+        engine.step()
+        losses.append(sum(comm_sum([total])) / (N * MICRO))
+    return engine, losses
+
+
+def comm_sum(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    comm.all_reduce(t)
+    return t.tolist()
+
+
+def relative_error(state: dict, reference: dict) -> float:
+    worst = 0.0
+    for k, ref in reference.items():
+        diff = (state[k].double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-12)
+        worst = max(worst, diff.item())
+    return worst
+
+
+def equivalence(group: int) -> dict:
+    report = {}
+    references = {(kind, clip): reference_run(kind, STEPS, clip) for kind in MODELS for clip in (None, 0.5)}
+    bf16_reference = reference_run("mlp", 5, None)
+    for strategy in shard.STRATEGIES:
+        name = strategy.letters
+        for kind, clip, options in (("mlp", None, {}), ("transformer", 0.5, {}),
+                                    ("mlp", 0.5, {"prefetch": 0, "activation_checkpointing": True}),
+                                    ("transformer", None, {"prefetch": 3, "algorithm": "native"})):
+            label = f"{name}/{kind}/clip={clip}/{options}"
+            try:
+                engine, losses = engine_run(kind, strategy, STEPS, group, clip, **options)
+                state = engine.full_state_dict()
+                if RANK == 0:
+                    ref_losses, ref_state = references[(kind, clip)]
+                    report[label] = {"error": relative_error(state, ref_state),
+                                     "loss_error": max(abs(a - b) / b for a, b in zip(losses, ref_losses))}
+                engine.close()
+            except Exception:  # noqa: BLE001 - reported
+                report[label] = {"exception": traceback.format_exc()}
+        # Accounting: ring everywhere (PaRO's Table 3 assumes rings), s = 1 and s = 2.
+        for micro in (1, 2):
+            torch.manual_seed(0)
+            model = MLP()
+            engine = Engine(model, comm, strategy=strategy, group_size=group, units=model.units(), min_shard_numel=0,
+                            algorithm="ring", **HYPER)
+            batch = global_batch("mlp", 0, micro=micro)
+            for j in range(micro):
+                x, y = my_micro_batch(batch, j)
+                engine.backward(mlp_loss(engine(x), y))
+            engine.step()
+            sent = engine.comm_report()
+            totals = comm_sum([sent[s][k] for s in ("forward", "backward", "update") for k in ("intra", "inter")])
+            if RANK == 0:
+                report[f"{name}/traffic/s={micro}"] = dict(zip(
+                    [f"{s}.{k}" for s in ("forward", "backward", "update") for k in ("intra", "inter")], totals))
+                report[f"{name}/memory"] = {k: v for k, v in engine.memory_report().items() if k != "units"}
+            engine.close()
+        if name in ("NNN", "GGG", "IIG"):  # bf16 compute against the fp32 reference
+            engine, losses = engine_run("mlp", strategy, 5, group, precision="bf16")
+            if RANK == 0:
+                report[f"{name}/bf16"] = {"losses": losses, "reference": bf16_reference[0]}
+            engine.close()
+    return report
+
+
+def save_scenario(directory: Path) -> dict:
+    """p ranks, IIG: two steps, save, one more step; what a loader must reproduce."""
+    engine, _ = engine_run("transformer", "paro-iig", 2, 2)
+    engine.save(directory / "ckpt")
+    state = engine.full_state_dict()
+    batch = global_batch("transformer", 2)
+    for j in range(MICRO):
+        x, y = my_micro_batch(batch, j)
+        engine.backward(token_loss(engine(x), y))
+    engine.step()
+    after = engine.full_state_dict()
+    if RANK == 0:
+        torch.save({"saved": state, "after": after}, directory / "expected.pt")
+    files = sorted(p.name for p in (directory / "ckpt").rglob("*") if p.is_file())
+    return {"files": files}
+
+
+def load_scenario(directory: Path) -> dict:
+    """Another world size and strategy: restore exactly, continue the same trajectory."""
+    torch.manual_seed(1)   # different initial values: everything must come from the checkpoint
+    model = TinyTransformer()
+    engine = Engine(model, comm, strategy="zero3", group_size=1, units=model.units(), min_shard_numel=0, **HYPER)
+    engine.load(directory / "ckpt")
+    restored = engine.full_state_dict()
+    # The global batch of step 2 split over this world (micro-batches sized to match).
+    saved_world, saved_micro = 4, MICRO
+    batch = global_batch("transformer", 2, ranks=saved_world, micro=saved_micro)
+    micro = saved_world * saved_micro // N
+    for j in range(micro):
+        x, y = my_micro_batch(batch, j)
+        engine.backward(token_loss(engine(x), y))
+    engine.step()
+    after = engine.full_state_dict()
+    report = {"steps": engine.steps}
+    if RANK == 0:
+        expected = torch.load(directory / "expected.pt")
+        report["restored_max_diff"] = max((restored[k] - v).abs().max().item() for k, v in expected["saved"].items())
+        report["after_error"] = relative_error(after, expected["after"])
+    try:
+        other = shard.Engine(MLP(), comm, strategy="zero3", min_shard_numel=0, **HYPER)
+        other.load(directory / "ckpt")
+        report["wrong_model"] = "loaded"
+    except shard.CheckpointError as e:
+        report["wrong_model"] = str(e)
+    return report
+
+
+def single_scenario(directory: Path) -> dict:
+    report = {}
+    engine, _ = engine_run("mlp", "zero3", 1, 1)
+    engine.save(directory / "ckpt")
+    before = engine.full_state_dict()
+    x, y = my_micro_batch(global_batch("mlp", 5), 0)
+    engine.backward(mlp_loss(engine(x), y))
+    engine.step()
+    real_save = torch.save
+
+    def crash(obj, f, *args, **kwargs):
+        raise OSError("disk full (simulated crash mid-save)")
+    torch.save = crash
+    try:
+        engine.save(directory / "ckpt")
+        report["crash"] = "no crash"
+    except OSError as e:
+        report["crash"] = str(e)
+    finally:
+        torch.save = real_save
+    fresh = MLP()
+    loader = Engine(fresh, comm, strategy="zero3", units=fresh.units(), min_shard_numel=0, **HYPER)
+    loader.load(directory / "ckpt")
+    restored = loader.full_state_dict()
+    report["after_crash_max_diff"] = max((restored[k] - v).abs().max().item() for k, v in before.items())
+
+    # fp16: an overflowing gradient skips the step and halves the loss scale.
+    torch.manual_seed(0)
+    model = MLP()
+    engine = Engine(model, comm, strategy="zero3", precision="fp16", units=model.units(), min_shard_numel=0, **HYPER)
+    start = engine.full_state_dict()
+    scale = engine.scaler.scale
+    engine.backward(mlp_loss(engine(x), y) * 1e30)
+    result = engine.step()
+    unchanged = max((engine.full_state_dict()[k] - v).abs().max().item() for k, v in start.items())
+    report["fp16_overflow"] = {"skipped": result.skipped, "scale_before": scale, "scale_after": result.loss_scale,
+                               "unchanged": unchanged, "skipped_steps": engine.skipped_steps}
+
+    errors = {}
+    cases = {
+        "unknown": lambda: Engine(MLP(), comm, strategy="zero9"),
+        "principle": lambda: Engine(MLP(), comm, strategy="GGI"),
+        "group": lambda: Engine(MLP(), comm, strategy="mics", group_size=3),
+        "nested_units": lambda: (lambda m: Engine(m, comm, units=[m.blocks[0], m.blocks[0].fc]))(MLP()),
+        "precision": lambda: Engine(MLP(), comm, precision="fp8"),
+        "lr": lambda: Engine(MLP(), comm, lr=-1),
+        "not_a_comm": lambda: Engine(MLP(), "world"),
+        "step_first": lambda: Engine(MLP(), comm, min_shard_numel=0).step(),
+        "bad_loss": lambda: (lambda e: e.backward(e(torch.randn(2, 7))))(Engine(MLP(), comm, min_shard_numel=0)),
+        "no_checkpoint": lambda: Engine(MLP(), comm).load(directory / "nothing-here"),
+    }
+    for name, case in cases.items():
+        try:
+            case()
+            errors[name] = None
+        except Exception as e:  # noqa: BLE001 - the type and message are the result
+            errors[name] = f"{type(e).__name__}: {e}"
+    report["errors"] = errors
+    return report
+
+
+def main() -> None:
+    scenario, *args, out = sys.argv[1:]
+    if scenario == "equivalence":
+        report = equivalence(int(args[0]))
+    else:
+        directory = Path(args[0])
+        report = {"save": save_scenario, "load": load_scenario, "single": single_scenario}[scenario](directory)
+    if RANK == 0:
+        Path(out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
