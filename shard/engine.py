@@ -144,6 +144,7 @@ class Engine:
         self._reductions: list[Handle] = []
         self._micro_batches = 0
         self._warned_order = False
+        self.gather_stats = {"needed": 0, "prefetched": 0}   # sharded units at the moment they ran
         self.steps = 0
         self.skipped_steps = 0
         for u in self.units:
@@ -209,7 +210,7 @@ class Engine:
     def _before_forward(self, u: ShardedUnit, module, args) -> None:
         if u not in self._forward_order:
             self._forward_order.append(u)
-        u.ensure_gathered(self.gathers, "forward")
+        self._count_gather(u, u.ensure_gathered(self.gathers, "forward"))
         self._prefetch(self._forward_order, u, "forward")
 
     def _after_forward(self, u: ShardedUnit, module, args, output) -> None:
@@ -218,6 +219,11 @@ class Engine:
                 if torch.is_tensor(t) and t.requires_grad:
                     t.register_hook(partial(self._before_backward, u))
         u.release()
+
+    def _count_gather(self, u: ShardedUnit, prefetched: bool) -> None:
+        if u.sharded_params:
+            self.gather_stats["needed"] += 1
+            self.gather_stats["prefetched"] += prefetched
 
     def _prefetch(self, order: list[ShardedUnit], current: ShardedUnit, stage: str) -> None:
         if not self.prefetch or current not in order:
@@ -259,7 +265,7 @@ class Engine:
             return None
         self._this_backward.append(u)
         u.pending = sum(u.requires_grad)
-        u.ensure_gathered(self.gathers, "backward")
+        self._count_gather(u, u.ensure_gathered(self.gathers, "backward"))
         self._prefetch(self._backward_order, u, "backward")
         return None
 
@@ -339,12 +345,15 @@ class Engine:
     def comm_report(self, reset: bool = False) -> dict:
         """Bytes this rank sent per stage (forward, backward, update), intra-group and
         inter-group, since the engine was built or last reset; seconds each communication
-        lane was busy and seconds the training loop waited for it (exposed)."""
+        lane was busy and seconds the training loop waited for it (exposed); how many
+        parameter gathers units needed and how many of them prefetch had started."""
         report = {stage: dict(self.ledger.sent[stage]) for stage in STAGES}
         report["busy_s"] = dict(self.ledger.busy)
         report["exposed_s"] = self.ledger.exposed
+        report["gathers"] = dict(self.gather_stats)
         if reset:
             self.ledger.reset()
+            self.gather_stats = {"needed": 0, "prefetched": 0}
         return report
 
     # State.

@@ -76,15 +76,18 @@ class ShardedUnit:
         self.gathering = lane.submit(lambda: lane.gather(stage, full, shard, self.strategy.p, Scope.N))
         self.full = full
 
-    def ensure_gathered(self, lane: Lane, stage: str) -> None:
-        """Full parameters bound to the model, waiting for a prefetch if one is in flight."""
+    def ensure_gathered(self, lane: Lane, stage: str) -> bool:
+        """Full parameters bound to the model, waiting for a prefetch if one is in flight;
+        True when they had been prefetched."""
         if not self.sharded_params:
-            return
+            return False
+        prefetched = self.full is not None
         self.start_gather(lane, stage)
         if self.gathering is not None:
             self.gathering.wait()
             self.gathering = None
         self.flat.bind(self.full)
+        return prefetched
 
     def release(self) -> None:
         if self.sharded_params and self.full is not None:

@@ -167,6 +167,13 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(single):
     assert run["scale_after"] == run["scale_before"] / 2
 
 
+def test_prefetch_starts_each_gather_before_the_unit_runs(single):
+    units, passes, steps = 5, 2, 2    # MLP units; forward and backward; steps
+    assert single["gathers/prefetch=0"] == {"needed": units * passes * steps, "prefetched": 0}
+    # the first step records the orders; then all but the first unit of each pass
+    assert single["gathers/prefetch=1"] == {"needed": units * passes * steps, "prefetched": (units - 1) * passes}
+
+
 @pytest.mark.parametrize("case,expected", [
     ("unknown", "StrategyError: unknown strategy 'zero9'"),
     ("principle", "Principle 1"),

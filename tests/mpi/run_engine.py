@@ -233,6 +233,18 @@ def single_scenario(directory: Path) -> dict:
     report["fp16_overflow"] = {"skipped": result.skipped, "scale_before": scale, "scale_after": result.loss_scale,
                                "unchanged": unchanged, "skipped_steps": engine.skipped_steps}
 
+    # Prefetch: the orders are known from the second iteration on; then every unit but the
+    # first of each pass finds its gather already started.
+    for prefetch in (0, 1):
+        torch.manual_seed(0)
+        model = MLP()
+        engine = Engine(model, comm, strategy="zero3", prefetch=prefetch, units=model.units(), min_shard_numel=0,
+                        **HYPER)
+        for _ in range(2):
+            engine.backward(mlp_loss(engine(x), y))
+            engine.step()
+        report[f"gathers/prefetch={prefetch}"] = engine.comm_report()["gathers"]
+
     errors = {}
     cases = {
         "unknown": lambda: Engine(MLP(), comm, strategy="zero9"),
