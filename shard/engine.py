@@ -115,6 +115,7 @@ class Engine:
         if len(devices) != 1:
             raise ValueError(f"all parameters must be on one device, found {sorted(map(str, devices))}")
         self.device = devices.pop()
+        cut = split_units(model, units)   # before any communication: bad units fail alone
 
         self.model, self.comm = model, comm
         self.lr, self.grad_clip = float(lr), grad_clip
@@ -129,7 +130,7 @@ class Engine:
         self.scaler = LossScaler(precision == "fp16")
 
         self.units: list[ShardedUnit] = []
-        for unit in split_units(model, units):
+        for unit in cut:
             chosen = self.strategy if unit.numel >= min_shard_numel else REPLICATED
             self.units.append(ShardedUnit(unit, chosen, self.layout, self.compute_dtype, self.reduce_dtype,
                                           self.device))
