@@ -17,34 +17,24 @@ namespace {
 
 }  // namespace
 
+// GPU work where the build has a GPU path; a clear error where it has none.
 #ifdef PCCL_GPU
-void Memory::activate() const { if (gpu()) gpu::set_device(device); }
-void Memory::copy(void* dst, const void* src, size_t bytes) const {
-  gpu() ? gpu::copy(dst, src, bytes, stream) : void(std::memcpy(dst, src, bytes));
-}
-void Memory::reduce(void* dst, const void* a, const void* b, int64_t n, DType dtype, Op op) const {
-  gpu() ? gpu::reduce(dst, a, b, n, dtype, op, stream) : pccl::reduce(dst, a, b, n, dtype, op);
-}
-void Memory::scale(void* buf, int64_t n, DType dtype, double factor) const {
-  gpu() ? gpu::scale(buf, n, dtype, factor, stream) : pccl::scale(buf, n, dtype, factor);
-}
-void Memory::sync() const { if (gpu()) gpu::sync(stream); }
+#define PCCL_ON_GPU(call) call
 #else
-void Memory::activate() const { if (gpu()) no_gpu(); }
+#define PCCL_ON_GPU(call) no_gpu()
+#endif
+
+void Memory::activate() const { if (gpu()) PCCL_ON_GPU(gpu::set_device(device)); }
 void Memory::copy(void* dst, const void* src, size_t bytes) const {
-  if (gpu()) no_gpu();
-  std::memcpy(dst, src, bytes);
+  gpu() ? PCCL_ON_GPU(gpu::copy(dst, src, bytes, stream)) : void(std::memcpy(dst, src, bytes));
 }
 void Memory::reduce(void* dst, const void* a, const void* b, int64_t n, DType dtype, Op op) const {
-  if (gpu()) no_gpu();
-  pccl::reduce(dst, a, b, n, dtype, op);
+  gpu() ? PCCL_ON_GPU(gpu::reduce(dst, a, b, n, dtype, op, stream)) : pccl::reduce(dst, a, b, n, dtype, op);
 }
 void Memory::scale(void* buf, int64_t n, DType dtype, double factor) const {
-  if (gpu()) no_gpu();
-  pccl::scale(buf, n, dtype, factor);
+  gpu() ? PCCL_ON_GPU(gpu::scale(buf, n, dtype, factor, stream)) : pccl::scale(buf, n, dtype, factor);
 }
-void Memory::sync() const { if (gpu()) no_gpu(); }
-#endif
+void Memory::sync() const { if (gpu()) PCCL_ON_GPU(gpu::sync(stream)); }
 
 char* Workspace::get(size_t bytes, const Memory& where) {
   if (!where.gpu()) {
