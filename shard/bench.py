@@ -50,6 +50,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def worker(args: argparse.Namespace) -> dict:
     import torch
+    from mpi4py import MPI
 
     import pccl
     from models import GPT, GPTConfig
@@ -96,8 +97,7 @@ def worker(args: argparse.Namespace) -> dict:
         "state_bytes": memory["P"] + memory["G"] + memory["OS"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-    peak = world.mpi_comm.allreduce(row["peak_rss_mb"], op=__import__("mpi4py").MPI.MAX)
-    row["peak_rss_mb"] = peak
+    row["peak_rss_mb"] = world.mpi_comm.allreduce(row["peak_rss_mb"], op=MPI.MAX)
     return row
 
 
@@ -129,13 +129,11 @@ def replay_alone(engine, log: dict, world, repeats: int = 3) -> float:
 
 
 def launch(args: argparse.Namespace, strategy: str, prefetch: int) -> dict:
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
-    flags = ["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"] \
-        if "Open MPI" in version else []
+    from pccl.mpirun import launcher
+
     passthrough = [f"--{k}={getattr(args, k)}" for k in ("group", "micro", "batch", "width", "layers", "vocab",
                                                           "context", "steps", "warmup", "algorithm")]
-    cmd = [mpiexec, *flags, "-n", str(args.ranks), sys.executable, "-m", "shard.bench", f"--strategy={strategy}",
+    cmd = [*launcher(), "-n", str(args.ranks), sys.executable, "-m", "shard.bench", f"--strategy={strategy}",
            f"--prefetch={prefetch}", *passthrough]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     run = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -50,6 +50,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _shapes(engine) -> dict[str, list[int]]:
+    """Every parameter's shape, by its name in the model."""
+    return {name: list(p.shape) for u in engine.units for name, p in u.unit.params}
+
+
 def _metadata(engine) -> dict:
     return {
         "format": FORMAT,
@@ -61,7 +66,7 @@ def _metadata(engine) -> dict:
         "skipped_steps": engine.skipped_steps,
         "loss_scale": engine.scaler.scale,
         "loss_scale_clean": engine.scaler.clean,
-        "params": {name: list(p.shape) for u in engine.units for name, p in u.unit.params},
+        "params": _shapes(engine),
         "units": [{"name": u.name, "params": [name for name, _ in u.unit.params], "offsets": u.flat.offsets,
                    "padded": u.flat.padded} for u in engine.units],
     }
@@ -110,7 +115,7 @@ def latest(path) -> Path:
 def _check_model(engine, meta: dict) -> None:
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint format {meta.get('format')!r} is not {FORMAT}")
-    mine = {name: list(p.shape) for u in engine.units for name, p in u.unit.params}
+    mine = _shapes(engine)
     theirs = meta["params"]
     if mine != theirs:
         missing = sorted(set(mine) - set(theirs))

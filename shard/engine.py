@@ -232,8 +232,7 @@ class Engine:
         at = order.index(current)
         held = sum(u.held_bytes for u in self.units if u is not current and u is not self.root)
         for u in order[at + 1:at + 1 + self.prefetch]:
-            size = u.flat.padded * u.params.element_size()
-            if u.sharded_params and self.prefetch_bytes is not None and held + size > self.prefetch_bytes:
+            if u.sharded_params and self.prefetch_bytes is not None and held + u.full_bytes > self.prefetch_bytes:
                 break
             u.start_gather(self.gathers, stage)
             held += u.held_bytes
@@ -265,7 +264,7 @@ class Engine:
         if u in self._this_backward:
             return None
         self._this_backward.append(u)
-        u.pending = sum(u.requires_grad)
+        u.pending = u.trainable
         self._count_gather(u, u.ensure_gathered(self.gathers, "backward"))
         self._prefetch(self._backward_order, u, "backward")
         return None
@@ -318,14 +317,14 @@ class Engine:
         squares = torch.zeros((), dtype=torch.float64, device=self.device)
 
         def task() -> None:
-            nonlocal squares
             for u, a, b in zip(self.units, offsets, offsets[1:]):
                 u.finish_gradients(self.reductions, grad[a:b], scale)
                 # each optimizer shard is held by `replicas` ranks: count it once
-                squares += grad[a:b].double().square().sum() / self.layout.replicas(u.strategy.os)
+                squares.add_(grad[a:b].double().square().sum() / self.layout.replicas(u.strategy.os))
             self.reductions.all_reduce(None, squares.view(1), Scope.N)
         self.reductions.submit(task).wait()
-        return math.sqrt(squares.item()) if math.isfinite(squares.item()) else float("nan")
+        total = squares.item()
+        return math.sqrt(total) if math.isfinite(total) else float("nan")
 
     # Reports.
 
@@ -387,12 +386,11 @@ class Engine:
         self.ledger.reset()
 
     def barrier(self) -> None:
-        """Every rank reached this point (a tiny all-reduce on the reduction lane)."""
-        token = torch.zeros(1, dtype=torch.float32, device=self.device)
-        self.reductions.submit(lambda: self.reductions.all_reduce(None, token, Scope.N)).wait()
+        """Every rank reached this point."""
+        self.agree(0)
 
     def agree(self, value: int) -> int:
-        """Rank 0's `value`, on every rank."""
+        """Rank 0's `value`, on every rank (a tiny all-reduce on the reduction lane)."""
         token = torch.tensor([value if self.layout.rank == 0 else 0], dtype=torch.int64, device=self.device)
         self.reductions.submit(lambda: self.reductions.all_reduce(None, token, Scope.N)).wait()
         return int(token.item())

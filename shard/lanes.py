@@ -55,6 +55,10 @@ class Ledger:
         with self._lock:
             self.busy[lane] = self.busy.get(lane, 0.0) + seconds
 
+    def add_exposed(self, seconds: float) -> None:
+        with self._lock:
+            self.exposed += seconds
+
     def reset(self) -> None:
         with self._lock:
             for stage in STAGES:
@@ -77,8 +81,7 @@ class Handle:
         self._work.wait()
         if self._event is not None:
             torch.cuda.current_stream().wait_event(self._event)
-        with self._ledger._lock:
-            self._ledger.exposed += time.perf_counter() - start
+        self._ledger.add_exposed(time.perf_counter() - start)
         self._work = None
 
 

@@ -36,7 +36,7 @@ class ShardedUnit:
         self.gathering: Optional[Handle] = None
         self.pending = 0                            # gradients still to arrive this backward
         self.reduced = False                        # gradients of this backward handed off
-        self.requires_grad = [p.requires_grad for p in self.flat.params]
+        self.trainable = sum(p.requires_grad for p in self.flat.params)   # gradients per backward
 
     def _numel(self, scope: Scope) -> int:
         return self.flat.padded // self.layout.shards(scope)
@@ -98,8 +98,13 @@ class ShardedUnit:
             self.full = None
 
     @property
+    def full_bytes(self) -> int:
+        """Bytes of the gathered parameters."""
+        return self.flat.padded * self.params.element_size()
+
+    @property
     def held_bytes(self) -> int:
-        return self.flat.padded * self.params.element_size() if self.full is not None else 0
+        return self.full_bytes if self.full is not None else 0
 
     # Gradients.
 

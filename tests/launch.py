@@ -5,21 +5,11 @@ import json
 import os
 import subprocess
 import sys
-from functools import lru_cache
 from pathlib import Path
 
+from pccl.mpirun import MPIEXEC, launcher  # noqa: F401 - MPIEXEC is used by tests
+
 ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
-
-
-@lru_cache(maxsize=1)
-def launcher() -> tuple[str, ...]:
-    """The mpiexec next to this Python, with what Open MPI needs to run as root and with
-    more ranks than cores (MPICH needs nothing)."""
-    version = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
-        return (MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1")
-    return (MPIEXEC,)
 
 
 def job_env() -> dict:
