@@ -51,8 +51,9 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _shapes(engine) -> dict[str, list[int]]:
-    """Every parameter's shape, by its name in the model."""
-    return {name: list(p.shape) for u in engine.units for name, p in u.unit.params}
+    """Every parameter's shape, by its name in the model (as recorded when the unit was
+    built: released parameters are empty tensors)."""
+    return {name: list(shape) for u in engine.units for name, shape in zip(u.flat.names, u.flat.shapes)}
 
 
 def _metadata(engine) -> dict:

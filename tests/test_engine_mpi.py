@@ -146,6 +146,8 @@ def test_checkpoint_reshards_across_world_size_and_strategy(report, tmp_path_fac
     assert loaded["after_error"] <= 1e-5
     assert loaded["steps"] == 3
     assert "written for another model" in loaded["wrong_model"]
+    assert "with other shapes" in loaded["wrong_shapes"]
+    assert "('blocks.0.ln1.bias', [24], [32])" in loaded["wrong_shapes"]
 
 
 @pytest.fixture(scope="module")

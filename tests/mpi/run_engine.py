@@ -192,6 +192,13 @@ def load_scenario(directory: Path) -> dict:
         report["wrong_model"] = "loaded"
     except shard.CheckpointError as e:
         report["wrong_model"] = str(e)
+    try:   # the same parameter names, other shapes
+        wider = TinyTransformer(width=32)
+        other = shard.Engine(wider, comm, strategy="zero3", units=wider.units(), min_shard_numel=0, **HYPER)
+        other.load(directory / "ckpt")
+        report["wrong_shapes"] = "loaded"
+    except shard.CheckpointError as e:
+        report["wrong_shapes"] = str(e)
     return report
 
 
