@@ -112,6 +112,10 @@ class Topology:
         local = self.local_of(rank)
         return tuple(node[local] for node in self.nodes if local < len(node))
 
+    def level_ranks(self, level: str, rank: int) -> tuple[int, ...]:
+        """The ranks of `rank`'s group on a plan level: "intra" or "inter"."""
+        return self.intra_ranks(rank) if level == "intra" else self.inter_ranks(rank)
+
     def nic_of(self, rank: int) -> int:
         """The NIC a rank's traffic uses: consecutive local ranks share a NIC."""
         local, count = self.local_of(rank), len(self.intra_ranks(rank))

@@ -39,7 +39,7 @@ def _plan(spec, collective: str, topology: Topology, rank: int, block: int, item
     """Traffic of a two-level plan: each phase is a flat collective on one level."""
     out: Counter = Counter()
     for phase in plans.build(spec, collective, topology, rank).phases():
-        members = topology.intra_ranks(rank) if phase.level == "intra" else topology.inter_ranks(rank)
+        members = topology.level_ranks(phase.level, rank)
         full = phase.output if phase.collective == "all_gather" else phase.input
         level = Topology.regular(len(members), len(members))
         for peer, nbytes in sent(phase.collective, phase.algorithm, level, members.index(rank),

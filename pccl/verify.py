@@ -204,7 +204,7 @@ def simulate_plans(plans: list, topology, weights: np.ndarray, rng: np.random.Ge
         updates = []
         for r in range(p):
             phase = phase_of(r)
-            group = topology.intra_ranks(r) if phase.level == "intra" else topology.inter_ranks(r)
+            group = topology.level_ranks(phase.level, r)
             others = [phase_of(q) for q in group]
             if any((o.collective, o.level) != (phase.collective, phase.level) for o in others):
                 raise ScheduleError(f"collective {index}: the ranks of {phase.level} group {group} disagree")
