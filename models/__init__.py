@@ -1,4 +1,4 @@
 """GPT models: definitions and size presets; nothing distributed."""
-from .gpt import GPT, GPTConfig
+from .gpt import GPT, PRESETS, GPTConfig
 
-__all__ = ["GPT", "GPTConfig"]
+__all__ = ["GPT", "GPTConfig", "PRESETS"]
