@@ -22,6 +22,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -73,7 +74,7 @@ def _metadata(engine) -> dict:
     }
 
 
-def save(engine, path) -> None:
+def save(engine, path, extra: Optional[dict] = None) -> None:
     root = Path(path)
     token = engine.agree(int(uuid.uuid4().int % (1 << 62)))
     snap = root / f"snap-{engine.steps:08d}-{token:016x}"
@@ -91,6 +92,7 @@ def save(engine, path) -> None:
     if engine.layout.rank == 0:
         meta = _metadata(engine)
         meta["files"] = sorted(p.name for p in snap.glob("shard-*.pt"))
+        meta["extra"] = extra
         _write_atomic(snap / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
         _fsync_dir(snap)
         _write_atomic(root / "LATEST", lambda f: f.write(snap.name.encode()))
@@ -165,7 +167,8 @@ class _Source:
                                   "a shard file is missing")
 
 
-def load(engine, path) -> None:
+def load(engine, path) -> Optional[dict]:
+    """Restore the latest snapshot into `engine`; returns the `extra` it was saved with."""
     snap = latest(path)
     meta = json.loads((snap / "meta.json").read_text())
     _check_model(engine, meta)
@@ -183,3 +186,4 @@ def load(engine, path) -> None:
     engine.optimizer.steps = meta["optimizer_steps"]
     engine.steps, engine.skipped_steps = meta["steps"], meta["skipped_steps"]
     engine.scaler.scale, engine.scaler.clean = meta["loss_scale"], meta["loss_scale_clean"]
+    return meta.get("extra")

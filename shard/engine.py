@@ -83,11 +83,17 @@ class Engine:
                  prefetch: int = 1, units: Optional[list[nn.Module]] = None, *, reduce_dtype: str = "fp32",
                  algorithm="auto", activation_checkpointing: bool = False,
                  min_shard_numel: int = MIN_SHARD_NUMEL, prefetch_bytes: Optional[int] = None,
-                 decay: Callable[[str, nn.Parameter], bool] = default_decay):
+                 decay: Callable[[str, nn.Parameter], bool] = default_decay, device=None,
+                 init: Optional[Callable[[str, torch.Tensor], None]] = None):
         """algorithm: the pccl algorithm of every collective ("auto", "native", "ring",
         "hierarchical", ...) or a dict per collective name. Units smaller than
         `min_shard_numel` elements stay replicated (DDP-like). prefetch: how many units
-        ahead to gather (0: none); prefetch_bytes caps the bytes they hold."""
+        ahead to gather (0: none); prefetch_bytes caps the bytes they hold.
+
+        A model built on the meta device is materialized one unit at a time on `device`:
+        `init(name, tensor)` (default: the model's `init_parameter`) fills each parameter,
+        the same on every rank, and each rank keeps only its shards, so no rank ever holds
+        more than one unit in full."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(comm, Communicator):
@@ -114,7 +120,7 @@ class Engine:
         devices = {p.device for p in params}
         if len(devices) != 1:
             raise ValueError(f"all parameters must be on one device, found {sorted(map(str, devices))}")
-        self.device = devices.pop()
+        self.device, init = self._materialization(model, devices.pop(), device, init)
         cut = split_units(model, units)   # before any communication: bad units fail alone
 
         self.model, self.comm = model, comm
@@ -136,7 +142,7 @@ class Engine:
                                           self.device))
         self.root = self.units[0] if self.units[0].name == "<root>" else None
         self._dtypes = {id(p): p.dtype for u in self.units for p in u.flat.params}
-        self._init_optimizer(weight_decay, betas, eps, decay)
+        self._init_optimizer(weight_decay, betas, eps, decay, init)
         self.ledger.reset()
 
         self._forward_order: list[ShardedUnit] = []
@@ -160,7 +166,30 @@ class Engine:
 
     # Set-up.
 
-    def _init_optimizer(self, weight_decay, betas, eps, decay) -> None:
+    @staticmethod
+    def _materialization(model: nn.Module, where: torch.device, device, init):
+        """The engine's device, and the initializer of a meta-device model (None for a
+        model that already holds its values)."""
+        if where.type != "meta":
+            if device is not None and torch.device(device).type != where.type:
+                raise ValueError(f"device={device!r}, but the model is on {where}; move the model, or build it "
+                                 f"on the meta device to materialize it on {device!r}")
+            if init is not None:
+                raise ValueError("init= is for models built on the meta device; this one is on " + str(where))
+            return where, None
+        if device is None:
+            raise ValueError("the model is on the meta device: pass device= (where to materialize its shards)")
+        init = init if init is not None else getattr(model, "init_parameter", None)
+        if not callable(init):
+            raise ValueError("a model on the meta device needs init=(name, tensor) -> None, or a model.init_parameter "
+                             "method, to build its values")
+        buffers = [name for name, b in model.named_buffers() if b.device.type == "meta"]
+        if buffers:
+            raise ValueError(f"buffers on the meta device cannot be materialized: {buffers}; compute them in forward "
+                             "or build them on a real device")
+        return torch.device(device), init
+
+    def _init_optimizer(self, weight_decay, betas, eps, decay, init) -> None:
         offsets = self._os_offsets = [0]
         for u in self.units:
             offsets.append(offsets[-1] + u.os_numel)
@@ -173,8 +202,13 @@ class Engine:
                 a, b = max(start, lo), min(end, hi)
                 if p.requires_grad and a < b and decay(name, p):
                     decayed.append((base + a - lo, base + b - lo))
+        if init is not None:   # meta parameters become real, empty ones (the same objects, so ties hold)
+            for u in self.units:
+                for p in u.flat.params:
+                    empty = nn.Parameter(torch.empty(0, dtype=p.dtype, device=self.device), p.requires_grad)
+                    torch.utils.swap_tensors(p, empty)
         for u, view in zip(self.units, self._os_views):
-            u.load_master(self.reductions, view)
+            u.load_master(self.reductions, view, init)
         self.optimizer = FlatAdamW(master, decayed, tuple(betas), eps, weight_decay)
         self._refresh("update")
         for u in self.units:
@@ -373,17 +407,21 @@ class Engine:
         return {k: values[id(v)] if id(v) in values else v.detach().clone()
                 for k, v in self.model.state_dict(keep_vars=True).items()}
 
-    def save(self, path) -> None:
+    def save(self, path, extra: Optional[dict] = None) -> None:
         """Write a sharded checkpoint into the directory `path` (see shard/checkpoint.py):
-        a crash mid-save leaves the previous checkpoint there loadable. Collective."""
-        checkpoint.save(self, path)
+        a crash mid-save leaves the previous checkpoint there loadable. `extra`: rank 0's
+        JSON-serializable state of the caller (a training loop's step, data position), kept
+        with the snapshot. Collective."""
+        checkpoint.save(self, path, extra)
 
-    def load(self, path) -> None:
+    def load(self, path) -> Optional[dict]:
         """Restore the latest checkpoint in `path`, written at any world size, group size or
-        strategy for a model with the same parameters. Collective."""
-        checkpoint.load(self, path)
+        strategy for a model with the same parameters; returns the `extra` saved with it.
+        Collective."""
+        extra = checkpoint.load(self, path)
         self._refresh("update")
         self.ledger.reset()
+        return extra
 
     def barrier(self) -> None:
         """Every rank reached this point."""

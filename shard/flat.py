@@ -34,6 +34,15 @@ class FlatParams:
             flat[start:end].copy_(p.detach().reshape(-1))
         return flat
 
+    def materialize(self, init, device) -> torch.Tensor:
+        """A new padded fp32 buffer whose parameters `init(name, view)` fills in place
+        (for parameters that were never allocated: built on the meta device)."""
+        flat = torch.zeros(self.padded, dtype=torch.float32, device=device)
+        with torch.no_grad():
+            for name, view in zip(self.names, self.views(flat)):
+                init(name, view)
+        return flat
+
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's slice of `flat`, shaped like the parameter."""
         self._check(flat)
