@@ -1,0 +1,74 @@
+"""Prepare a data spec once: documents -> tokenizer -> packed token files, in a cache entry.
+
+    cache_dir/<source>-<hash12>/    tokenizer.model, train.bin, val.bin, meta.json
+
+The hash (spec.py) covers everything that determines the tokens, so an entry is reused
+only for the same data, and any change gives a new entry. An entry is built in a
+temporary directory beside it and renamed into place when complete (one atomic rename),
+so a crash leaves at most a temporary directory, which the next prepare removes, never an
+entry that looks complete. One process prepares (rank 0); the others wait, then open the
+returned directory with TokenData.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Mapping
+
+from . import tokenizer
+from .files import fsync_dir, write_atomic, write_json_atomic
+from .pack import pack
+from .sources import load_documents
+from .spec import digest, identity, normalize
+from .tokens import DataError, TokenData
+
+
+def _complete(entry: Path) -> bool:
+    try:
+        TokenData(entry)
+    except (FileNotFoundError, DataError):
+        return False
+    return True
+
+
+def _build(spec: dict, ident: dict, key: str, directory: Path) -> None:
+    hf_cache = directory / "hf-cache"  # datasets' Arrow copies of local files, dropped when read
+    documents = list(load_documents(spec, hf_cache=str(hf_cache)))
+    shutil.rmtree(hf_cache, ignore_errors=True)
+    model = directory / "tokenizer.model"
+    if spec["tokenizer"] is None:
+        tokenizer.train(documents, spec["vocab_size"], model)
+    else:
+        write_atomic(model, Path(spec["tokenizer"]).read_bytes())
+    counts = pack(documents, tokenizer.load(model), directory, spec["val_fraction"])
+    # meta.json last: TokenData and _complete treat a directory without it as unfinished.
+    write_json_atomic(directory / "meta.json", {**counts, "spec_hash": key, "spec": ident})
+
+
+def prepare(spec: Mapping, cache_dir) -> Path:
+    """The cache entry holding the tokens of `spec` (see spec.py for its keys), built if absent."""
+    spec = normalize(spec)
+    cache = Path(cache_dir)
+    ident = identity(spec)
+    key = digest(ident)
+    entry = cache / f"{spec['source']}-{key[:12]}"
+    if _complete(entry):
+        return entry
+    cache.mkdir(parents=True, exist_ok=True)
+    for stale in cache.glob(f".tmp-{entry.name}-*"):  # left by a crashed prepare
+        shutil.rmtree(stale, ignore_errors=True)
+    if entry.exists():  # damaged: complete entries only ever appear by rename
+        shutil.rmtree(entry)
+    tmp = cache / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        _build(spec, ident, key, tmp)
+        fsync_dir(tmp)
+        os.rename(tmp, entry)
+        fsync_dir(cache)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return entry

@@ -1,0 +1,110 @@
+"""A data spec: validation, defaults, and the identity of the tokens it produces.
+
+Keys (a plain dict, e.g. from an OmegaConf config; keys of other sources may be present):
+    source        "synthetic" | "text" | "hf"                                   (required)
+    documents     synthetic: number of documents                               (synthetic)
+    seed          synthetic: corpus seed                                       (default 0)
+    files         text: list of .txt/.md/.jsonl/.json paths                    (text)
+    name, config, split, max_documents   hf: Hub dataset, its first documents  (hf; config
+                  default None, split default "train")
+    field         the record field holding the text, .json(l) and hf           (default "text")
+    tokenizer     path to a sentencepiece .model, or None to train one         (default None)
+    vocab_size    vocabulary of the trained tokenizer                          (when training)
+    val_fraction  share of the documents (the last ones) held out, in (0, 1)   (default 0.01)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Mapping
+
+from .sources import SOURCES, missing_files
+
+FORMAT = 1  # bump when the files a spec produces change, so old cache entries are not reused
+DEFAULTS = {"seed": 0, "documents": None, "files": None, "name": None, "config": None, "split": "train",
+            "max_documents": None, "field": "text", "tokenizer": None, "vocab_size": None, "val_fraction": 0.01}
+REQUIRED = {"synthetic": ("documents",), "text": ("files",), "hf": ("name", "max_documents")}
+MIN_VOCAB = 260  # 256 byte pieces, unk, eos and a few more
+
+
+def _int(spec: dict, key: str, low: int) -> None:
+    value = spec[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"data spec: {key} must be an int >= {low}, got {value!r}")
+
+
+def normalize(spec: Mapping) -> dict:
+    """The spec with defaults filled in, or ValueError saying which key is wrong and why."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"data spec must be a mapping, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - set(DEFAULTS) - {"source"})
+    if unknown:
+        raise ValueError(f"data spec: unknown key(s) {unknown}; known keys: {['source', *DEFAULTS]}")
+    out = {**DEFAULTS, **spec}
+    if out.get("source") not in SOURCES:
+        raise ValueError(f"data spec: unknown source {out.get('source')!r}; valid sources: {list(SOURCES)}")
+    missing = [k for k in REQUIRED[out["source"]] if out[k] is None]
+    if out["tokenizer"] is None and out["vocab_size"] is None:
+        missing.append("vocab_size (or a tokenizer)")
+    if missing:
+        raise ValueError(f"data spec: source {out['source']!r} needs {missing}")
+    _int(out, "seed", -(1 << 63))
+    if out["source"] == "synthetic":
+        _int(out, "documents", 2)
+    if out["source"] == "text":
+        if isinstance(out["files"], (str, bytes)) or not out["files"]:
+            raise ValueError(f"data spec: files must be a non-empty list of paths, got {out['files']!r}")
+        out["files"] = [str(f) for f in out["files"]]
+    if out["source"] == "hf":
+        _int(out, "max_documents", 2)
+    if out["tokenizer"] is None:
+        _int(out, "vocab_size", MIN_VOCAB)
+    else:
+        out["tokenizer"] = str(out["tokenizer"])
+    if not isinstance(out["field"], str):
+        raise ValueError(f"data spec: field must be a string, got {out['field']!r}")
+    fraction = out["val_fraction"]
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise ValueError(f"data spec: val_fraction must be a number in (0, 1), got {fraction!r}")
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def identity(spec: dict) -> dict:
+    """What determines the tokens of a normalized spec: its entries for the source, each
+    local file's size and modification time, the tokenizer file's contents."""
+    source = spec["source"]
+    out = {"format": FORMAT, "source": source, "val_fraction": float(spec["val_fraction"])}
+    if source == "synthetic":
+        out.update(documents=spec["documents"], seed=spec["seed"])
+    elif source == "text":
+        missing = missing_files(spec["files"])
+        if missing:
+            raise FileNotFoundError(f"text source: no such file(s): {missing}")
+        stats = [(str(Path(f).resolve()), Path(f).stat()) for f in spec["files"]]
+        out.update(field=spec["field"], files=[{"path": p, "size": s.st_size, "mtime_ns": s.st_mtime_ns}
+                                               for p, s in stats])
+    else:
+        out.update({k: spec[k] for k in ("name", "config", "split", "max_documents", "field")})
+    if spec["tokenizer"] is None:
+        out["vocab_size"] = spec["vocab_size"]
+    else:
+        path = Path(spec["tokenizer"])
+        if not path.is_file():
+            raise FileNotFoundError(f"data spec: tokenizer {path} does not exist")
+        out["tokenizer_sha256"] = _sha256(path)
+    return out
+
+
+def digest(identity: dict) -> str:
+    """sha256 of the canonical JSON of an identity."""
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
