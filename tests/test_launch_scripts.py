@@ -1,0 +1,285 @@
+"""The launch scripts (launch/): they parse, and with DRY_RUN=1 print the right environment
+and command lines under a fake Slurm environment (no cluster here). Printed commands are
+read back with shlex.split and checked token by token."""
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pccl.mpirun import launcher
+from pccl.topology import FRONTIER_ENV, MACHINES
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = ROOT / "launch"
+SCRIPTS = ["local.sh", "frontier.sbatch", "perlmutter.sbatch", "torchrun.sh"]
+# Variables of a surrounding job or of the caller that the scripts read.
+SCRUB = ("SLURM_", "MASTER_", "NNODES", "NPROC", "RANKS_PER_NODE", "MODEL", "STRATEGY", "COMM",
+         "DEVICE", "PYTHON", "MPIEXEC", "TORCHRUN", "OMP_NUM_THREADS", "DRY_RUN", "MODULES",
+         "SRUN_ARGS", "REPO", "CPUS_PER_TASK", "GPU_BIND", "RDZV_ID", "PMI_", "OMPI_", "HYDRA_")
+USER = ["train.steps=100", "train.out_dir=runs/x y", "optim.lr=3e-4", "+extra='quoted'"]
+
+
+def run(script: str, *args: str, dry: bool = True, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(SCRUB)}
+    base.update(PYTHON=sys.executable)
+    if dry:
+        base["DRY_RUN"] = "1"
+    base.update(env)
+    return subprocess.run(["bash", str(LAUNCH / script), *args], env=base, capture_output=True,
+                          text=True, timeout=30, cwd=ROOT)
+
+
+def parsed(proc: subprocess.CompletedProcess) -> tuple[dict, list, list]:
+    """(exported variables, the command's words, comment lines) of a dry run."""
+    assert proc.returncode == 0, proc.stderr
+    exports, command, comments = {}, None, []
+    for line in proc.stdout.splitlines():
+        if line.startswith("#"):
+            comments.append(line)
+        elif line.startswith("export "):
+            key, _, value = line[len("export "):].partition("=")
+            (exports[key],) = shlex.split(value)
+        elif line.strip():
+            assert command is None, f"more than one command line:\n{proc.stdout}"
+            command = shlex.split(line)
+    assert command is not None, proc.stdout
+    return exports, command, comments
+
+
+def opt(words: list, name: str) -> str:
+    """The value of `name` given as `--name=value` or `name value`."""
+    for i, w in enumerate(words):
+        if w.startswith(name + "="):
+            return w[len(name) + 1:]
+        if w == name:
+            return words[i + 1]
+    raise AssertionError(f"{name} not in {words}")
+
+
+def trainer_args(words: list) -> list:
+    i = words.index("-m")
+    assert words[i + 1] == "shard.train", words
+    return words[i + 2:]
+
+
+def overrides(words: list) -> dict:
+    return dict(a.split("=", 1) for a in trainer_args(words))
+
+
+def fail(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode != 0, proc.stdout
+    assert proc.stdout == ""
+    for f in fragments:
+        assert f in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_parses_and_is_executable(script):
+    path = LAUNCH / script
+    assert path.stat().st_mode & stat.S_IXUSR
+    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    text = path.read_text()
+    assert text.startswith("#!") and "set -euo pipefail" in text and "DRY_RUN" in text
+    assert script in (LAUNCH / "README.md").read_text()
+
+
+# --- Frontier -------------------------------------------------------------------------
+
+def test_frontier_srun_line_and_environment():
+    env, words, comments = parsed(run("frontier.sbatch", *USER, SLURM_NNODES="4", MODEL="gpt_7b",
+                                      STRATEGY="paro-iig"))
+    machine = MACHINES["frontier"]
+    assert words[0] == "srun"
+    assert opt(words, "-N") == "4"
+    assert opt(words, "-n") == "32"
+    assert opt(words, "--ntasks-per-node") == str(machine["ranks_per_node"]) == "8"
+    assert opt(words, "--gpus-per-node") == "8"
+    assert opt(words, "--gpu-bind") == "closest"
+    assert opt(words, "-c") == "7"
+    assert words[words.index("-m") - 1] == sys.executable
+    args = trainer_args(words)
+    assert args[-len(USER):] == USER  # passed through unchanged, in order
+    assert overrides(words) == {**dict(a.split("=", 1) for a in USER), "comm.ranks_per_node": "8",
+                                     "train.device": "cuda", "model": "gpt_7b", "strategy": "paro-iig",
+                                     "comm": "pccl"}
+    # The paper's environment, exactly pccl.topology.FRONTIER_ENV, plus the NIC count and threads.
+    assert {k: v for k, v in env.items() if k in FRONTIER_ENV} == FRONTIER_ENV
+    assert set(env) - set(FRONTIER_ENV) == {"PCCL_NICS_PER_NODE", "OMP_NUM_THREADS"}
+    assert env["PCCL_NICS_PER_NODE"] == str(machine["nics_per_node"])
+    assert env["OMP_NUM_THREADS"] == "7"
+    # Modules are shown, not loaded, in a dry run (there is no `module` here).
+    assert any("module load" in c and "rocm" in c and "cray-mpich" in c for c in comments)
+
+
+def test_frontier_environment_has_one_source(tmp_path):
+    """The exported variables are read from pccl/topology.py, not written in the script."""
+    (tmp_path / "pccl").mkdir()
+    (tmp_path / "pccl" / "topology.py").write_text(
+        "FRONTIER_ENV = {'MPICH_OFI_NIC_MAPPING': '0:0;1:1', 'ONLY_HERE': 'a b;c'}\n")
+    env, _, _ = parsed(run("frontier.sbatch", SLURM_NNODES="1", REPO=str(tmp_path)))
+    assert env == {"MPICH_OFI_NIC_MAPPING": "0:0;1:1", "ONLY_HERE": "a b;c",
+                   "PCCL_NICS_PER_NODE": "4", "OMP_NUM_THREADS": "7"}
+
+
+def test_frontier_parameters():
+    env, words, comments = parsed(run("frontier.sbatch", "model=gpt_13b", "comm=torch", SLURM_NNODES="2",
+                                      RANKS_PER_NODE="4", CPUS_PER_TASK="14", MODULES="",
+                                      SRUN_ARGS="--cpu-bind=verbose --exclusive", OMP_NUM_THREADS="3"))
+    assert opt(words, "-n") == "8" and opt(words, "--ntasks-per-node") == "4" and opt(words, "-c") == "14"
+    assert words.index("--cpu-bind=verbose") + 1 == words.index("--exclusive") < words.index("-m")
+    # An override among the arguments replaces the script's own (no duplicate keys for Hydra).
+    assert trainer_args(words) == ["comm.ranks_per_node=4", "train.device=cuda", "strategy=zero3",
+                                   "model=gpt_13b", "comm=torch"]
+    assert env["OMP_NUM_THREADS"] == "3" and comments == []
+
+
+@pytest.mark.parametrize("env, message", [
+    ({}, "sbatch -N"),
+    ({"SLURM_NNODES": "two"}, "positive integer"),
+    ({"SLURM_NNODES": "2", "RANKS_PER_NODE": "9"}, "RANKS_PER_NODE"),
+    ({"SLURM_NNODES": "2", "RANKS_PER_NODE": "0"}, "RANKS_PER_NODE"),
+    ({"SLURM_NNODES": "2", "DRY_RUN": "yes"}, "DRY_RUN"),
+])
+def test_frontier_errors(env, message):
+    fail(run("frontier.sbatch", **env), "frontier.sbatch: error", message)
+
+
+# --- Perlmutter -----------------------------------------------------------------------
+
+def test_perlmutter_srun_line_and_environment():
+    env, words, comments = parsed(run("perlmutter.sbatch", *USER, SLURM_NNODES="4", COMM="torch"))
+    machine = MACHINES["perlmutter"]
+    assert words[0] == "srun"
+    assert opt(words, "-N") == "4" and opt(words, "-n") == "16"
+    assert opt(words, "--ntasks-per-node") == str(machine["ranks_per_node"]) == "4"
+    assert opt(words, "--gpus-per-node") == "4" and opt(words, "--gpu-bind") == "none"
+    assert opt(words, "-c") == "32"
+    assert trainer_args(words)[-len(USER):] == USER
+    o = overrides(words)
+    assert (o["comm.ranks_per_node"], o["train.device"], o["comm"]) == ("4", "cuda", "torch")
+    assert (o["model"], o["strategy"]) == ("gpt_1p3b", "zero3")
+    assert env == {"MPICH_GPU_SUPPORT_ENABLED": "1", "OMP_NUM_THREADS": "16",
+                   "PCCL_NICS_PER_NODE": str(machine["nics_per_node"])}
+    assert any("module load" in c for c in comments)
+
+
+def test_perlmutter_parameters_and_errors():
+    _, words, _ = parsed(run("perlmutter.sbatch", SLURM_NNODES="3", GPU_BIND="closest", MODEL="",
+                             STRATEGY="ddp"))
+    assert opt(words, "-n") == "12" and opt(words, "--gpu-bind") == "closest"
+    assert "model" not in overrides(words) and overrides(words)["strategy"] == "ddp"
+    fail(run("perlmutter.sbatch", SLURM_NNODES="3", GPU_BIND="single"), "GPU_BIND")
+    fail(run("perlmutter.sbatch", SLURM_NNODES="3", RANKS_PER_NODE="8"), "RANKS_PER_NODE")
+    fail(run("perlmutter.sbatch"), "sbatch -N")
+
+
+# --- torchrun -------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_scontrol(tmp_path):
+    """A `scontrol show hostnames` that expands nid[001000-001003] and logs its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "scontrol.log"
+    script = bin_dir / "scontrol"
+    script.write_text(f'#!/bin/bash\necho "$@" >> {shlex.quote(str(log))}\n'
+                      'printf "nid%06d\\n" 1000 1001 1002 1003\n')
+    script.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, log
+
+
+def test_torchrun_under_slurm(fake_scontrol):
+    path, log = fake_scontrol
+    _, words, _ = parsed(run("torchrun.sh", *USER, SLURM_NNODES="4", SLURM_JOB_NODELIST="nid[001000-001003]",
+                             SLURM_JOB_ID="777", SLURM_GPUS_ON_NODE="8", **path))
+    assert Path(words[0]).name == "torchrun" or words[1:3] == ["-m", "torch.distributed.run"]
+    assert opt(words, "--nnodes") == "4" and opt(words, "--nproc-per-node") == "8"
+    assert opt(words, "--rdzv-backend") == "c10d"
+    assert opt(words, "--rdzv-endpoint") == "nid001000:29500"
+    assert opt(words, "--rdzv-id") == "777"
+    assert log.read_text().split() == ["show", "hostnames", "nid[001000-001003]"]
+    assert trainer_args(words)[-len(USER):] == USER
+    o = overrides(words)
+    assert (o["comm"], o["comm.ranks_per_node"], o["train.device"]) == ("torch", "8", "cuda")
+
+
+def test_torchrun_parameters(fake_scontrol):
+    path, log = fake_scontrol
+    _, words, _ = parsed(run("torchrun.sh", SLURM_NNODES="2", SLURM_JOB_NODELIST="nid[001000-001001]",
+                             NPROC_PER_NODE="4", MASTER_ADDR="10.0.0.9", MASTER_PORT="6000",
+                             TORCHRUN="python -m torch.distributed.run", TORCHRUN_ARGS="--max-restarts=0",
+                             **path))
+    assert words[:3] == ["python", "-m", "torch.distributed.run"] and "--max-restarts=0" in words
+    assert opt(words, "--rdzv-endpoint") == "10.0.0.9:6000" and opt(words, "--nproc-per-node") == "4"
+    assert not log.exists()  # MASTER_ADDR given: no host lookup
+    # One node outside Slurm: a local rendezvous.
+    _, words, _ = parsed(run("torchrun.sh", NPROC_PER_NODE="2"))
+    assert opt(words, "--nnodes") == "1" and opt(words, "--rdzv-endpoint") == "127.0.0.1:29500"
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"NNODES": "2", "NPROC_PER_NODE": "4"}, "MASTER_ADDR"),
+    ({"NPROC_PER_NODE": "0"}, "NPROC_PER_NODE must be a positive integer"),
+    ({"NPROC_PER_NODE": "4", "NNODES": "x"}, "NNODES"),
+    ({"NPROC_PER_NODE": "4", "MASTER_PORT": "70000"}, "MASTER_PORT"),
+])
+def test_torchrun_errors(env, message):
+    fail(run("torchrun.sh", **env), "torchrun.sh: error", message)
+
+
+# --- local ----------------------------------------------------------------------------
+
+def test_local_mpiexec_line():
+    env, words, _ = parsed(run("local.sh", *USER, NPROC="8", RANKS_PER_NODE="4"))
+    prefix = list(launcher())  # the mpiexec next to this interpreter, with its flags
+    assert words[:len(prefix)] == prefix
+    assert words[len(prefix):len(prefix) + 3] == ["-n", "8", sys.executable]
+    assert trainer_args(words) == ["comm.ranks_per_node=4", "train.device=cpu", "model=tiny",
+                                   "strategy=zero3", "comm=pccl", *USER]
+    assert env == {"OMP_NUM_THREADS": "1"}
+
+
+def test_local_defaults_and_overrides():
+    env, words, _ = parsed(run("local.sh", "model=gpt_125m", COMM="native", OMP_NUM_THREADS="4"))
+    assert opt(words, "-n") == "2"
+    assert trainer_args(words) == ["train.device=cpu", "strategy=zero3", "comm=native", "model=gpt_125m"]
+    assert env == {"OMP_NUM_THREADS": "4"}
+    env, words, _ = parsed(run("local.sh", DEVICE="cuda", MPIEXEC_ARGS="-bind-to none"))
+    assert overrides(words)["train.device"] == "cuda" and env == {}
+    assert words.index("-bind-to") + 2 == words.index("-n")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"NPROC": "0"}, "NPROC must be a positive integer, got '0'"),
+    ({"NPROC": "-4"}, "NPROC must be a positive integer"),
+    ({"NPROC": "two"}, "NPROC must be a positive integer"),
+    ({"NPROC": "2.5"}, "NPROC must be a positive integer"),
+    ({"NPROC": "6", "RANKS_PER_NODE": "4"}, "NPROC (6) must be divisible by RANKS_PER_NODE (4)"),
+    ({"NPROC": "4", "RANKS_PER_NODE": "x"}, "RANKS_PER_NODE must be a positive integer"),
+    ({"DEVICE": "gpu"}, "DEVICE"),
+    ({"PYTHON": "/nonexistent/python"}, "PYTHON"),
+])
+def test_local_errors(env, message):
+    fail(run("local.sh", **env), "local.sh: error", message)
+
+
+def test_local_runs_the_printed_command(tmp_path):
+    """DRY_RUN=0 executes exactly what DRY_RUN=1 prints (a fake mpiexec records its words)."""
+    log = tmp_path / "argv"
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f'#!/bin/bash\n[[ $1 == --version ]] && {{ echo "fake MPI"; exit 0; }}\n'
+                    f'printf "%s\\n" "$OMP_NUM_THREADS" "$@" > {shlex.quote(str(log))}\n')
+    fake.chmod(0o755)
+    args = dict(NPROC="4", RANKS_PER_NODE="2", MPIEXEC=str(fake))
+    _, printed, _ = parsed(run("local.sh", *USER, **args))
+    proc = run("local.sh", *USER, dry=False, **args)
+    assert proc.returncode == 0, proc.stderr
+    threads, *argv = log.read_text().splitlines()
+    assert threads == "1" and [str(fake), *argv] == printed
