@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
-#   make bench   the main job: pccl-bench on 4 local ranks over a small size sweep
+#   make train   the main job: shard-train on the embedded default (tiny GPT, synthetic corpus)
 #   make test    the test suite (single-process and multi-rank under mpiexec)
+# and make bench runs pccl-bench on 4 local ranks over a small size sweep.
 # Both create .venv if missing and install what is needed; re-running is quick.
 #
 # Knobs:
@@ -13,12 +14,16 @@
 #   GPU=cuda|hip|none   build the GPU kernels; default: cuda where nvidia-smi exists,
 #                       hip where rocm-smi exists, none elsewhere
 #   RANKS=4             ranks for make bench
+#   TRAIN="..."         Hydra overrides for make train, e.g. TRAIN="strategy=paro-iig train.steps=50"
+#   TRAIN_RANKS=1       ranks for make train
 
 PYTHON ?= python3
 VENV ?= .venv
 MPI ?= mpich
 MPICC ?= mpicc
 RANKS ?= 4
+TRAIN ?=
+TRAIN_RANKS ?= 1
 BIN := $(abspath $(VENV))/bin
 PY := $(BIN)/python
 HAS_GPU := $(shell (command -v nvidia-smi || command -v rocm-smi) >/dev/null 2>&1 && echo yes)
@@ -29,7 +34,7 @@ TORCH ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 SYSTEM_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all test bench build clean
+.PHONY: all test bench train build clean
 
 all: build
 
@@ -43,7 +48,8 @@ ifeq ($(MPI),system)
 else
 	$(PY) -m pip install -q "$(MPI)" "mpi4py>=4.0"
 endif
-	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest
+	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest \
+		"hydra-core>=1.3" "datasets>=2.14" "sentencepiece>=0.1.99" tqdm matplotlib wandb
 	touch $@
 
 # The editable install maps the package's files when it is made, so adding or removing a
@@ -57,6 +63,9 @@ build: $(NATIVE)
 
 test: build
 	$(PY) -m pytest -q tests
+
+train: build
+	NPROC=$(TRAIN_RANKS) PYTHON=$(PY) launch/local.sh $(TRAIN)
 
 bench: build
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/pccl-bench -b 4K -e 4M -f 16 -n 10 -w 3

@@ -13,7 +13,7 @@
 #   MODEL           model preset (default tiny)
 #   STRATEGY        sharding strategy (default zero3)
 #   COMM            communicator: pccl, native, hierarchical, torch (default pccl)
-#   DEVICE          cpu or cuda -> train.device (default cpu)
+#   DEVICE          auto, cpu or cuda -> train.device (default auto: cuda when torch sees a GPU)
 #   PYTHON          interpreter (default: the repository's .venv/bin/python, else python3)
 #   MPIEXEC         mpiexec (default: the one next to PYTHON, else mpiexec on PATH)
 #   MPIEXEC_ARGS    extra mpiexec arguments, split on spaces (default none)
@@ -49,7 +49,7 @@ RANKS_PER_NODE=${RANKS_PER_NODE:-}
 MODEL=${MODEL-tiny}
 STRATEGY=${STRATEGY-zero3}
 COMM=${COMM-pccl}
-DEVICE=${DEVICE-cpu}
+DEVICE=${DEVICE-auto}
 MPIEXEC_ARGS=${MPIEXEC_ARGS:-}
 if [[ -z ${PYTHON:-} ]]; then
     if [[ -x $ROOT/.venv/bin/python ]]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
@@ -62,7 +62,7 @@ if [[ -n $RANKS_PER_NODE ]]; then
     (( NPROC % RANKS_PER_NODE == 0 )) ||
         die "NPROC ($NPROC) must be divisible by RANKS_PER_NODE ($RANKS_PER_NODE)"
 fi
-[[ -z $DEVICE || $DEVICE == cpu || $DEVICE == cuda ]] || die "DEVICE must be cpu or cuda, got '$DEVICE'"
+[[ -z $DEVICE || $DEVICE == auto || $DEVICE == cpu || $DEVICE == cuda ]] || die "DEVICE must be auto, cpu or cuda, got '$DEVICE'"
 PYTHON_PATH=$(command -v "$PYTHON") || die "PYTHON '$PYTHON' not found"
 
 # The mpiexec next to the interpreter, with what Open MPI needs to run as root and with
@@ -92,7 +92,7 @@ if [[ -n $COMM ]] && ! has_override comm "$@"; then overrides+=("comm=$COMM"); f
 
 cmd=("${launcher[@]}" "${extra[@]}" -n "$NPROC" "$PYTHON" -m shard.train "${overrides[@]}" "$@")
 
-if [[ $DEVICE == cpu || -n ${OMP_NUM_THREADS:-} ]]; then
+if [[ $DEVICE != cuda || -n ${OMP_NUM_THREADS:-} ]]; then
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     [[ $DRY_RUN == 1 ]] && echo "export OMP_NUM_THREADS=$(quote_words "$OMP_NUM_THREADS")"
 fi

@@ -241,7 +241,7 @@ def test_local_mpiexec_line():
     prefix = list(launcher())  # the mpiexec next to this interpreter, with its flags
     assert words[:len(prefix)] == prefix
     assert words[len(prefix):len(prefix) + 3] == ["-n", "8", sys.executable]
-    assert trainer_args(words) == ["comm.ranks_per_node=4", "train.device=cpu", "model=tiny",
+    assert trainer_args(words) == ["comm.ranks_per_node=4", "train.device=auto", "model=tiny",
                                    "strategy=zero3", "comm=pccl", *USER]
     assert env == {"OMP_NUM_THREADS": "1"}
 
@@ -249,7 +249,7 @@ def test_local_mpiexec_line():
 def test_local_defaults_and_overrides():
     env, words, _ = parsed(run("local.sh", "model=gpt_125m", COMM="native", OMP_NUM_THREADS="4"))
     assert opt(words, "-n") == "2"
-    assert trainer_args(words) == ["train.device=cpu", "strategy=zero3", "comm=native", "model=gpt_125m"]
+    assert trainer_args(words) == ["train.device=auto", "strategy=zero3", "comm=native", "model=gpt_125m"]
     assert env == {"OMP_NUM_THREADS": "4"}
     env, words, _ = parsed(run("local.sh", DEVICE="cuda", MPIEXEC_ARGS="-bind-to none"))
     assert overrides(words)["train.device"] == "cuda" and env == {}

@@ -1,0 +1,63 @@
+"""Throughput and model FLOPs utilization (MFU), as torchtitan and nanoGPT report them:
+achieved model FLOPs (flops per token x tokens per second) over the device's peak.
+
+Peak dense TFLOP/s per device (one rank), from the vendors' data sheets:
+  MI250X GCD  191.5 bf16/fp16, 47.9 fp32 matrix  (AMD: 383 and 95.7 per MI250X, 2 GCDs)
+  A100 SXM    312 bf16/fp16, 156 tf32, 19.5 fp32
+  H100 SXM    989 bf16/fp16, 495 tf32, 67 fp32   (H100 PCIe: 756, 378, 51)
+  H200        989 bf16/fp16, 495 tf32, 67 fp32   (same GH100 compute as H100 SXM)
+On CPUs there is no peak to compare with: MFU is not meaningful and reported as null.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+PEAK_TFLOPS = {
+    "MI250X GCD": {"bf16": 191.5, "fp16": 191.5, "tf32": 47.9, "fp32": 47.9},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "H100 SXM": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
+    "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},
+}
+
+
+def device_kind(name: str) -> Optional[str]:
+    """The PEAK_TFLOPS entry of a device by its reported name, or None if unknown."""
+    upper = name.upper()
+    if "MI250X" in upper:
+        return "MI250X GCD"
+    if "H200" in upper:
+        return "H200"
+    if "H100" in upper:
+        return "H100 PCIe" if "PCIE" in upper else "H100 SXM"
+    if "A100" in upper:
+        return "A100"
+    return None
+
+
+def peak_tflops(device: torch.device, precision: str) -> tuple[Optional[float], str]:
+    """(peak TFLOP/s of one rank at this precision, or None; what it is)."""
+    if device.type != "cuda":
+        return None, f"{device.type}: MFU is not meaningful (no peak-FLOPs figure for CPUs)"
+    name = torch.cuda.get_device_name(device)
+    kind = device_kind(name)
+    if kind is None:
+        return None, f"{name}: unknown peak; set train.peak_tflops for MFU"
+    column = "tf32" if precision == "fp32" and torch.backends.cuda.matmul.allow_tf32 else precision
+    return PEAK_TFLOPS[kind][column], f"{kind} {column}"
+
+
+class Throughput:
+    """Tokens per second, model TFLOP/s per rank and MFU over an interval of steps."""
+
+    def __init__(self, flops_per_token: int, world: int, peak: Optional[float]):
+        self.flops_per_token, self.world, self.peak = flops_per_token, world, peak
+
+    def measure(self, tokens: int, seconds: float) -> dict:
+        """`tokens` processed by all ranks together in `seconds`."""
+        per_s = tokens / seconds
+        tflops = per_s * self.flops_per_token / self.world / 1e12
+        return {"tokens_per_s": per_s, "tokens_per_s_per_rank": per_s / self.world, "tflops_per_rank": tflops,
+                "mfu": tflops / self.peak if self.peak else None}
