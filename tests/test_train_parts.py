@@ -64,3 +64,29 @@ def test_loss_plot_is_a_png(tmp_path):
     plot_losses(records, tmp_path / "loss.png")
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
     assert [p.name for p in tmp_path.iterdir()] == ["loss.png"]   # no temporary left
+
+
+def _record(step, loss):
+    return {"step": step, "loss": loss, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1.0, "tokens_per_s_per_rank": 1.0,
+            "tflops_per_rank": 0.0, "mfu": None, "exposed_comm_s": 0.0, "peak_memory_gb": 0.1}
+
+
+def test_run_log_writes_jsonl_and_wandb_offline_and_trims_on_resume(tmp_path, monkeypatch):
+    import json
+
+    from shard.run_log import RunLog
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb_cfg = {"enabled": True, "project": "shard-test", "entity": None, "name": None, "mode": "offline"}
+    log = RunLog(tmp_path, True, 4, 0, False, wandb_cfg, {"model": {"preset": "tiny"}})
+    for step in range(1, 5):
+        log.log(_record(step, 5.0 - step))
+    log.close(tmp_path / "loss.png")
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3, 4]
+    assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")), "no offline wandb run was written"
+    # resuming from a checkpoint at step 2 drops what steps 3 and 4 logged
+    again = RunLog(tmp_path, True, 4, 2, False, None, {})
+    again.log(_record(3, 1.5))
+    again.close(None)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in lines] == [(1, 4.0), (2, 3.0), (3, 1.5)]
