@@ -18,7 +18,6 @@ Ranks that hold a replica of another rank's shard (I and N scopes) write nothing
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import uuid
 from pathlib import Path
@@ -26,29 +25,14 @@ from typing import Optional
 
 import torch
 
+from .files import fsync_dir, write_atomic
+
 FORMAT = 1
 STATE = ("master", "exp_avg", "exp_avg_sq")
 
 
 class CheckpointError(ValueError):
     """A missing or damaged checkpoint, or one written for another model."""
-
-
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _shapes(engine) -> dict[str, list[int]]:
@@ -87,16 +71,16 @@ def save(engine, path, extra: Optional[dict] = None) -> None:
             shards[u.name] = {"start": start, "end": end,
                               **{k: state[k][base:base + u.os_numel].cpu().clone() for k in STATE}}
     if shards:
-        _write_atomic(snap / f"shard-{engine.layout.rank}.pt", lambda f: torch.save(shards, f))
+        write_atomic(snap / f"shard-{engine.layout.rank}.pt", lambda f: torch.save(shards, f))
     engine.barrier()
     if engine.layout.rank == 0:
         meta = _metadata(engine)
         meta["files"] = sorted(p.name for p in snap.glob("shard-*.pt"))
         meta["extra"] = extra
-        _write_atomic(snap / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
-        _fsync_dir(snap)
-        _write_atomic(root / "LATEST", lambda f: f.write(snap.name.encode()))
-        _fsync_dir(root)
+        write_atomic(snap / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+        fsync_dir(snap)
+        write_atomic(root / "LATEST", lambda f: f.write(snap.name.encode()))
+        fsync_dir(root)
         for old in root.glob("snap-*"):
             if old.name != snap.name:
                 shutil.rmtree(old, ignore_errors=True)

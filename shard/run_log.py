@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Optional
+
+from .files import write_atomic
 
 
 def _fmt(value, spec: str) -> str:
@@ -25,10 +26,7 @@ class RunLog:
         if self.path.exists():   # resuming: keep what the checkpoint's steps logged, drop the rest
             kept = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
             self.records = [r for r in kept if r["step"] <= start_step]
-            text = "".join(json.dumps(r) + "\n" for r in self.records)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
         self.file = open(self.path, "a")
         if progress:
             from tqdm import tqdm
@@ -99,7 +97,5 @@ def plot_losses(records: list[dict], path: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
-    os.replace(tmp, path)

@@ -24,6 +24,7 @@ import pccl
 from models import GPT, GPTConfig
 
 from .engine import Engine
+from .files import write_atomic
 from .lr_schedule import learning_rate
 from .run_log import RunLog
 from .throughput import Throughput, peak_tflops
@@ -193,9 +194,7 @@ def run(cfg) -> dict:
                          "precision": precision, "device": str(device), "meta_init": meta,
                          "tokenizer_vocab": data.vocab_size, "data": str(data.directory)}
     if comm.rank == 0:
-        tmp = out_dir / "config.yaml.tmp"
-        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(resolved)))
-        os.replace(tmp, out_dir / "config.yaml")
+        write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
 
     peak, peak_source = peak_tflops(device, precision) if t.peak_tflops is None else (float(t.peak_tflops), "given")
     meter = Throughput(mcfg.flops_per_token(t.seq_len), comm.size, peak)
@@ -247,7 +246,7 @@ def run(cfg) -> dict:
 
     summary = summarize(log.records, last_val, resolved["built"])
     if comm.rank == 0:
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
     log.close(out_dir / "loss.png" if cfg.log.plot else None)
     engine.close()
     return summary

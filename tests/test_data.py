@@ -6,7 +6,6 @@ set arithmetic over window start offsets (which windows each rank and step reads
 """
 import importlib
 import json
-import os
 import re
 
 import numpy as np

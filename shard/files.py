@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import BinaryIO, Callable, Union
 
 
 def fsync_dir(path: Path) -> None:
@@ -15,14 +16,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary name in the same directory (same file system, so the rename is
-    atomic), flush it to disk, then rename it over `path`."""
+def write_atomic(path: Path, content: Union[bytes, str, Callable[[BinaryIO], None]]) -> None:
+    """Write `content` (bytes, text, or a function writing into a binary file) to a
+    temporary name in the same directory (same file system, so the rename is atomic),
+    flush it to disk, then rename it over `path`."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode() if isinstance(content, str) else content)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
