@@ -22,27 +22,10 @@
 set -euo pipefail
 
 NAME=local.sh
-die() { echo "$NAME: error: $*" >&2; exit 2; }
-is_posint() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
-# Whether an override of `key` (key=, +key=, ++key=) is among the remaining arguments.
-has_override() {
-    local key=$1 a
-    shift
-    for a in "$@"; do
-        if [[ $a == "$key="* || $a == "+$key="* || $a == "++$key="* ]]; then return 0; fi
-    done
-    return 1
-}
-# A command line that a shell (or Python's shlex.split) reads back as the same words.
-quote_words() {
-    local re='^[A-Za-z0-9_./:=,+@%-]+$' out=() a
-    for a in "$@"; do
-        if [[ $a =~ $re ]]; then out+=("$a"); else out+=("${a@Q}"); fi
-    done
-    printf '%s\n' "${out[*]}"
-}
-
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=SCRIPTDIR/common.sh
+source "$ROOT/launch/common.sh"
+
 DRY_RUN=${DRY_RUN:-0}
 NPROC=${NPROC:-2}
 RANKS_PER_NODE=${RANKS_PER_NODE:-}
@@ -51,9 +34,7 @@ STRATEGY=${STRATEGY-zero3}
 COMM=${COMM-pccl}
 DEVICE=${DEVICE-auto}
 MPIEXEC_ARGS=${MPIEXEC_ARGS:-}
-if [[ -z ${PYTHON:-} ]]; then
-    if [[ -x $ROOT/.venv/bin/python ]]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
-fi
+default_python "$ROOT"
 
 [[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1, got '$DRY_RUN'"
 is_posint "$NPROC" || die "NPROC must be a positive integer, got '$NPROC'"

@@ -28,25 +28,10 @@
 set -euo pipefail
 
 NAME=torchrun.sh
-die() { echo "$NAME: error: $*" >&2; exit 2; }
-is_posint() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
-has_override() {
-    local key=$1 a
-    shift
-    for a in "$@"; do
-        if [[ $a == "$key="* || $a == "+$key="* || $a == "++$key="* ]]; then return 0; fi
-    done
-    return 1
-}
-quote_words() {
-    local re='^[A-Za-z0-9_./:=,+@%-]+$' out=() a
-    for a in "$@"; do
-        if [[ $a =~ $re ]]; then out+=("$a"); else out+=("${a@Q}"); fi
-    done
-    printf '%s\n' "${out[*]}"
-}
-
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=SCRIPTDIR/common.sh
+source "$ROOT/launch/common.sh"
+
 DRY_RUN=${DRY_RUN:-0}
 NNODES=${NNODES:-${SLURM_NNODES:-${SLURM_JOB_NUM_NODES:-1}}}
 MASTER_PORT=${MASTER_PORT:-29500}
@@ -56,9 +41,7 @@ STRATEGY=${STRATEGY-zero3}
 COMM=${COMM-torch}
 DEVICE=${DEVICE-cuda}
 TORCHRUN_ARGS=${TORCHRUN_ARGS:-}
-if [[ -z ${PYTHON:-} ]]; then
-    if [[ -x $ROOT/.venv/bin/python ]]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
-fi
+default_python "$ROOT"
 
 [[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1, got '$DRY_RUN'"
 is_posint "$NNODES" || die "NNODES must be a positive integer, got '$NNODES'"

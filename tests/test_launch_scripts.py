@@ -90,6 +90,41 @@ def test_parses_and_is_executable(script):
     assert script in (LAUNCH / "README.md").read_text()
 
 
+
+def test_shared_helpers_are_in_common_sh_only():
+    """Every script sources launch/common.sh, and each helper is defined in one file only
+    (find_repo, which the sbatch scripts need before common.sh can be found, excepted)."""
+    import re
+    defined = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(\)\s*\{", re.M)
+    common = LAUNCH / "common.sh"
+    proc = subprocess.run(["bash", "-n", str(common)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    shared = set(defined.findall(common.read_text()))
+    assert {"die", "is_posint", "has_override", "quote_words", "default_python", "load_modules"} <= shared
+    where: dict[str, list[str]] = {}
+    for script in SCRIPTS:
+        text = (LAUNCH / script).read_text()
+        assert re.search(r'^source "\$[A-Z]+/launch/common\.sh"$', text, re.M), script
+        names = defined.findall(text)
+        assert not set(names) & shared, (script, set(names) & shared)
+        for name in names:
+            where.setdefault(name, []).append(script)
+    assert {n: s for n, s in where.items() if len(s) > 1} == {
+        "find_repo": ["frontier.sbatch", "perlmutter.sbatch"]}
+
+
+@pytest.mark.parametrize("script", ["frontier.sbatch", "perlmutter.sbatch"])
+def test_sbatch_copy_finds_the_checkout(script, tmp_path):
+    """Slurm runs a copy of the script from its spool directory: the checkout (and its
+    launch/common.sh) is found through SLURM_SUBMIT_DIR, or REPO, else a clear error."""
+    copy = tmp_path / script
+    copy.write_text((LAUNCH / script).read_text())
+    expected = parsed(run(script, "train.steps=5", SLURM_NNODES="2"))
+    for env in ({"SLURM_SUBMIT_DIR": str(ROOT)}, {"SLURM_SUBMIT_DIR": str(LAUNCH)},
+                {"SLURM_SUBMIT_DIR": str(tmp_path), "REPO": str(ROOT)}):
+        assert parsed(run(str(copy), "train.steps=5", SLURM_NNODES="2", **env)) == expected, env
+    fail(run(str(copy), SLURM_NNODES="2", SLURM_SUBMIT_DIR=str(tmp_path)), f"{script}: error", "REPO")
+
 # --- Frontier -------------------------------------------------------------------------
 
 def test_frontier_srun_line_and_environment():

@@ -1,0 +1,50 @@
+# shellcheck shell=bash
+# Helpers shared by the launch scripts, which source this file after setting NAME (the
+# script's name in error messages). The sbatch scripts find the checkout first (Slurm runs
+# a copy of them from its spool directory) and source "$REPO/launch/common.sh".
+
+# Stop with "<script>: error: ..." and exit status 2.
+die() {
+    # shellcheck disable=SC2154  # NAME is set by the sourcing script
+    echo "$NAME: error: $*" >&2
+    exit 2
+}
+is_posint() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
+# Whether an override of `key` (key=, +key=, ++key=) is among the remaining arguments.
+has_override() {
+    local key=$1 a
+    shift
+    for a in "$@"; do
+        if [[ $a == "$key="* || $a == "+$key="* || $a == "++$key="* ]]; then return 0; fi
+    done
+    return 1
+}
+# A command line that a shell (or Python's shlex.split) reads back as the same words.
+quote_words() {
+    local re='^[A-Za-z0-9_./:=,+@%-]+$' out=() a
+    for a in "$@"; do
+        if [[ $a =~ $re ]]; then out+=("$a"); else out+=("${a@Q}"); fi
+    done
+    printf '%s\n' "${out[*]}"
+}
+# PYTHON, unless already set: the checkout's .venv/bin/python (checkout: $1, may be
+# empty), else python3.
+default_python() {
+    if [[ -z ${PYTHON:-} ]]; then
+        if [[ -n $1 && -x $1/.venv/bin/python ]]; then PYTHON=$1/.venv/bin/python; else PYTHON=python3; fi
+    fi
+}
+# Load MODULES (sbatch scripts): shown, not loaded, when DRY_RUN=1; skipped with a note
+# when there is no `module` command.
+load_modules() {
+    [[ -n $MODULES ]] || return 0
+    if [[ $DRY_RUN == 1 ]]; then echo "# module load $MODULES"; return 0; fi
+    if ! type module >/dev/null 2>&1; then
+        echo "$NAME: no 'module' command, not loading: $MODULES" >&2
+        return 0
+    fi
+    set +u  # module scripts read unset variables
+    # shellcheck disable=SC2086
+    module load $MODULES || die "module load $MODULES failed"
+    set -u
+}
