@@ -153,6 +153,7 @@ def run(cfg) -> dict:
             raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
     device = _device(t.device)
     comm = _communicator(cfg.comm, device)
+    accumulation = _accumulation(t, comm.size)   # every rank fails alike, before any collective
     torch.set_num_threads(t.threads or (1 if comm.size > 1 else os.cpu_count() or 1))
     torch.manual_seed(t.seed)
     out_dir = Path(_share(comm, device, str(Path(str(t.out_dir)).resolve())))
@@ -177,16 +178,18 @@ def run(cfg) -> dict:
                     else cfg.comm.algorithm,
                     activation_checkpointing=s.activation_checkpointing, min_shard_numel=s.min_shard_numel,
                     prefetch_bytes=s.prefetch_bytes, device=device if meta else None)
-    accumulation = _accumulation(t, comm.size)
     batches = Batches(data.train, t.seq_len, t.micro_batch, accumulation, comm.rank, comm.size, t.seed)
     held_out = eval_batches(data.val, t.seq_len, t.micro_batch, comm.rank, comm.size, t.eval_batches)
 
     checkpoints = out_dir / "checkpoints"
-    start = 0
+    start, resumed = 0, "a fresh start"
     if t.resume and (checkpoints / "LATEST").is_file():
         extra = engine.load(checkpoints)
         start = extra["step"]
         batches.load_state_dict(extra["data"])
+        resumed = f"resumed at step {start}"
+    elif t.resume:
+        resumed = f"a fresh start: train.resume=true, but {checkpoints} holds no checkpoint"
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["train"]["out_dir"] = str(out_dir)
     resolved["built"] = {"model": asdict(mcfg), "num_params": mcfg.num_params(), "world": comm.size,
@@ -204,7 +207,7 @@ def run(cfg) -> dict:
     log.write(f"{mcfg.num_params() / 1e6:.1f}M parameters, {mcfg.flops_per_token(t.seq_len) / 1e9:.3f} GFLOP/token; "
               f"{comm.size} ranks ({comm.topology.ranks_per_node} per node), strategy {engine.strategy.name}, "
               f"comm {cfg.comm.name} ({cfg.comm.algorithm}), {precision} on {device}; {accumulation} micro-batches "
-              f"of {t.micro_batch}x{t.seq_len} per rank per step; peak: {peak_source}; out: {out_dir}")
+              f"of {t.micro_batch}x{t.seq_len} per rank per step; peak: {peak_source}; {resumed}; out: {out_dir}")
 
     interval_losses, interval_start, interval_steps = [], _restart_interval(engine), 0
     step = start

@@ -90,7 +90,7 @@ def test_meta_device_model_trains_exactly_as_an_eager_one(tmp_path_factory, cach
 
 @pytest.mark.parametrize("override, message", [
     ("train.global_batch_tokens=1000", "not a multiple of world size"),
-    ("train.seq_len=4096", "exceeds the model's context"),
+    ("model.context=16", "exceeds the model's context"),
     ("model.vocab=100", "set model.vocab >= "),
     ("strategy.name=GNN", "Principle 1"),
     ("log.interval=0", "log.interval must be an integer >= 1"),
