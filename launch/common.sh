@@ -19,6 +19,13 @@ has_override() {
     done
     return 1
 }
+# Append key=value to the array `overrides`, unless value is empty or the trainer's
+# arguments (the rest) set key themselves.
+add_override() {
+    local key=$1 value=$2
+    shift 2
+    if [[ -n $value ]] && ! has_override "$key" "$@"; then overrides+=("$key=$value"); fi
+}
 # A command line that a shell (or Python's shlex.split) reads back as the same words.
 quote_words() {
     local re='^[A-Za-z0-9_./:=,+@%-]+$' out=() a
@@ -48,3 +55,6 @@ load_modules() {
     module load $MODULES || die "module load $MODULES failed"
     set -u
 }
+
+DRY_RUN=${DRY_RUN:-0}
+[[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1, got '$DRY_RUN'"

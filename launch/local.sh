@@ -26,7 +26,6 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=SCRIPTDIR/common.sh
 source "$ROOT/launch/common.sh"
 
-DRY_RUN=${DRY_RUN:-0}
 NPROC=${NPROC:-2}
 RANKS_PER_NODE=${RANKS_PER_NODE:-}
 MODEL=${MODEL-tiny}
@@ -36,7 +35,6 @@ DEVICE=${DEVICE-auto}
 MPIEXEC_ARGS=${MPIEXEC_ARGS:-}
 default_python "$ROOT"
 
-[[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1, got '$DRY_RUN'"
 is_posint "$NPROC" || die "NPROC must be a positive integer, got '$NPROC'"
 if [[ -n $RANKS_PER_NODE ]]; then
     is_posint "$RANKS_PER_NODE" || die "RANKS_PER_NODE must be a positive integer, got '$RANKS_PER_NODE'"
@@ -63,13 +61,11 @@ fi
 read -r -a extra <<< "$MPIEXEC_ARGS"
 
 overrides=()
-if [[ -n $RANKS_PER_NODE ]] && ! has_override comm.ranks_per_node "$@"; then
-    overrides+=("comm.ranks_per_node=$RANKS_PER_NODE")
-fi
-if [[ -n $DEVICE ]] && ! has_override train.device "$@"; then overrides+=("train.device=$DEVICE"); fi
-if [[ -n $MODEL ]] && ! has_override model "$@"; then overrides+=("model=$MODEL"); fi
-if [[ -n $STRATEGY ]] && ! has_override strategy "$@"; then overrides+=("strategy=$STRATEGY"); fi
-if [[ -n $COMM ]] && ! has_override comm "$@"; then overrides+=("comm=$COMM"); fi
+add_override comm.ranks_per_node "$RANKS_PER_NODE" "$@"
+add_override train.device "$DEVICE" "$@"
+add_override model "$MODEL" "$@"
+add_override strategy "$STRATEGY" "$@"
+add_override comm "$COMM" "$@"
 
 cmd=("${launcher[@]}" "${extra[@]}" -n "$NPROC" "$PYTHON" -m shard.train "${overrides[@]}" "$@")
 

@@ -32,7 +32,6 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=SCRIPTDIR/common.sh
 source "$ROOT/launch/common.sh"
 
-DRY_RUN=${DRY_RUN:-0}
 NNODES=${NNODES:-${SLURM_NNODES:-${SLURM_JOB_NUM_NODES:-1}}}
 MASTER_PORT=${MASTER_PORT:-29500}
 RDZV_ID=${RDZV_ID:-${SLURM_JOB_ID:-shard-train}}
@@ -43,7 +42,6 @@ DEVICE=${DEVICE-cuda}
 TORCHRUN_ARGS=${TORCHRUN_ARGS:-}
 default_python "$ROOT"
 
-[[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1, got '$DRY_RUN'"
 is_posint "$NNODES" || die "NNODES must be a positive integer, got '$NNODES'"
 if [[ -z ${NPROC_PER_NODE:-} ]]; then
     if [[ -n ${SLURM_GPUS_ON_NODE:-} ]]; then
@@ -84,11 +82,11 @@ fi
 read -r -a extra <<< "$TORCHRUN_ARGS"
 
 overrides=()
-has_override comm.ranks_per_node "$@" || overrides+=("comm.ranks_per_node=$NPROC_PER_NODE")
-if [[ -n $DEVICE ]] && ! has_override train.device "$@"; then overrides+=("train.device=$DEVICE"); fi
-if [[ -n $MODEL ]] && ! has_override model "$@"; then overrides+=("model=$MODEL"); fi
-if [[ -n $STRATEGY ]] && ! has_override strategy "$@"; then overrides+=("strategy=$STRATEGY"); fi
-if [[ -n $COMM ]] && ! has_override comm "$@"; then overrides+=("comm=$COMM"); fi
+add_override comm.ranks_per_node "$NPROC_PER_NODE" "$@"
+add_override train.device "$DEVICE" "$@"
+add_override model "$MODEL" "$@"
+add_override strategy "$STRATEGY" "$@"
+add_override comm "$COMM" "$@"
 
 cmd=("${torchrun[@]}" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --rdzv-backend=c10d
      --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$RDZV_ID" "${extra[@]}"
