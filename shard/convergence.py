@@ -21,6 +21,8 @@ from pathlib import Path
 
 from pccl.mpirun import launcher
 
+from .run_log import plot_losses
+
 SHAKESPEARE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
@@ -53,25 +55,6 @@ def _run(args: argparse.Namespace, strategy: str) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def _plot(curves: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, records in curves.items():
-        line, = ax.plot([r["step"] for r in records], [r["loss"] for r in records], label=f"{name} train")
-        val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
-        ax.plot(*zip(*val), "o--", color=line.get_color(), label=f"{name} validation")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/token)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main(argv=None) -> int:
     args = _arguments(argv)
     strategies = args.strategies.split(",")
@@ -89,7 +72,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['strategy']:<10} {r['final_loss']:>10.4f} {r['val_loss']:>9.4f} {r['tokens_per_s']:>9.0f} "
               f"{r['exposed_comm_s']:>9.4f} {r['max_rel_diff']:>24.2e}")
-    _plot(curves, args.out / "curves.png")
+    plot_losses(curves, args.out / "curves.png")
     (args.out / "convergence.json").write_text(json.dumps({"data": str(args.text or "synthetic"), "ranks": args.ranks,
                                                            "steps": args.steps, "rows": rows}, indent=1))
     agree = all(r["max_rel_diff"] <= args.tolerance for r in rows)

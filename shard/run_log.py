@@ -75,24 +75,27 @@ class RunLog:
         if self.wandb is not None:
             self.wandb.finish()
         if plot_path is not None and self.records:
-            plot_losses(self.records, plot_path)
+            plot_losses({"": self.records}, plot_path)
 
 
-def plot_losses(records: list[dict], path: Path) -> None:
-    """Training loss (and validation loss where measured) against step, as a PNG written
-    atomically."""
+def plot_losses(curves: dict[str, list[dict]], path: Path) -> None:
+    """Training loss, and validation loss where measured, against step for each named run
+    (one run: the name ""), as a PNG written atomically; a log scale when every loss is
+    positive."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot([r["step"] for r in records], [r["loss"] for r in records], label="train")
-    val = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
-    if val:
-        ax.plot(*zip(*val), "o-", label="validation")
+    for name, records in curves.items():
+        prefix = f"{name} " if name else ""
+        line, = ax.plot([r["step"] for r in records], [r["loss"] for r in records], label=prefix + "train")
+        val = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
+        if val:
+            ax.plot(*zip(*val), "o--", color=line.get_color(), label=prefix + "validation")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
-    if all(r["loss"] > 0 and math.isfinite(r["loss"]) for r in records):
+    if all(r["loss"] > 0 and math.isfinite(r["loss"]) for records in curves.values() for r in records):
         ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
     ax.legend()

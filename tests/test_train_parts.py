@@ -61,7 +61,7 @@ def test_model_configuration_from_hydra_values():
 def test_loss_plot_is_a_png(tmp_path):
     records = [{"step": s, "loss": 5.0 / s} for s in range(1, 11)]
     records[-1]["val_loss"] = 0.6
-    plot_losses(records, tmp_path / "loss.png")
+    plot_losses({"": records}, tmp_path / "loss.png")
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
     assert [p.name for p in tmp_path.iterdir()] == ["loss.png"]   # no temporary left
 
