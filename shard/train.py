@@ -81,13 +81,15 @@ def _mean(comm: pccl.Communicator, device: torch.device, values: list[float]) ->
     return t.tolist()
 
 
-def model_config(m, vocab_at_least: int) -> GPTConfig:
-    overrides = {k: m[k] for k in MODEL_FIELDS if m.get(k) is not None}
-    cfg = GPTConfig.preset(m.preset, **overrides)
-    if cfg.vocab < vocab_at_least:
-        raise ConfigError(f"the tokenizer has {vocab_at_least} tokens but model.vocab is {cfg.vocab}; "
-                          f"set model.vocab >= {vocab_at_least} or a smaller data.vocab_size")
-    return cfg
+def model_config(m) -> GPTConfig:
+    """The preset with the fields the config sets (null keeps the preset's value)."""
+    return GPTConfig.preset(m.preset, **{k: m[k] for k in MODEL_FIELDS if m.get(k) is not None})
+
+
+def check_vocab(cfg: GPTConfig, tokenizer_vocab: int) -> None:
+    if cfg.vocab < tokenizer_vocab:
+        raise ConfigError(f"the tokenizer has {tokenizer_vocab} tokens but model.vocab is {cfg.vocab}; "
+                          f"set model.vocab >= {tokenizer_vocab} or a smaller data.vocab_size")
 
 
 def _precision(name: str, device: torch.device) -> str:
@@ -144,6 +146,7 @@ def run(cfg) -> dict:
 
     from .data import Batches, eval_batches
 
+    resolved = OmegaConf.to_container(cfg, resolve=True)
     t, o = cfg.train, cfg.optim
     for name, value, low in (("train.steps", t.steps, 1), ("log.interval", cfg.log.interval, 1),
                              ("train.micro_batch", t.micro_batch, 1), ("train.seq_len", t.seq_len, 1),
@@ -160,11 +163,11 @@ def run(cfg) -> dict:
     if comm.rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    preset_vocab = GPTConfig.preset(cfg.model.preset).vocab if cfg.model.get("vocab") is None else cfg.model.vocab
-    data = _prepare_data(cfg.data, comm, device, preset_vocab)
-    mcfg = model_config(cfg.model, data.vocab_size)
+    mcfg = model_config(cfg.model)
     if t.seq_len > mcfg.context:
         raise ConfigError(f"train.seq_len={t.seq_len} exceeds the model's context of {mcfg.context}")
+    data = _prepare_data(cfg.data, comm, device, mcfg.vocab)
+    check_vocab(mcfg, data.vocab_size)
     meta = cfg.model.meta_init
     meta = mcfg.num_params() > META_INIT_PARAMS if meta == "auto" else bool(meta)
     with torch.device("meta" if meta else device):
@@ -174,8 +177,7 @@ def run(cfg) -> dict:
     engine = Engine(model, comm, strategy=s.name, group_size=s.group_size, lr=o.lr, betas=tuple(o.betas),
                     eps=o.eps, weight_decay=o.weight_decay, precision=precision, grad_clip=o.grad_clip,
                     prefetch=s.prefetch, reduce_dtype=s.reduce_dtype,
-                    algorithm=OmegaConf.to_container(cfg.comm.algorithm) if OmegaConf.is_config(cfg.comm.algorithm)
-                    else cfg.comm.algorithm,
+                    algorithm=resolved["comm"]["algorithm"],
                     activation_checkpointing=s.activation_checkpointing, min_shard_numel=s.min_shard_numel,
                     prefetch_bytes=s.prefetch_bytes, device=device if meta else None)
     batches = Batches(data.train, t.seq_len, t.micro_batch, accumulation, comm.rank, comm.size, t.seed)
@@ -190,7 +192,6 @@ def run(cfg) -> dict:
         resumed = f"resumed at step {start}"
     elif t.resume:
         resumed = f"a fresh start: train.resume=true, but {checkpoints} holds no checkpoint"
-    resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["train"]["out_dir"] = str(out_dir)
     resolved["built"] = {"model": asdict(mcfg), "num_params": mcfg.num_params(), "world": comm.size,
                          "ranks_per_node": comm.topology.ranks_per_node, "accumulation": accumulation,
@@ -201,10 +202,8 @@ def run(cfg) -> dict:
 
     peak, peak_source = peak_tflops(device, precision) if t.peak_tflops is None else (float(t.peak_tflops), "given")
     meter = Throughput(mcfg.flops_per_token(t.seq_len), comm.size, peak)
-    tokens_per_step = t.global_batch_tokens
-    log = RunLog(out_dir, comm.rank == 0, t.steps, start, cfg.log.progress,
-                 OmegaConf.to_container(cfg.log.wandb), resolved)
-    log.write(f"{mcfg.num_params() / 1e6:.1f}M parameters, {mcfg.flops_per_token(t.seq_len) / 1e9:.3f} GFLOP/token; "
+    log = RunLog(out_dir, comm.rank == 0, t.steps, start, cfg.log.progress, resolved["log"]["wandb"], resolved)
+    log.write(f"{mcfg.num_params() / 1e6:.1f}M parameters, {meter.flops_per_token / 1e9:.3f} GFLOP/token; "
               f"{comm.size} ranks ({comm.topology.ranks_per_node} per node), strategy {engine.strategy.name}, "
               f"comm {cfg.comm.name} ({cfg.comm.algorithm}), {precision} on {device}; {accumulation} micro-batches "
               f"of {t.micro_batch}x{t.seq_len} per rank per step; peak: {peak_source}; {resumed}; out: {out_dir}")
@@ -232,7 +231,7 @@ def run(cfg) -> dict:
             loss_value, = _mean(comm, device, [local_loss])
             report = engine.comm_report(reset=True)
             record = {"step": step, "loss": loss_value, "lr": engine.lr, "grad_norm": result.grad_norm,
-                      **meter.measure(tokens_per_step * interval_steps, elapsed),
+                      **meter.measure(t.global_batch_tokens * interval_steps, elapsed),
                       "exposed_comm_s": report["exposed_s"] / interval_steps,
                       "comm_busy_s": sum(report["busy_s"].values()) / interval_steps,
                       "step_time_s": elapsed / interval_steps, "peak_memory_gb": _peak_memory_gb(device),
@@ -261,7 +260,9 @@ def summarize(records: list[dict], val_loss: Optional[float], built: dict) -> di
     import statistics
 
     timed = records[1:] or records
-    median = lambda key: statistics.median(r[key] for r in timed) if timed and timed[0][key] is not None else None  # noqa: E731
+
+    def median(key: str) -> Optional[float]:
+        return statistics.median(r[key] for r in timed) if timed and timed[0][key] is not None else None
     return {"final_loss": records[-1]["loss"] if records else None, "val_loss": val_loss,
             "tokens_per_s": median("tokens_per_s"), "tokens_per_s_per_rank": median("tokens_per_s_per_rank"),
             "tflops_per_rank": median("tflops_per_rank"), "mfu": median("mfu"),

@@ -49,13 +49,14 @@ def test_peak_table_and_device_names():
 def test_model_configuration_from_hydra_values():
     from omegaconf import OmegaConf
 
-    from shard.train import ConfigError, model_config
+    from shard.train import ConfigError, check_vocab, model_config
     m = OmegaConf.create({"preset": "gpt_1p3b", "vocab": None, "context": 512, "width": None, "layers": 2,
                           "heads": None, "tied": None, "positions": "rotary", "bias": None})
-    cfg = model_config(m, vocab_at_least=1000)
+    cfg = model_config(m)
+    check_vocab(cfg, tokenizer_vocab=1000)
     assert (cfg.width, cfg.heads, cfg.layers, cfg.context, cfg.positions, cfg.vocab) == (2048, 32, 2, 512, "rotary", 50272)
     with pytest.raises(ConfigError, match="model.vocab >= 60000"):
-        model_config(m, vocab_at_least=60000)
+        check_vocab(cfg, tokenizer_vocab=60000)
 
 
 def test_loss_plot_is_a_png(tmp_path):
