@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from .files import fsync_dir, write_atomic
+from pccl.files import fsync_dir, write_atomic
 
 FORMAT = 1
 STATE = ("master", "exp_avg", "exp_avg_sq")

@@ -24,7 +24,7 @@ import pccl
 from models import GPT, GPTConfig
 
 from .engine import Engine
-from .files import write_atomic
+from pccl.files import write_atomic
 from .lr_schedule import learning_rate
 from .run_log import RunLog
 from .throughput import Throughput, peak_tflops

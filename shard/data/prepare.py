@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Mapping
 
 from . import tokenizer
-from ..files import fsync_dir, write_atomic, write_json_atomic
+from pccl.files import fsync_dir, write_atomic, write_json_atomic
 from .pack import pack
 from .sources import load_documents
 from .spec import digest, identity, normalize
