@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional
 
-# Node types the launch scripts and the cost model name.
+# Node types the launch scripts name; the same shapes as the machine profiles
+# (pccl/profiles/<name>.json, with sources; a test holds them equal). This module stays
+# free of imports from pccl, so that launch scripts can read it alone.
 MACHINES = {
     "frontier": dict(ranks_per_node=8, nics_per_node=4),   # 4 MI250X = 8 GCDs, 4 Slingshot NICs
     "perlmutter": dict(ranks_per_node=4, nics_per_node=4),  # 4 A100, 4 Slingshot NICs

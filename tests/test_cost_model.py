@@ -1,0 +1,236 @@
+"""The cost model against the textbook formulas (PCCL paper Section 2.2, Thakur et al.),
+the node sample against every node, the profiles, and auto's choice."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pccl import cost_model, plans, profile as profiles
+from pccl.algorithms import algorithms_for
+from pccl.profile import Link, Profile
+from pccl.selection import Tuner, bucket, forced
+from pccl.topology import Topology
+
+MB = 1 << 20
+
+
+def make_profile(**changes) -> Profile:
+    base = dict(name="test", ranks_per_node=4, nics_per_node=1,
+                intra=Link(2e-6, 40e9), inter=Link(7e-6, 10e9),
+                reduce_bandwidth=60e9, copy_bandwidth=90e9)
+    base.update(changes)
+    return Profile(**base)
+
+
+PROFILE = make_profile()
+
+
+def close(a, b):
+    assert a == pytest.approx(b, rel=1e-12)
+
+
+@pytest.mark.parametrize("p", [2, 4, 7, 8])
+def test_single_node_matches_the_formulas(p):
+    """One node: every message is intra-node."""
+    topo = Topology.regular(p, p)
+    n = 3 * MB * p
+    a, b, g = PROFILE.intra.alpha, PROFILE.intra.beta, PROFILE.gamma
+    m = n / p
+    close(cost_model.predict("all_gather", "ring", topo, PROFILE, n), (p - 1) * (a + m * b))
+    close(cost_model.predict("reduce_scatter", "ring", topo, PROFILE, n), (p - 1) * (a + m * b + m * g))
+    close(cost_model.predict("all_reduce", "ring", topo, PROFILE, n), (p - 1) * (2 * a + 2 * m * b + m * g))
+    if p & (p - 1) == 0:
+        k = int(math.log2(p))
+        close(cost_model.predict("all_gather", "recursive_doubling", topo, PROFILE, n),
+              k * a + (p - 1) * m * b)
+        close(cost_model.predict("reduce_scatter", "recursive_halving", topo, PROFILE, n),
+              k * a + (p - 1) * m * (b + g))
+
+
+def test_one_rank_per_node_pays_the_inter_node_link():
+    p = 8
+    topo = Topology.regular(p, 1)
+    n = 64 * MB
+    m = n / p
+    close(cost_model.predict("all_gather", "ring", topo, PROFILE, n),
+          (p - 1) * (PROFILE.inter.alpha + m * PROFILE.inter.beta))
+    close(cost_model.predict("all_gather", "recursive_doubling", topo, PROFILE, n),
+          3 * PROFILE.inter.alpha + (p - 1) * m * PROFILE.inter.beta)
+    # Bruck's blocks wrap around the buffer: a step may send two runs, two messages.
+    bruck = cost_model.predict("all_gather", "bruck", topo, PROFILE, n)
+    assert 0 < bruck - (3 * PROFILE.inter.alpha + (p - 1) * m * PROFILE.inter.beta) <= 3 * PROFILE.inter.alpha
+
+
+def test_flat_ring_on_nodes_is_bound_by_the_node_boundary():
+    """N nodes of L: each step one rank per node crosses nodes; the slower link sets the step."""
+    topo = Topology.regular(8, 4)
+    n = 64 * MB
+    m = n / 8
+    step = max(PROFILE.intra.alpha + m * PROFILE.intra.beta, PROFILE.inter.alpha + m * PROFILE.inter.beta)
+    close(cost_model.predict("all_gather", "ring", topo, PROFILE, n), 7 * step)
+
+
+@pytest.mark.parametrize("nics", [1, 2, 4])
+def test_hierarchical_all_gather_shares_the_nics(nics):
+    """Inter phase: recursive doubling over N nodes with every local rank at once, the NIC
+    shared by L/nics ranks; intra phase: the native (ring) all-gather of N-block columns;
+    then the shuffle of all p blocks."""
+    N, L = 4, 4
+    topo = Topology.regular(N * L, L, nics)
+    n = 32 * MB
+    m = n / (N * L)
+    inter = 2 * PROFILE.inter.alpha + (N - 1) * m * (L // nics) * PROFILE.inter.beta
+    intra = (L - 1) * (PROFILE.intra.alpha + N * m * PROFILE.intra.beta)
+    shuffle = n * PROFILE.copy_beta
+    close(cost_model.predict("all_gather", "hierarchical", topo, PROFILE, n), inter + intra + shuffle)
+
+
+def test_stream_bandwidth_caps_one_rank():
+    slow_stream = make_profile(inter=Link(7e-6, 10e9, stream_bandwidth=2e9))
+    topo = Topology.regular(4, 1)
+    n = 16 * MB
+    close(cost_model.predict("all_gather", "ring", topo, slow_stream, n),
+          3 * (7e-6 + n / 4 / 2e9))
+
+
+def test_native_striping_spreads_the_boundary_hop_over_the_nics():
+    topo = Topology.regular(32, 8, 4)
+    n = 1 << 30
+    striped = make_profile(ranks_per_node=8, nics_per_node=4, native_stripes_nics=True)
+    plain = make_profile(ranks_per_node=8, nics_per_node=4)
+    m = n / 32
+    ring = cost_model.predict("all_gather", "ring", topo, striped, n)
+    close(ring, 31 * max(2e-6 + m / 40e9, 7e-6 + m / 10e9))
+    close(cost_model.predict("all_gather", "native", topo, plain, n), ring)
+    close(cost_model.predict("all_gather", "native", topo, striped, n),
+          31 * max(2e-6 + m / 40e9, 7e-6 + m / 4 / 10e9))
+
+
+def test_sizes_vectorize():
+    topo = Topology.regular(16, 4)
+    sizes = np.array([1, 4, 64]) * MB
+    vector = cost_model.predict("reduce_scatter", "hierarchical", topo, PROFILE, sizes)
+    assert vector.shape == (3,)
+    for size, t in zip(sizes, vector):
+        close(cost_model.predict("reduce_scatter", "hierarchical", topo, PROFILE, int(size)), t)
+    assert np.all(np.diff(vector) > 0)
+
+
+SHAPES = [(12, 2), (9, 4), (16, 2), (10, 3), (11, 1), (20, 2)]
+
+
+@pytest.mark.parametrize("nodes,local", SHAPES)
+def test_the_node_sample_predicts_what_all_nodes_predict(nodes, local, monkeypatch):
+    topo = Topology.regular(nodes * local, local, 1 + (local > 1))
+    sizes = np.array([64 << 10, 8 * MB])
+    cases = [(c, a) for c in ("all_gather", "reduce_scatter", "all_reduce")
+             for a in algorithms_for(c) + ("native",)]
+    if local > 1:
+        cases += [(c, spec) for c in ("all_gather", "reduce_scatter", "all_reduce") for spec in plans.NAMED.values()]
+    sampled = {case: cost_model.predict(*case[:1], case[1], topo, PROFILE, sizes) for case in cases}
+    assert len(cost_model.evaluated_ranks(topo)) < topo.size
+    cost_model.parts.cache_clear()
+    monkeypatch.setattr(cost_model, "EVALUATE_ALL_NODES", 10 ** 6)
+    for case, expected in sampled.items():
+        np.testing.assert_allclose(cost_model.predict(case[0], case[1], topo, PROFILE, sizes), expected,
+                                   rtol=1e-12, err_msg=str(case))
+    cost_model.parts.cache_clear()
+
+
+def test_a_2048_rank_heatmap_column_is_quick():
+    import time
+
+    prof = profiles.load("frontier")
+    topo = Topology.regular(2048, 8, 4)
+    start = time.perf_counter()
+    times = {a: cost_model.predict("all_gather", a, topo, prof, np.array([16, 64, 1024]) * MB)
+             for a in ("ring", "recursive_doubling", "hierarchical")}
+    assert time.perf_counter() - start < 20  # a loose bound; the CLI reports the real figure
+    speedup = times["ring"] / times["hierarchical"]
+    assert speedup[0] > 10 and speedup[0] > speedup[1] > speedup[2]
+
+
+# ------------------------------------------------------------------ profiles
+
+
+@pytest.mark.parametrize("name", profiles.builtin_names())
+def test_builtin_profiles_load_and_cite_their_numbers(name):
+    prof = profiles.load(name)
+    assert prof.name == name
+    assert prof.intra.source and prof.inter.source
+    assert prof.sources["reduce"] and prof.sources["copy"] and prof.sources["native"]
+    assert Profile.from_dict(prof.to_dict()) == prof
+
+
+def test_builtin_machines_match_the_topology_table():
+    from pccl.topology import MACHINES
+
+    for machine, shape in MACHINES.items():
+        prof = profiles.load(machine)
+        assert (prof.ranks_per_node, prof.nics_per_node) == (shape["ranks_per_node"], shape["nics_per_node"])
+
+
+def test_profile_files_round_trip_and_bad_ones_say_why(tmp_path):
+    path = tmp_path / "sub" / "p.json"
+    PROFILE.save(path)
+    assert profiles.load(path) == PROFILE
+    (tmp_path / "bad.json").write_text(json.dumps({"name": "x"}))
+    with pytest.raises(ValueError, match="not a valid profile"):
+        profiles.load(tmp_path / "bad.json")
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        profiles.load(tmp_path / "broken.json")
+    with pytest.raises(ValueError, match="built-in name"):
+        profiles.load("no-such-machine")
+    with pytest.raises(ValueError, match="inter.bandwidth"):
+        make_profile(inter=Link(1e-6, 0.0))
+
+
+# ------------------------------------------------------------------ auto
+
+
+def test_auto_takes_the_fastest_prediction():
+    topo = Topology.regular(64, 8, 4)
+    prof = profiles.load("frontier")
+    tuner = Tuner(topo, prof)
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        for size in (64 << 10, 16 * MB, 1 << 30):
+            times = tuner.predictions(collective, size)
+            assert tuner.name(collective, size) == min(times, key=times.get)
+    assert set(tuner.candidates("all_gather")) == set(algorithms_for("all_gather")) | {"hierarchical", "ho_ring"}
+    assert "hierarchical" not in Tuner(Topology.regular(8, 8), prof).candidates("all_gather")
+    assert "hierarchical" not in Tuner(topo, prof, with_plans=False).candidates("all_gather")
+
+
+def test_auto_decides_once_per_size_bucket(monkeypatch):
+    tuner = Tuner(Topology.regular(16, 4), PROFILE)
+    calls = []
+    real = tuner.predictions
+    monkeypatch.setattr(tuner, "predictions", lambda c, n: calls.append(n) or real(c, n))
+    first = tuner.choose("all_gather", 16 * MB)
+    assert tuner.choose("all_gather", 16 * MB + 4096) == first
+    assert calls == [16 * MB]      # one evaluation, at the bucket's lower edge
+    tuner.choose("all_gather", 32 * MB)
+    assert len(calls) == 2
+    assert bucket(16 * MB) == bucket(16 * MB + 1) < bucket(20 * MB)
+
+
+def test_the_environment_forces_a_choice(monkeypatch):
+    tuner = Tuner(Topology.regular(16, 4), PROFILE)
+    monkeypatch.setenv("PCCL_ALGO", "ring")
+    assert tuner.choose("all_gather", 1 << 30) == "ring"
+    monkeypatch.setenv("PCCL_ALGO", "recursive_halving")   # not an all-gather: ignored there
+    assert forced("all_gather") is None
+    assert tuner.choose("reduce_scatter", MB) == "recursive_halving"
+    monkeypatch.setenv("PCCL_ALL_GATHER_ALGO", "hierarchical")
+    assert tuner.choose("all_gather", MB) == plans.Hierarchical()
+    monkeypatch.setenv("PCCL_ALL_GATHER_ALGO", "fastest")
+    with pytest.raises(ValueError, match="PCCL_ALL_GATHER_ALGO='fastest'"):
+        tuner.choose("all_gather", MB)
+    monkeypatch.delenv("PCCL_ALL_GATHER_ALGO")
+    monkeypatch.setenv("PCCL_ALGO", "fastest")
+    with pytest.raises(ValueError, match="PCCL_ALGO='fastest'"):
+        tuner.choose("all_gather", MB)
