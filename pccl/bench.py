@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -22,7 +21,7 @@ from mpi4py import MPI
 
 import pccl
 from pccl.algorithms import ALL_NAMES, algorithms_for
-from pccl.selection import choose
+from pccl.sizes import parse_size
 
 DATATYPES = {
     "float": torch.float32,
@@ -37,18 +36,9 @@ COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 EXECUTORS = ("cpp", "python", "gloo")
 MPI_EXECUTORS = ("cpp", "python")
 PLANS = ("hierarchical", "ho_ring")  # two-level plans: run by default on multi-node topologies
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 # ---------------------------------------------------------------------------- sizes
-
-
-def parse_size(text: str) -> int:
-    """Bytes from a size such as "64", "4K", "1M" or "2G" (powers of 1024)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)\s*", str(text), re.IGNORECASE)
-    if match is None:
-        raise ValueError(f"size must be a whole number with an optional K, M or G suffix, got {text!r}")
-    return int(match[1]) * UNITS[match[2].upper()]
 
 
 def round_size(nbytes: int, ranks: int, element_size: int) -> int:
@@ -231,7 +221,7 @@ def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
     seconds = time_per_call(call, args.iters, args.warmup_iters, args.repeats, world)
     wrong = check(case, call, world) if args.check else None
     algbw, busbw = bandwidths(case.collective, case.nbytes, seconds, case.ranks)
-    picked = choose(case.collective, case.nbytes, case.ranks) if algorithm == "auto" else algorithm
+    picked = comm.tuner.name(case.collective, case.nbytes) if algorithm == "auto" else algorithm
     return Row(case.collective, case.nbytes, case.count, args.datatype, args.op, executor, algorithm,
                picked, seconds * 1e6, algbw, busbw, wrong, case.ranks)
 
@@ -324,13 +314,13 @@ def summary(collective: str, rows: list[Row]) -> str:
         return f"# {collective}: no rows"
     executors = list(dict.fromkeys(e for _, e in best))
     sizes = list(dict.fromkeys(s for s, _ in best))
-    auto = {s: choose(collective, s, rows[0].ranks) for s in sizes}
+    auto = {(r.size, r.executor): r.picked for r in rows if r.algorithm == "auto"}
 
     def cell(size: int, executor: str) -> str:
         row = best.get((size, executor))
         if row is None:
             return "-"
-        mark = "*" if row.algorithm == auto[size] else ""
+        mark = "*" if row.algorithm == auto.get((size, executor)) else ""
         return f"{row.algorithm}{mark} {row.time_us:.1f}us"
 
     lines = [f"# {collective}: fastest algorithm per executor (* = auto's pick)",
@@ -393,6 +383,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("--executors", type=comma_list(EXECUTORS), default=list(EXECUTORS))
     add("--repeats", type=int, default=1, help="timed loops; the median is reported")
     add("--json", metavar="PATH", default=None, help="write the rows as JSON ('-': stdout, no table)")
+    add("--calibrate", metavar="PATH", default=None,
+        help="instead of timing collectives, measure this machine's profile (alpha, bandwidths; "
+             "two or more nodes) and write it to PATH, for PCCL_PROFILE and pccl-sim --profile")
+    add("--profile-name", default="calibrated", help="the name written into a calibrated profile")
     args = parser.parse_args(argv)
     if args.stepfactor < 2:
         parser.error("--stepfactor must be at least 2")
@@ -406,10 +400,26 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------- main
 
 
+def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:
+    """--calibrate: measure the profile on all ranks; rank 0 writes it and shows it."""
+    from pccl.calibrate import calibrate
+
+    topology = pccl.init(ranks_per_node=args.ranks_per_node).topology
+    profile = calibrate(world, topology, args.profile_name)
+    if world.rank == 0:
+        profile.save(args.calibrate)
+        print(json.dumps(profile.to_dict(), indent=1))
+        print(f"# wrote {args.calibrate}; use it with PCCL_PROFILE={args.calibrate} or pccl-sim --profile "
+              f"{args.calibrate}", flush=True)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     torch.set_num_threads(1)  # ranks share the machine's cores
     args = parse_args(argv)
     world = MPI.COMM_WORLD
+    if args.calibrate:
+        write_profile(args, world)
+        return
     ranks, dtype = world.size, DATATYPES[args.datatype]
     show = world.rank == 0 and args.json != "-"
     say = (lambda text: print(text, flush=True)) if show else (lambda text: None)

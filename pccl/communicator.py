@@ -12,8 +12,10 @@ from .dtypes import op_code
 from .plan import Plan
 from .plan_executor import PlanExecutor
 from .schedule import Schedule
+from .profile import Profile
+from .profile import load as load_profile
+from .selection import Tuner
 from .topology import Topology, TopologyError, detect, detect_torch
-from .selection import choose
 from .work import SerialQueue, Work
 
 DEFAULT_TIMEOUT = float(os.environ.get("PCCL_TIMEOUT", 300.0))
@@ -44,11 +46,13 @@ class Communicator:
     def __init__(self, comm, executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT, *,
                  topology: Optional[Topology] = None, ranks_per_node: Optional[int] = None,
                  nics_per_node: Optional[int] = None, intra: Optional[str] = None,
-                 inter: Optional[str] = None):
+                 inter: Optional[str] = None, profile=None):
         """Topology: given, or `ranks_per_node` consecutive ranks per node (emulated nodes on
         one machine), or PCCL_RANKS_PER_NODE, or detected (MPI's shared-memory split;
         host names for torch.distributed). intra/inter: the transport of each level of the
-        two-level plans, "mpi" or "gloo" (default: this communicator's own)."""
+        two-level plans, "mpi" or "gloo" (default: this communicator's own). profile: the
+        machine profile algorithm="auto" predicts with: a pccl.profile.Profile, a built-in
+        name or a file (default: PCCL_PROFILE, else "generic"); rank 0's is used by all."""
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
@@ -96,7 +100,39 @@ class Communicator:
                 raise ValueError(f"{level} must be one of {LEVEL_TRANSPORTS}, got {transport!r}")
             if transport == "mpi" and self.transport != "mpi":
                 raise ValueError(f"{level}='mpi' needs a Communicator built on an mpi4py communicator")
+        self.profile = profile if isinstance(profile, Profile) else self._agreed_profile(profile)
+        self.tuner = Tuner(self.topology, self.profile, with_plans=self._can_build_levels())
         self._plans: Optional[PlanExecutor] = None
+
+    def _can_build_levels(self) -> bool:
+        """Gloo level communicators can only be made from a communicator over all ranks."""
+        if "gloo" not in self.level_transports.values():
+            return True
+        if self.mpi_comm is not None:
+            from mpi4py import MPI
+
+            return self.size == MPI.COMM_WORLD.size
+        import torch.distributed as dist
+
+        return self.size == dist.get_world_size()
+
+    def _agreed_profile(self, name) -> Profile:
+        """Rank 0's profile (or its error), on every rank, so every rank decides alike."""
+        try:
+            mine = load_profile(name or os.environ.get("PCCL_PROFILE") or "generic").to_dict()
+        except ValueError as e:
+            mine = str(e)
+        if self.mpi_comm is not None:
+            agreed = self.mpi_comm.bcast(mine, root=0)
+        else:
+            import torch.distributed as dist
+
+            box = [mine]
+            dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
+            agreed = box[0]
+        if isinstance(agreed, str):
+            raise ValueError(f"machine profile on rank 0: {agreed}")
+        return Profile.from_dict(agreed)
 
     def _topology(self, topology, ranks_per_node, nics_per_node) -> Topology:
         if topology is not None:
@@ -131,7 +167,7 @@ class Communicator:
         if spec is not None:
             return spec
         validation.check_algorithm(collective, algorithm)
-        return choose(collective, nbytes, self.size) if algorithm == "auto" else algorithm
+        return self.tuner.choose(collective, nbytes) if algorithm == "auto" else algorithm
 
     def _check_executor(self, executor: str) -> str:
         valid = EXECUTORS[self.transport]

@@ -46,7 +46,8 @@ def split(parent, groups, transport: Optional[str] = None):
         if parent.transport != "mpi":
             raise ValueError("an 'mpi' sub-communicator needs a Communicator built on an mpi4py communicator")
         sub = parent.mpi_comm.Split(index, members.index(parent.rank))
-        return Communicator(sub, executor=parent.executor, timeout=parent.timeout, topology=topology)
+        return Communicator(sub, executor=parent.executor, timeout=parent.timeout, topology=topology,
+                            profile=parent.profile)
     if transport != "gloo":
         raise ValueError(f"transport must be 'mpi' or 'gloo', got {transport!r}")
     import torch.distributed as dist
@@ -63,7 +64,7 @@ def split(parent, groups, transport: Optional[str] = None):
         group = dist.new_group([world[r] for r in ranks], backend="gloo")
         if parent.rank in ranks:
             mine = group
-    return Communicator(mine, timeout=parent.timeout, topology=topology)
+    return Communicator(mine, timeout=parent.timeout, topology=topology, profile=parent.profile)
 
 
 def build_levels(parent, intra: str, inter: str) -> dict:

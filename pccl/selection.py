@@ -1,31 +1,85 @@
-"""algorithm="auto": a simple message-size rule until the cost-model tuner replaces it.
+"""algorithm="auto": the algorithm the cost model predicts fastest.
 
-Small messages are latency-bound: pick the logarithmic algorithms. Large messages are
-bandwidth-bound: the ring moves the minimum data with the fewest, simplest steps.
-Thresholds are on the full buffer (all-gather output, reduce-scatter input).
+For (collective, buffer bytes) on a communicator's topology and machine profile, every
+candidate (the flat schedules of the collective and, on two levels, the two-level plans)
+is predicted with pccl.cost_model and the fastest is taken. Decisions are cached per size
+bucket (four per doubling, each decided at its lower edge), so the model runs once per
+bucket, and every rank decides alike from the same profile and topology.
+
+PCCL_ALGO, or PCCL_<COLLECTIVE>_ALGO (e.g. PCCL_ALL_GATHER_ALGO), forces a choice, as
+NCCL_ALGO does for NCCL: a flat name, "native", "hierarchical" or "ho_ring". PCCL_ALGO is
+ignored for a collective the named algorithm does not implement.
 """
 from __future__ import annotations
 
+import math
 import os
+from typing import Optional
 
+from . import cost_model, plans
 from .algorithms import algorithms_for
+from .profile import Profile
+from .topology import Topology
 
-LATENCY_BOUND_BYTES = 1 << 20        # all-gather, reduce-scatter
-ALL_REDUCE_DOUBLING_BYTES = 64 << 10  # whole-buffer exchanges only pay off when tiny
-ALL_REDUCE_RING_BYTES = 16 << 20
+BUCKETS_PER_DOUBLING = 4
+PLAN_NAMES = tuple(plans.NAMED)
 
 
-def choose(collective: str, nbytes: int, size: int) -> str:
-    forced = os.environ.get(f"PCCL_{collective.upper()}_ALGO") or os.environ.get("PCCL_ALGO")
-    if forced and forced in algorithms_for(collective) + ("native",):
-        return forced
-    pow2 = size & (size - 1) == 0
-    if collective == "all_gather":
-        if nbytes >= LATENCY_BOUND_BYTES:
-            return "ring"
-        return "recursive_doubling" if pow2 else "bruck"
-    if collective == "reduce_scatter":
-        return "ring" if nbytes >= LATENCY_BOUND_BYTES else "recursive_halving"
-    if nbytes < ALL_REDUCE_DOUBLING_BYTES:
-        return "recursive_doubling"
-    return "ring" if nbytes >= ALL_REDUCE_RING_BYTES else "rabenseifner"
+def forced(collective: str) -> Optional[str]:
+    """The algorithm the environment forces for `collective`, if any."""
+    specific = os.environ.get(f"PCCL_{collective.upper()}_ALGO")
+    general = os.environ.get("PCCL_ALGO")
+    valid = algorithms_for(collective) + ("native",) + PLAN_NAMES
+    for variable, name in ((f"PCCL_{collective.upper()}_ALGO", specific), ("PCCL_ALGO", general)):
+        if not name:
+            continue
+        if name in valid:
+            return name
+        known = set(valid).union(*(algorithms_for(c) for c in ("all_gather", "reduce_scatter", "all_reduce")))
+        if variable != "PCCL_ALGO" or name not in known:
+            raise ValueError(f"{variable}={name!r} is not an algorithm of {collective}; expected one of {valid}")
+    return None
+
+
+def bucket(nbytes: int) -> int:
+    return math.floor(BUCKETS_PER_DOUBLING * math.log2(nbytes)) if nbytes > 0 else -1
+
+
+class Tuner:
+    """Chooses algorithms for one topology and profile, caching per size bucket."""
+
+    def __init__(self, topology: Topology, profile: Profile, with_plans: bool = True):
+        """with_plans: whether the two-level plans may be chosen (their level communicators
+        can be built)."""
+        self.topology, self.profile, self.with_plans = topology, profile, with_plans
+        self._decisions: dict[tuple[str, int], object] = {}
+
+    def candidates(self, collective: str) -> tuple:
+        names = algorithms_for(collective)
+        t = self.topology
+        if self.with_plans and t.is_uniform and t.num_nodes > 1 and t.ranks_per_node > 1:
+            names += PLAN_NAMES
+        return names
+
+    def predictions(self, collective: str, nbytes: int) -> dict[str, float]:
+        """Predicted seconds of every candidate, by name."""
+        return {name: cost_model.predict(collective, plans.NAMED.get(name, name), self.topology,
+                                         self.profile, nbytes)
+                for name in self.candidates(collective)}
+
+    def choose(self, collective: str, nbytes: int):
+        """A flat algorithm's name, "native", or a plan spec (pccl.Hierarchical, pccl.HORing)."""
+        name = forced(collective)
+        if name is None:
+            key = (collective, bucket(nbytes))
+            if key not in self._decisions:
+                edge = 2 ** (key[1] / BUCKETS_PER_DOUBLING) if nbytes > 0 else 0
+                times = self.predictions(collective, edge)
+                self._decisions[key] = min(times, key=times.get)
+            name = self._decisions[key]
+        return plans.NAMED.get(name, name)
+
+    def name(self, collective: str, nbytes: int) -> str:
+        """What choose() picks, as the name the API takes."""
+        choice = self.choose(collective, nbytes)
+        return choice if isinstance(choice, str) else next(k for k, v in plans.NAMED.items() if v == choice)
