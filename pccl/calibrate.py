@@ -1,0 +1,122 @@
+"""Measure a machine profile: alpha and bandwidth of the intra-node and inter-node links,
+the bandwidth one NIC gives the ranks that share it, and local reduce and copy speed.
+
+Run by `pccl-bench --calibrate PATH` under mpiexec on at least two nodes (real or
+emulated). Every measurement is a ping-pong (or a local loop) repeated, its median taken;
+alpha and 1/bandwidth are the least-squares line through one-way time against bytes.
+
+  intra   every node's ranks in pairs (local 0-1, 2-3, ...), all pairs at once: the links
+          as a collective loads them
+  inter   rank 0 and the first rank of node 1 alone (alpha, one rank's stream bandwidth);
+          then every rank of node 0 with its counterpart on node 1 at once: the bandwidth
+          each NIC delivers when all its ranks send
+"""
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from .profile import Link, Profile
+from .topology import Topology
+
+SIZES = tuple(1 << k for k in range(10, 23, 2))   # 1 KiB .. 4 MiB
+LOCAL_BYTES = 64 << 20   # local loops: larger than caches, like the buffers of big collectives
+REPEATS = 5
+
+
+def fit(sizes, seconds) -> tuple[float, float]:
+    """(alpha, bandwidth) of the least-squares line seconds = alpha + bytes / bandwidth."""
+    slope, intercept = np.polyfit(np.asarray(sizes, float), np.asarray(seconds, float), 1)
+    if slope <= 0:
+        raise RuntimeError(f"calibration: time does not grow with size ({list(zip(sizes, seconds))}); "
+                           f"the measurements are too noisy, run again with fewer other jobs")
+    return max(float(intercept), 0.0), 1.0 / float(slope)
+
+
+def ping_pong(comm: MPI.Comm, partner, leader: bool, nbytes: int) -> float:
+    """Median one-way seconds of `nbytes` between this rank and `partner` (None: idle, but
+    still in the barriers)."""
+    buf = np.zeros(nbytes, dtype=np.uint8)
+    samples = []
+    for i in range(REPEATS + 1):
+        comm.Barrier()
+        start = time.perf_counter()
+        if partner is not None:
+            if leader:
+                comm.Send(buf, dest=partner)
+                comm.Recv(buf, source=partner)
+            else:
+                comm.Recv(buf, source=partner)
+                comm.Send(buf, dest=partner)
+        if i:  # the first round warms up
+            samples.append((time.perf_counter() - start) / 2)
+    return statistics.median(samples)
+
+
+def slowest(comm: MPI.Comm, seconds: float, active: bool) -> float:
+    """The slowest active rank's time."""
+    return comm.allreduce(seconds if active else 0.0, op=MPI.MAX)
+
+
+def link_curve(comm: MPI.Comm, pairs: dict[int, int]) -> list[float]:
+    """One-way seconds per size in SIZES with the ranks in `pairs` (rank -> partner) all
+    exchanging at once; the slowest pair's time counts."""
+    partner = pairs.get(comm.rank)
+    leader = partner is not None and comm.rank < partner
+    return [slowest(comm, ping_pong(comm, partner, leader, n), partner is not None) for n in SIZES]
+
+
+def local_bandwidth(comm: MPI.Comm, reduce: bool) -> float:
+    """Bytes/s of a local sum (bytes reduced) or copy on every rank at once, the slowest rank's."""
+    n = LOCAL_BYTES // 4
+    a, b = torch.ones(n), torch.ones(n)
+    samples = []
+    for i in range(REPEATS + 1):
+        comm.Barrier()
+        start = time.perf_counter()
+        a.add_(b) if reduce else a.copy_(b)
+        if i:
+            samples.append(time.perf_counter() - start)
+    return n * 4 / comm.allreduce(statistics.median(samples), op=MPI.MAX)
+
+
+def calibrate(comm: MPI.Comm, topology: Topology, name: str) -> Profile:
+    """The profile of this machine, measured; collective over `comm`."""
+    if topology.num_nodes < 2 or not topology.is_uniform:
+        raise ValueError(f"calibration needs two or more nodes with the same number of ranks, got "
+                         f"{topology.describe()}; run on several nodes or pass --ranks-per-node")
+    L = topology.ranks_per_node
+    if L >= 2:
+        intra_pairs = {}
+        for node in topology.nodes:
+            for i in range(0, L - 1, 2):
+                intra_pairs[node[i]], intra_pairs[node[i + 1]] = node[i + 1], node[i]
+        intra = fit(SIZES, link_curve(comm, intra_pairs))
+    else:
+        intra = (0.0, float("inf"))
+    first, second = topology.nodes[0], topology.nodes[1]
+    inter = fit(SIZES, link_curve(comm, {first[0]: second[0], second[0]: first[0]}))
+    loaded = {r: s for a, b in zip(first, second) for r, s in ((a, b), (b, a))}
+    per_rank = fit(SIZES, link_curve(comm, loaded))[1]
+    nic_bandwidth = per_rank * topology.ranks_per_nic()
+    reduce_bw, copy_bw = local_bandwidth(comm, reduce=True), local_bandwidth(comm, reduce=False)
+    where = (f"measured by pccl-bench --calibrate on {socket.gethostname()} "
+             f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {topology.describe()}")
+    return Profile(
+        name=name, ranks_per_node=L, nics_per_node=topology.nics_per_node,
+        intra=Link(intra[0], intra[1] if L >= 2 else 1e12,
+                   source=f"{where}: ping-pong of every local pair at once, {SIZES[0]}-{SIZES[-1]} B"),
+        inter=Link(inter[0], nic_bandwidth, stream_bandwidth=inter[1],
+                   source=f"{where}: alpha and stream bandwidth from one pair across nodes; NIC bandwidth "
+                          f"from all {L} local ranks at once ({topology.ranks_per_nic()} per NIC)"),
+        reduce_bandwidth=reduce_bw, copy_bandwidth=copy_bw,
+        description=f"calibrated: {topology.describe()} on {socket.gethostname()}",
+        sources={"reduce": f"{where}: torch add_ of {LOCAL_BYTES} B on every rank at once",
+                 "copy": f"{where}: torch copy_ of {LOCAL_BYTES} B on every rank at once",
+                 "native": "not measured: the MPI library's collectives are counted as rings on one NIC"})

@@ -1,0 +1,193 @@
+"""pccl-sim: predicted collective times at any scale, from a machine profile and the cost model.
+
+  pccl-sim --profile frontier --collective all_gather --ranks 2048 --size 16M
+  pccl-sim --profile frontier --collective all_gather --ranks 2048 --size 16M --json
+  pccl-sim --profile frontier --collective all_gather --ranks 32:2048 --size 16M:1G \\
+           --heatmap out/frontier-ag --target hierarchical --baseline native
+
+Sizes are whole buffers per rank (the all-gather output, the reduce-scatter input), as in
+pccl-bench and the PCCL paper's figures. A range "a:b" doubles from a to b. The heatmap
+(PNG and CSV) shows the speedup of --target over --baseline per (ranks, size), like
+Figures 9 and 11 of the PCCL paper.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from . import cost_model, plans, profile as profiles
+from .files import write_atomic
+from .selection import Tuner
+from .sizes import parse_size, size_label
+from .topology import Topology, TopologyError
+
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+
+
+def doubling_range(text: str, parse) -> list[int]:
+    """"a" -> [a]; "a,b,c" -> [a, b, c]; "a:b" -> [a, 2a, 4a, ..., <= b]."""
+    if ":" in text:
+        lo, hi = (parse(part) for part in text.split(":", 1))
+        if lo < 1 or hi < lo:
+            raise ValueError(f"a range needs 1 <= start <= end, got {text!r}")
+        out = [lo]
+        while out[-1] * 2 <= hi:
+            out.append(out[-1] * 2)
+        return out
+    return [parse(part) for part in text.split(",") if part.strip()]
+
+
+def topology_for(ranks: int, prof: profiles.Profile, ranks_per_node: Optional[int],
+                 nics_per_node: Optional[int]) -> Topology:
+    per_node = ranks_per_node or prof.ranks_per_node
+    if ranks < per_node:
+        per_node = ranks  # less than a node: one partial node
+    return Topology.regular(ranks, per_node, nics_per_node or prof.nics_per_node)
+
+
+def evaluate(collective: str, topology: Topology, prof: profiles.Profile, sizes: list[int]) -> dict:
+    """{"algorithms": {name: seconds per size}, "auto": [name per size]}."""
+    tuner = Tuner(topology, prof)
+    names = tuner.candidates(collective) + ("native",)
+    times = {name: cost_model.predict(collective, plans.NAMED.get(name, name), topology, prof,
+                                      np.asarray(sizes, dtype=np.float64))
+             for name in names}
+    return {"algorithms": times, "auto": [tuner.name(collective, s) for s in sizes]}
+
+
+def record(collective: str, topology: Topology, prof: profiles.Profile, size: int, result: dict, i: int) -> dict:
+    return {"profile": prof.name, "collective": collective, "ranks": topology.size,
+            "nodes": topology.num_nodes, "ranks_per_node": topology.ranks_per_node,
+            "nics_per_node": topology.nics_per_node, "size": size,
+            "algorithms": {name: float(t[i]) for name, t in result["algorithms"].items()},
+            "auto": result["auto"][i]}
+
+
+def table(records: list[dict], baseline: str) -> str:
+    lines = []
+    for rec in records:
+        lines.append(f"# {rec['collective']}  profile: {rec['profile']}  ranks: {rec['ranks']} "
+                     f"({rec['nodes']}x{rec['ranks_per_node']}, {rec['nics_per_node']} NIC(s)/node)  "
+                     f"size: {rec['size']} B")
+        lines.append(f"#{'algorithm':>24} {'time(us)':>12} {'algbw(GB/s)':>12} {'vs ' + baseline:>14}")
+        base = rec["algorithms"].get(baseline)
+        for name, t in sorted(rec["algorithms"].items(), key=lambda kv: kv[1]):
+            mark = " <- auto" if name == rec["auto"] else ""
+            ratio = f"{base / t:.2f}x" if base else "-"
+            lines.append(f"{name:>25} {t * 1e6:12.1f} {rec['size'] / t / 1e9:12.3f} {ratio:>14}{mark}")
+    return "\n".join(lines)
+
+
+def speedups(records: list[dict], target: str, baseline: str, ranks: list[int], sizes: list[int]) -> np.ndarray:
+    """grid[size index, ranks index] = time(baseline) / time(target)."""
+    grid = np.full((len(sizes), len(ranks)), np.nan)
+    for rec in records:
+        t = rec["algorithms"][rec["auto"]] if target == "auto" else rec["algorithms"].get(target)
+        b = rec["algorithms"].get(baseline)
+        if t and b:
+            grid[sizes.index(rec["size"]), ranks.index(rec["ranks"])] = b / t
+    return grid
+
+
+def write_heatmap(prefix: str, grid: np.ndarray, ranks: list[int], sizes: list[int], title: str) -> list[str]:
+    """prefix.csv (rows: sizes, columns: ranks) and prefix.png; returns the paths."""
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(["size_bytes"] + [f"ranks_{r}" for r in ranks])
+    for size, row in zip(sizes, grid):
+        writer.writerow([size] + [f"{v:.4f}" for v in row])
+    write_atomic(f"{prefix}.csv", text.getvalue())
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    fig, ax = plt.subplots(figsize=(1.1 * len(ranks) + 2.5, 0.6 * len(sizes) + 1.8))
+    finite = grid[np.isfinite(grid)]
+    span = max(float(np.max(np.abs(np.log10(finite)))), 0.1) if finite.size else 1.0
+    image = ax.imshow(grid, cmap="RdYlGn", norm=LogNorm(10 ** -span, 10 ** span), origin="upper", aspect="auto")
+    for i in range(len(sizes)):
+        for j in range(len(ranks)):
+            if np.isfinite(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(ranks)), [str(r) for r in ranks])
+    ax.set_yticks(range(len(sizes)), [size_label(s) for s in sizes])
+    ax.set_xlabel("ranks (processes)")
+    ax.set_ylabel("buffer size per rank")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, label="speedup (x)")
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
+    plt.close(fig)
+    write_atomic(f"{prefix}.png", png.getvalue())
+    return [f"{prefix}.csv", f"{prefix}.png"]
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="pccl-sim", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add = parser.add_argument
+    add("--profile", default=profiles.DEFAULT,
+        help=f"a built-in profile {profiles.builtin_names()} or a profile file")
+    add("--collective", choices=COLLECTIVES, default="all_gather")
+    add("--ranks", default="2048", help="ranks: a number, a comma list, or a doubling range a:b")
+    add("--size", default="16M", help="buffer bytes (K/M/G): a size, a comma list, or a doubling range a:b")
+    add("--ranks-per-node", type=int, default=None, help="override the profile's node shape")
+    add("--nics-per-node", type=int, default=None, help="override the profile's NICs per node")
+    add("--baseline", default="ring", help="the algorithm speedups are measured against")
+    add("--target", default="hierarchical", help="the heatmap's algorithm ('auto': the model's choice)")
+    add("--heatmap", metavar="PREFIX", default=None, help="write PREFIX.csv and PREFIX.png")
+    add("--json", action="store_true", help="print JSON (one object, or a list for several ranks/sizes)")
+    args = parser.parse_args(argv)
+    try:
+        args.profile_obj = profiles.load(args.profile)
+        args.ranks_list = doubling_range(args.ranks, int)
+        args.sizes = doubling_range(args.size, parse_size)
+    except ValueError as e:
+        parser.error(str(e))
+    if not args.ranks_list or min(args.ranks_list) < 1:
+        parser.error(f"--ranks must be positive, got {args.ranks!r}")
+    if not args.sizes or min(args.sizes) < 1:
+        parser.error(f"--size must be positive, got {args.size!r}")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    prof = args.profile_obj
+    records = []
+    for ranks in args.ranks_list:
+        try:
+            topology = topology_for(ranks, prof, args.ranks_per_node, args.nics_per_node)
+        except TopologyError as e:
+            sys.exit(f"pccl-sim: {e}")
+        result = evaluate(args.collective, topology, prof, args.sizes)
+        records += [record(args.collective, topology, prof, size, result, i) for i, size in enumerate(args.sizes)]
+    for name in (args.baseline, args.target):
+        if name != "auto" and name not in records[0]["algorithms"]:
+            sys.exit(f"pccl-sim: no algorithm {name!r} for {args.collective}; expected auto or one of "
+                     f"{sorted(records[0]['algorithms'])}")
+    if args.json:
+        print(json.dumps(records[0] if len(records) == 1 else records, indent=1))
+    else:
+        print(table(records, args.baseline))
+    if args.heatmap:
+        grid = speedups(records, args.target, args.baseline, args.ranks_list, args.sizes)
+        title = (f"{args.collective}: speedup of {args.target} over {args.baseline} "
+                 f"(predicted, profile {prof.name})")
+        paths = write_heatmap(args.heatmap, grid, args.ranks_list, args.sizes, title)
+        print(f"# wrote {', '.join(paths)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

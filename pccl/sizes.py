@@ -1,0 +1,22 @@
+"""Byte sizes as people write them: "64", "4K", "1M", "2G" (powers of 1024)."""
+from __future__ import annotations
+
+import re
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size such as "64", "4K", "1M" or "2G"."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)\s*", str(text), re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"size must be a whole number with an optional K, M or G suffix, got {text!r}")
+    return int(match[1]) * UNITS[match[2].upper()]
+
+
+def size_label(nbytes: int) -> str:
+    """The shortest exact form: 16777216 -> "16M", 1000 -> "1000"."""
+    for unit in ("G", "M", "K"):
+        if nbytes >= UNITS[unit] and nbytes % UNITS[unit] == 0:
+            return f"{nbytes // UNITS[unit]}{unit}"
+    return str(nbytes)

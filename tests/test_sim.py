@@ -1,0 +1,103 @@
+"""pccl-sim's output against the cost model, its heatmaps, and calibration."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pccl import cost_model, plans, profile as profiles
+from pccl.calibrate import fit
+from pccl.sim import doubling_range
+from pccl.topology import Topology
+
+from launch import ROOT, job_env, mpiexec
+
+
+def sim(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pccl.sim", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=job_env(), timeout=300)
+
+
+def test_json_for_scripts_matches_the_model():
+    run = sim("--profile", "frontier", "--collective", "all_gather", "--ranks", "2048", "--size", "16M", "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    topo = Topology.regular(2048, 8, 4)
+    prof = profiles.load("frontier")
+    assert set(out["algorithms"]) == {"ring", "recursive_doubling", "bruck", "hierarchical", "ho_ring", "native"}
+    for name, seconds in out["algorithms"].items():
+        assert seconds == pytest.approx(cost_model.predict("all_gather", plans.NAMED.get(name, name), topo, prof, 16 << 20))
+    candidates = {k: v for k, v in out["algorithms"].items() if k != "native"}
+    assert out["auto"] == min(candidates, key=candidates.get) == "hierarchical"
+    assert (out["ranks"], out["nodes"], out["size"]) == (2048, 256, 16 << 20)
+
+
+def test_heatmap_csv_holds_the_speedups(tmp_path):
+    prefix = tmp_path / "maps" / "rs"
+    run = sim("--profile", "perlmutter", "--collective", "reduce_scatter", "--ranks", "16:64", "--size", "16M,64M",
+              "--heatmap", str(prefix), "--baseline", "ring", "--target", "auto")
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "maps" / "rs.png").stat().st_size > 1000
+    rows = list(csv.reader(open(f"{prefix}.csv")))
+    assert rows[0] == ["size_bytes", "ranks_16", "ranks_32", "ranks_64"]
+    prof = profiles.load("perlmutter")
+    for row in rows[1:]:
+        size = int(row[0])
+        for ranks, cell in zip((16, 32, 64), row[1:]):
+            topo = Topology.regular(ranks, 4, 4)
+            times = {a: cost_model.predict("reduce_scatter", plans.NAMED.get(a, a), topo, prof, size)
+                     for a in ("ring", "recursive_halving", "hierarchical", "ho_ring")}
+            assert float(cell) == pytest.approx(times["ring"] / min(times.values()), rel=1e-3)
+    assert "auto" in run.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--profile", "nowhere"), "no profile 'nowhere'"),
+    (("--size", "12Q"), "size must be"),
+    (("--ranks", "12", "--ranks-per-node", "8"), "not divisible"),
+    (("--target", "fastest", "--heatmap", "x"), "no algorithm 'fastest'"),
+])
+def test_bad_input_says_what_is_wrong(args, message):
+    run = sim(*args)
+    assert run.returncode != 0
+    assert message in run.stderr
+
+
+def test_ranges():
+    assert doubling_range("16:128", int) == [16, 32, 64, 128]
+    assert doubling_range("3,5", int) == [3, 5]
+    with pytest.raises(ValueError):
+        doubling_range("64:16", int)
+
+
+def test_fit_recovers_alpha_and_bandwidth():
+    sizes = np.array([1 << 10, 1 << 14, 1 << 18, 1 << 22])
+    alpha, bandwidth = fit(sizes, 3e-6 + sizes / 2.5e9)
+    assert alpha == pytest.approx(3e-6) and bandwidth == pytest.approx(2.5e9)
+    with pytest.raises(RuntimeError, match="does not grow"):
+        fit(sizes, 1e-3 - sizes * 1e-12)
+
+
+def test_calibrate_writes_a_profile_that_loads(tmp_path):
+    path = tmp_path / "measured.json"
+    run = mpiexec(4, "-m pccl.bench", "--calibrate", str(path), "--ranks-per-node", "2", "--profile-name", "here",
+                  timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    prof = profiles.load(path)
+    assert (prof.name, prof.ranks_per_node, prof.nics_per_node) == ("here", 2, 1)
+    for value in (prof.intra.bandwidth, prof.inter.bandwidth, prof.reduce_bandwidth, prof.copy_bandwidth):
+        assert 1e6 < value < 1e13
+    assert "measured by pccl-bench --calibrate" in prof.inter.source
+    # 2 ranks per NIC: the NIC's bandwidth is twice what each loaded rank got.
+    assert prof.inter.stream_bandwidth > 0
+    assert cost_model.predict("all_gather", "hierarchical", Topology.regular(4, 2), prof, 1 << 20) > 0
+
+
+def test_calibrate_refuses_one_node(tmp_path):
+    run = mpiexec(2, "-m pccl.bench", "--calibrate", str(tmp_path / "p.json"), "--ranks-per-node", "2", timeout=120)
+    assert run.returncode != 0
+    assert "two or more nodes" in run.stdout + run.stderr
