@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Validate the cost model on emulated nodes: measured vs predicted time of every
+algorithm, auto against the best fixed algorithm, and the link bytes the runs moved.
+
+    .venv/bin/python launch/emulate/validate.py --out bench-results/emulated
+
+For each shape (nodes x ranks per node) it launches pccl-bench `--launches` times on
+emulated nodes with links shaped to `--rate`, and takes the median time of each
+(collective, size, algorithm) over the launches. The profile the model predicts with is
+calibrated first on the first shape (pccl-bench --calibrate, in the same emulation) unless
+--profile names one; auto runs with it (PCCL_PROFILE). Writes results.json and report.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cluster import EmulatedCluster, delta, rate_bits, venv_bin  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from pccl import cost_model, plans, profile as profiles, traffic  # noqa: E402
+from pccl.sizes import parse_size, size_label  # noqa: E402
+from pccl.topology import Topology  # noqa: E402
+
+
+def bench(cluster: EmulatedCluster, args, json_path: Path, profile_path: Path) -> dict:
+    """One pccl-bench launch: its rows and the link bytes it moved."""
+    argv = [str(venv_bin() / "pccl-bench"), "-b", args.min_size, "-e", args.max_size, "-f", "4",
+            "-n", str(args.iters), "-w", "1", "--executors", "cpp",
+            "--collectives", "all_gather,reduce_scatter", "--json", str(json_path)]
+    before = cluster.counters()
+    job = cluster.launch(argv, env={"PCCL_PROFILE": str(profile_path)}, capture=True, timeout=args.timeout)
+    moved = delta(before, cluster.counters())
+    if job.returncode != 0:
+        raise RuntimeError(f"pccl-bench failed (exit {job.returncode}):\n{job.stdout[-2000:]}\n{job.stderr[-2000:]}")
+    return {"rows": json.loads(json_path.read_text()), "link_bytes": moved}
+
+
+def calls_per_row(args) -> int:
+    """pccl-bench's calls per row: warm-up, timed (one repeat) and the check."""
+    return 1 + args.iters + 1
+
+
+def expected_link_bytes(rows: list[dict], topology: Topology, args) -> int:
+    """Bytes all ranks send to other nodes during a launch, read off the schedules."""
+    total = 0
+    for row in rows:
+        algorithm = row["picked"]
+        spec = plans.NAMED.get(algorithm, algorithm)
+        for rank in range(topology.size):
+            sent = traffic.sent(row["collective"], spec, topology, rank, row["count"], row["size"] // row["count"])
+            total += sum(b for peer, b in sent.items() if topology.node_of(peer) != topology.node_of(rank))
+    return total * calls_per_row(args)
+
+
+def busiest_link_bytes(collective: str, algorithm: str, topology: Topology, nbytes: int) -> int:
+    """Bytes through the busiest node link direction in one call (what the rate limits)."""
+    spec = plans.NAMED.get(algorithm, algorithm)
+    out: Counter = Counter()
+    for rank in range(topology.size):
+        for peer, b in traffic.sent(collective, spec, topology, rank, nbytes // 4, 4).items():
+            if topology.node_of(peer) != topology.node_of(rank):
+                out[("tx", topology.node_of(rank))] += b
+                out[("rx", topology.node_of(peer))] += b
+    return max(out.values(), default=0)
+
+
+def validate_shape(nodes: int, local: int, args, profile_path: Path, out: Path) -> dict:
+    topology = Topology.regular(nodes * local, local, 1)
+    prof = profiles.load(profile_path)
+    launches = []
+    with EmulatedCluster(nodes, local, args.rate) as cluster:
+        for i in range(args.launches):
+            launches.append(bench(cluster, args, out / f"bench-{nodes}x{local}-{i}.json", profile_path))
+            print(f"# {nodes}x{local}: launch {i + 1}/{args.launches} done", flush=True)
+    times: dict = {}
+    picked: dict = {}
+    for launch in launches:
+        for row in launch["rows"]:
+            key = (row["collective"], row["size"], row["executor"], row["algorithm"])
+            times.setdefault(key, []).append(row["time_us"] * 1e-6)
+            if row["algorithm"] == "auto":
+                picked.setdefault(key, []).append(row["picked"])
+    link_rate = rate_bits(args.rate) / 8
+    results = []
+    for (collective, size, executor, algorithm), samples in sorted(times.items()):
+        measured = statistics.median(samples)
+        runs = algorithm if algorithm != "auto" else Counter(picked[(collective, size, executor, algorithm)]).most_common(1)[0][0]
+        predicted = cost_model.predict(collective, plans.NAMED.get(runs, runs), topology, prof, size)
+        link = busiest_link_bytes(collective, runs, topology, size)
+        results.append({"collective": collective, "size": size, "executor": executor, "algorithm": algorithm,
+                        "runs": runs, "measured_s": measured, "samples_s": samples, "predicted_s": predicted,
+                        "error": predicted / measured - 1,
+                        "link_bytes_per_call": link, "link_GBps": link / measured / 1e9,
+                        "link_utilization": link / measured / link_rate})
+    counted = [sum(c["tx_bytes"] for c in launch["link_bytes"].values()) for launch in launches]
+    expected = [expected_link_bytes(launch["rows"], topology, args) for launch in launches]
+    return {"shape": f"{nodes}x{local}", "rate": args.rate, "results": results,
+            "link_bytes_counted": counted, "link_bytes_expected": expected}
+
+
+def auto_rows(shape: dict) -> list[dict]:
+    """Per (collective, size): auto's measured time against the best fixed algorithm's."""
+    out = []
+    groups: dict = {}
+    for r in shape["results"]:
+        groups.setdefault((r["collective"], r["size"]), []).append(r)
+    for (collective, size), rows in sorted(groups.items()):
+        auto = next(r for r in rows if r["algorithm"] == "auto")
+        fixed = [r for r in rows if r["algorithm"] != "auto"]
+        best = min(fixed, key=lambda r: r["measured_s"])
+        out.append({"collective": collective, "size": size, "auto_runs": auto["runs"],
+                    "auto_s": auto["measured_s"], "best": best["algorithm"], "best_s": best["measured_s"],
+                    "slowdown": auto["measured_s"] / best["measured_s"] - 1})
+    return out
+
+
+def report(shapes: list[dict], prof: profiles.Profile, args) -> str:
+    lines = [f"# Cost model on emulated nodes ({args.rate} links, median of {args.launches} launches)", "",
+             f"Profile: {prof.description}; intra alpha {prof.intra.alpha * 1e6:.1f} us, "
+             f"{prof.intra.bandwidth / 1e9:.2f} GB/s; inter alpha {prof.inter.alpha * 1e6:.1f} us, NIC "
+             f"{prof.inter.bandwidth / 1e9:.3f} GB/s, stream {prof.inter.stream_beta ** -1 / 1e9:.3f} GB/s; "
+             f"reduce {prof.reduce_bandwidth / 1e9:.2f} GB/s; copy {prof.copy_bandwidth / 1e9:.2f} GB/s", ""]
+    for shape in shapes:
+        lines += [f"## {shape['shape']}", "",
+                  "| collective | size | algorithm | measured ms | predicted ms | error | busiest link GB/s | of the rate |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in shape["results"]:
+            name = f"auto ({r['runs']})" if r["algorithm"] == "auto" else (
+                "native (MPI)" if r["algorithm"] == "native" else r["algorithm"])
+            lines.append(f"| {r['collective']} | {size_label(r['size'])} | {name} | {r['measured_s'] * 1e3:.1f} | "
+                         f"{r['predicted_s'] * 1e3:.1f} | {r['error'] * 100:+.0f}% | {r['link_GBps']:.3f} | "
+                         f"{r['link_utilization'] * 100:.0f}% |")
+        lines += ["", "| collective | size | auto ran | auto ms | best fixed | best ms | auto slower by |",
+                  "|---|---|---|---|---|---|---|"]
+        for a in auto_rows(shape):
+            lines.append(f"| {a['collective']} | {size_label(a['size'])} | {a['auto_runs']} | {a['auto_s'] * 1e3:.1f} | "
+                         f"{a['best']} | {a['best_s'] * 1e3:.1f} | {a['slowdown'] * 100:+.1f}% |")
+        lines += ["", "Link bytes per launch, counted on the interfaces vs read off the schedules: " +
+                  ", ".join(f"{c:,} vs {e:,} ({c / e:.3f})" for c, e in
+                            zip(shape["link_bytes_counted"], shape["link_bytes_expected"])), ""]
+    return "\n".join(lines)
+
+
+def shape_arg(text: str) -> list[tuple[int, int]]:
+    try:
+        return [tuple(int(x) for x in s.split("x")) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shapes look like 2x4,4x2; got {text!r}") from None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "emulated")
+    ap.add_argument("--shapes", type=shape_arg, default=[(2, 4), (4, 2)])
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--launches", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=3, help="timed calls per row")
+    ap.add_argument("--min-size", default="1M")
+    ap.add_argument("--max-size", default="64M")
+    ap.add_argument("--profile", type=Path, default=None, help="skip calibration and predict with this profile")
+    ap.add_argument("--timeout", type=float, default=1800)
+    args = ap.parse_args(argv)
+    parse_size(args.min_size), parse_size(args.max_size)
+    args.out.mkdir(parents=True, exist_ok=True)
+    profile_path = args.profile
+    if profile_path is None:
+        profile_path = args.out / "profile.json"
+        nodes, local = args.shapes[0]
+        with EmulatedCluster(nodes, local, args.rate) as cluster:
+            job = cluster.launch([str(venv_bin() / "pccl-bench"), "--calibrate", str(profile_path),
+                                  "--profile-name", f"emulated-{args.rate}"], capture=True, timeout=args.timeout)
+        if job.returncode != 0:
+            raise SystemExit(f"calibration failed:\n{job.stdout[-2000:]}\n{job.stderr[-2000:]}")
+        print(f"# calibrated {profile_path}", flush=True)
+    shapes = [validate_shape(n, l, args, profile_path, args.out) for n, l in args.shapes]
+    (args.out / "results.json").write_text(json.dumps(shapes, indent=1) + "\n")
+    text = report(shapes, profiles.load(profile_path), args)
+    (args.out / "report.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
