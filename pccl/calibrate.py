@@ -2,8 +2,9 @@
 the bandwidth one NIC gives the ranks that share it, and local reduce and copy speed.
 
 Run by `pccl-bench --calibrate PATH` under mpiexec on at least two nodes (real or
-emulated). Every measurement is a ping-pong (or a local loop) repeated, its median taken;
-alpha and 1/bandwidth are the least-squares line through one-way time against bytes.
+emulated). Every measurement is an exchange between pairs of ranks, both directions at
+once as in a collective's step (or a local loop), repeated, its median taken;
+alpha and 1/bandwidth come from one-way time against bytes (see fit()).
 
   intra   every node's ranks in pairs (local 0-1, 2-3, ...), all pairs at once: the links
           as a collective loads them
@@ -25,37 +26,38 @@ from mpi4py import MPI
 from .profile import Link, Profile
 from .topology import Topology
 
-SIZES = tuple(1 << k for k in range(10, 23, 2))   # 1 KiB .. 4 MiB
+SIZES = tuple(1 << k for k in range(10, 25, 2))   # 1 KiB .. 16 MiB
 LOCAL_BYTES = 64 << 20   # local loops: larger than caches, like the buffers of big collectives
 REPEATS = 5
 
 
 def fit(sizes, seconds) -> tuple[float, float]:
-    """(alpha, bandwidth) of the least-squares line seconds = alpha + bytes / bandwidth."""
-    slope, intercept = np.polyfit(np.asarray(sizes, float), np.asarray(seconds, float), 1)
+    """(alpha, bandwidth) of seconds = alpha + bytes / bandwidth, as Hockney fits it: the
+    bandwidth from the least-squares slope over the larger half of the sizes (small
+    messages may ride on buffers, such as a shaper's burst, that large ones cannot), alpha
+    from the smallest size, minus its bandwidth term."""
+    sizes, seconds = np.asarray(sizes, float), np.asarray(seconds, float)
+    large = sizes >= np.median(sizes)
+    slope = np.polyfit(sizes[large], seconds[large], 1)[0]
     if slope <= 0:
         raise RuntimeError(f"calibration: time does not grow with size ({list(zip(sizes, seconds))}); "
                            f"the measurements are too noisy, run again with fewer other jobs")
-    return max(float(intercept), 0.0), 1.0 / float(slope)
+    first = np.argmin(sizes)
+    return max(float(seconds[first] - sizes[first] * slope), 0.0), 1.0 / float(slope)
 
 
-def ping_pong(comm: MPI.Comm, partner, leader: bool, nbytes: int) -> float:
-    """Median one-way seconds of `nbytes` between this rank and `partner` (None: idle, but
-    still in the barriers)."""
-    buf = np.zeros(nbytes, dtype=np.uint8)
+def exchange(comm: MPI.Comm, partner, nbytes: int) -> float:
+    """Median seconds for this rank and `partner` to swap `nbytes` both ways at once, as
+    collective steps do (None: idle, but still in the barriers)."""
+    out, into = np.zeros(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
     samples = []
     for i in range(REPEATS + 1):
         comm.Barrier()
         start = time.perf_counter()
         if partner is not None:
-            if leader:
-                comm.Send(buf, dest=partner)
-                comm.Recv(buf, source=partner)
-            else:
-                comm.Recv(buf, source=partner)
-                comm.Send(buf, dest=partner)
+            comm.Sendrecv(out, dest=partner, recvbuf=into, source=partner)
         if i:  # the first round warms up
-            samples.append((time.perf_counter() - start) / 2)
+            samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
 
@@ -65,11 +67,10 @@ def slowest(comm: MPI.Comm, seconds: float, active: bool) -> float:
 
 
 def link_curve(comm: MPI.Comm, pairs: dict[int, int]) -> list[float]:
-    """One-way seconds per size in SIZES with the ranks in `pairs` (rank -> partner) all
+    """Seconds per size in SIZES with the ranks in `pairs` (rank -> partner) all
     exchanging at once; the slowest pair's time counts."""
     partner = pairs.get(comm.rank)
-    leader = partner is not None and comm.rank < partner
-    return [slowest(comm, ping_pong(comm, partner, leader, n), partner is not None) for n in SIZES]
+    return [slowest(comm, exchange(comm, partner, n), partner is not None) for n in SIZES]
 
 
 def local_bandwidth(comm: MPI.Comm, reduce: bool) -> float:
@@ -111,7 +112,7 @@ def calibrate(comm: MPI.Comm, topology: Topology, name: str) -> Profile:
     return Profile(
         name=name, ranks_per_node=L, nics_per_node=topology.nics_per_node,
         intra=Link(intra[0], intra[1] if L >= 2 else 1e12,
-                   source=f"{where}: ping-pong of every local pair at once, {SIZES[0]}-{SIZES[-1]} B"),
+                   source=f"{where}: exchanges of every local pair at once, {SIZES[0]}-{SIZES[-1]} B"),
         inter=Link(inter[0], nic_bandwidth, stream_bandwidth=inter[1],
                    source=f"{where}: alpha and stream bandwidth from one pair across nodes; NIC bandwidth "
                           f"from all {L} local ranks at once ({topology.ranks_per_nic()} per NIC)"),
