@@ -2,8 +2,8 @@
 the bandwidth one NIC gives the ranks that share it, and local reduce and copy speed.
 
 Run by `pccl-bench --calibrate PATH` under mpiexec on at least two nodes (real or
-emulated). Every measurement is an exchange between pairs of ranks, both directions at
-once as in a collective's step (or a local loop), repeated, its median taken;
+emulated). Every measurement is a ping-pong between pairs of ranks (or a local loop),
+repeated, its median taken;
 alpha and 1/bandwidth come from one-way time against bytes (see fit()).
 
   intra   every node's ranks in pairs (local 0-1, 2-3, ...), all pairs at once: the links
@@ -46,18 +46,23 @@ def fit(sizes, seconds) -> tuple[float, float]:
     return max(float(seconds[first] - sizes[first] * slope), 0.0), 1.0 / float(slope)
 
 
-def exchange(comm: MPI.Comm, partner, nbytes: int) -> float:
-    """Median seconds for this rank and `partner` to swap `nbytes` both ways at once, as
-    collective steps do (None: idle, but still in the barriers)."""
-    out, into = np.zeros(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
+def ping_pong(comm: MPI.Comm, partner, leader: bool, nbytes: int) -> float:
+    """Median one-way seconds of `nbytes` between this rank and `partner` (None: idle, but
+    still in the barriers)."""
+    buf = np.zeros(nbytes, dtype=np.uint8)
     samples = []
     for i in range(REPEATS + 1):
         comm.Barrier()
         start = time.perf_counter()
         if partner is not None:
-            comm.Sendrecv(out, dest=partner, recvbuf=into, source=partner)
+            if leader:
+                comm.Send(buf, dest=partner)
+                comm.Recv(buf, source=partner)
+            else:
+                comm.Recv(buf, source=partner)
+                comm.Send(buf, dest=partner)
         if i:  # the first round warms up
-            samples.append(time.perf_counter() - start)
+            samples.append((time.perf_counter() - start) / 2)
     return statistics.median(samples)
 
 
@@ -67,10 +72,11 @@ def slowest(comm: MPI.Comm, seconds: float, active: bool) -> float:
 
 
 def link_curve(comm: MPI.Comm, pairs: dict[int, int]) -> list[float]:
-    """Seconds per size in SIZES with the ranks in `pairs` (rank -> partner) all
-    exchanging at once; the slowest pair's time counts."""
+    """One-way seconds per size in SIZES with the ranks in `pairs` (rank -> partner) all
+    ping-ponging at once; the slowest pair's time counts."""
     partner = pairs.get(comm.rank)
-    return [slowest(comm, exchange(comm, partner, n), partner is not None) for n in SIZES]
+    leader = partner is not None and comm.rank < partner
+    return [slowest(comm, ping_pong(comm, partner, leader, n), partner is not None) for n in SIZES]
 
 
 def local_bandwidth(comm: MPI.Comm, reduce: bool) -> float:
@@ -112,7 +118,7 @@ def calibrate(comm: MPI.Comm, topology: Topology, name: str) -> Profile:
     return Profile(
         name=name, ranks_per_node=L, nics_per_node=topology.nics_per_node,
         intra=Link(intra[0], intra[1] if L >= 2 else 1e12,
-                   source=f"{where}: exchanges of every local pair at once, {SIZES[0]}-{SIZES[-1]} B"),
+                   source=f"{where}: ping-pong of every local pair at once, {SIZES[0]}-{SIZES[-1]} B"),
         inter=Link(inter[0], nic_bandwidth, stream_bandwidth=inter[1],
                    source=f"{where}: alpha and stream bandwidth from one pair across nodes; NIC bandwidth "
                           f"from all {L} local ranks at once ({topology.ranks_per_nic()} per NIC)"),
