@@ -21,8 +21,8 @@ bandwidth, a combine its bytes at reduction bandwidth.
 
 Speed: the per-step message and block counts depend on (collective, algorithm, topology)
 only and are cached; sizes are a vector. Only the ranks of a few nodes are evaluated where
-the algorithm treats nodes alike: the ring and Bruck are the same on every rank up to a
-rotation, recursive doubling and halving on a power-of-two group up to an XOR with the
+the algorithm treats nodes alike: the ring, Bruck and pairwise exchange are the same on
+every rank up to a rotation, recursive doubling and halving on a power-of-two group up to an XOR with the
 member index, so any node stands for all. Folded (non-power-of-two) groups single out
 many members in different ways; there every node is evaluated, which is cheap for their
 logarithmic step counts. Tests hold the sample against every node. Tests hold the sample against all nodes.
@@ -43,7 +43,7 @@ from .schedule import Kind
 from .topology import Topology
 
 EVALUATE_ALL_NODES = 8   # up to this many nodes, every node is evaluated
-ROTATION_SYMMETRIC = ("ring", "bruck")   # rank r+1 runs rank r's schedule shifted by one
+ROTATION_SYMMETRIC = ("ring", "bruck", "pairwise")   # rank r+1 runs rank r's schedule shifted by one
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class StepCounts:
     nic_blocks: np.ndarray        # the blocks through this rank's NIC, over all ranks on it
     node_blocks: np.ndarray       # the blocks through all NICs of this rank's node
     reduce_blocks: np.ndarray
-    native: bool                  # the transport's own collective (counted as the ring)
+    native: bool                  # the transport's own collective (see group_counts)
     nics_per_node: int
 
     def inter_loads(self, profile: Profile) -> tuple[np.ndarray, np.ndarray]:
@@ -97,11 +97,14 @@ def group_size(topology: Topology, level: str) -> int:
 
 
 def group_counts(collective: str, algorithm: str, topology: Topology, level: str,
-                 scale: float) -> StepCounts:
+                 scale: float, natives: tuple) -> StepCounts:
     """Counts of a flat collective run by every group of `level` at once ("world": one
-    group of all ranks); `scale` converts the group schedule's blocks into caller blocks."""
+    group of all ranks); `scale` converts the group schedule's blocks into caller blocks.
+    "native" is opaque: it is counted as the schedule `natives` names for the collective
+    (the profile's native algorithms), else as the ring."""
     native = algorithm == "native"
-    algorithm = "ring" if native else algorithm  # opaque: counted as the ring
+    if native:
+        algorithm = dict(natives).get(collective, "ring")
     size = group_size(topology, level)
     folded = size & (size - 1) and algorithm not in ROTATION_SYMMETRIC
     ranks = evaluated_ranks(topology, every_node=bool(folded))
@@ -170,28 +173,28 @@ def local_cost(step) -> LocalCost:
     return LocalCost(step.dst.count, reduces=True)
 
 
-def phase_counts(phase: Phase, topology: Topology) -> StepCounts:
+def phase_counts(phase: Phase, topology: Topology, natives: tuple) -> StepCounts:
     """A phase is a flat collective on each level group; its buffer of `count` blocks splits
     into one block per group member."""
     full = phase.output if phase.collective == "all_gather" else phase.input
     size = len(topology.level_ranks(phase.level, 0))
-    return group_counts(phase.collective, phase.algorithm, topology, phase.level, full.count / size)
+    return group_counts(phase.collective, phase.algorithm, topology, phase.level, full.count / size, natives)
 
 
 @lru_cache(maxsize=512)
-def parts(collective: str, algorithm, topology: Topology) -> tuple[Part, ...]:
+def parts(collective: str, algorithm, topology: Topology, natives: tuple = ()) -> tuple[Part, ...]:
     """The cost parts of `algorithm` ("ring", ..., "native" or a plan spec) on `topology`,
-    in blocks of one rank's share of the buffer."""
+    in blocks of one rank's share of the buffer; `natives` as in group_counts."""
     spec = plans.spec_of(algorithm)
     if spec is None:
-        return (group_counts(collective, algorithm, topology, "world", 1.0),)
+        return (group_counts(collective, algorithm, topology, "world", 1.0, natives),)
     plan = plans.build(spec, collective, topology, 0)
     out: list[Part] = []
     for step in plan.steps:
         if isinstance(step, Phase):
-            out.append(phase_counts(step, topology))
+            out.append(phase_counts(step, topology, natives))
         elif isinstance(step, Concurrent):
-            out.append(tuple(phase_counts(p, topology) for p in step.phases))
+            out.append(tuple(phase_counts(p, topology, natives) for p in step.phases))
         elif isinstance(step, (Permute, Fill, Combine)):
             out.append(local_cost(step))
         else:
@@ -214,6 +217,6 @@ def predict(collective: str, algorithm, topology: Topology, profile: Profile, nb
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
     block_bytes = sizes / topology.size
     total = np.zeros_like(sizes)
-    for part in parts(collective, algorithm, topology):
+    for part in parts(collective, algorithm, topology, profile.native_algorithms):
         total = total + part_seconds(part, profile, block_bytes)
     return total if np.ndim(nbytes) else float(total[0])

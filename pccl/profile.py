@@ -10,9 +10,10 @@ A profile describes one kind of node and its links:
           reaches alone.
   reduce  bytes/s of a local reduction (gamma = 1/bandwidth per byte reduced)
   copy    bytes/s of a local copy (the plans' shuffle)
-  native  what the transport's own collective ("native") does besides a ring: whether it
-          stripes each inter-node hop over all of a node's NICs, as NCCL's and RCCL's
-          channels do (Cray MPICH sends a rank's traffic through one NIC)
+  native  what the transport's own collective ("native") runs: the schedule per
+          collective (default ring; MPICH's long reduce-scatter is "pairwise"), and
+          whether it stripes each inter-node hop over all of a node's NICs, as NCCL's
+          and RCCL's channels do (Cray MPICH sends a rank's traffic through one NIC)
 
 Built-in profiles live in pccl/profiles/<name>.json; `pccl-bench --calibrate` writes one
 for the machine it runs on. Every number carries its source in the file.
@@ -57,6 +58,7 @@ class Profile:
     reduce_bandwidth: float    # bytes/s
     copy_bandwidth: float      # bytes/s
     native_stripes_nics: bool = False
+    native_algorithms: tuple = ()   # ((collective, schedule algorithm), ...); others: ring
     description: str = ""
     sources: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -76,6 +78,16 @@ class Profile:
         for name, value in positive.items():
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"profile {self.name!r}: {name} must be a positive number of bytes/s, got {value!r}")
+        from .algorithms import GENERATORS
+
+        for collective, algorithm in self.native_algorithms:
+            if algorithm not in GENERATORS.get(collective, {}):
+                raise ValueError(f"profile {self.name!r}: native.algorithms[{collective!r}] = {algorithm!r} is not a "
+                                 f"schedule of that collective; expected one of {tuple(GENERATORS.get(collective, ()))}")
+
+    def native_algorithm(self, collective: str) -> str:
+        """The schedule the transport's own `collective` is counted as."""
+        return dict(self.native_algorithms).get(collective, "ring")
 
     @property
     def gamma(self) -> float:
@@ -99,7 +111,8 @@ class Profile:
                 "reduce": {"bandwidth_GBps": self.reduce_bandwidth / 1e9,
                            "source": self.sources.get("reduce", "")},
                 "copy": {"bandwidth_GBps": self.copy_bandwidth / 1e9, "source": self.sources.get("copy", "")},
-                "native": {"stripes_nics": self.native_stripes_nics, "source": self.sources.get("native", "")},
+                "native": {"stripes_nics": self.native_stripes_nics, "algorithms": dict(self.native_algorithms),
+                           "source": self.sources.get("native", "")},
                 "sources": {k: v for k, v in self.sources.items() if k not in ("reduce", "copy", "native")}}
 
     @classmethod
@@ -119,6 +132,7 @@ class Profile:
                        inter=link(data["inter"]), reduce_bandwidth=float(data["reduce"]["bandwidth_GBps"]) * 1e9,
                        copy_bandwidth=float(data["copy"]["bandwidth_GBps"]) * 1e9,
                        native_stripes_nics=bool(native.get("stripes_nics", False)),
+                       native_algorithms=tuple(sorted(native.get("algorithms", {}).items())),
                        description=data.get("description", ""), sources=sources)
         except (KeyError, TypeError) as e:
             raise ValueError(f"{origin}: not a valid profile ({type(e).__name__}: {e}); expected the "

@@ -109,6 +109,20 @@ def test_native_striping_spreads_the_boundary_hop_over_the_nics():
           31 * max(2e-6 + m / 40e9, 7e-6 + m / 4 / 10e9))
 
 
+def test_native_is_counted_as_the_profiles_schedule():
+    """MPICH's long reduce-scatter is a pairwise exchange: more inter-node bytes than a ring."""
+    topo = Topology.regular(8, 4)
+    mpich = make_profile(native_algorithms=(("reduce_scatter", "pairwise"),))
+    n = 64 * MB
+    native = cost_model.predict("reduce_scatter", "native", topo, mpich, n)
+    assert native == cost_model.predict("reduce_scatter", "pairwise", topo, mpich, n)
+    assert native > 1.5 * cost_model.predict("reduce_scatter", "ring", topo, mpich, n)
+    assert cost_model.predict("all_gather", "native", topo, mpich, n) == cost_model.predict(
+        "all_gather", "ring", topo, mpich, n)
+    with pytest.raises(ValueError, match="not a schedule of that collective"):
+        make_profile(native_algorithms=(("all_gather", "pairwise"),))
+
+
 def test_sizes_vectorize():
     topo = Topology.regular(16, 4)
     sizes = np.array([1, 4, 64]) * MB

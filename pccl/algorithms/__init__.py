@@ -4,7 +4,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..schedule import COLLECTIVES, Schedule
-from . import bruck, rabenseifner, recursive_doubling, recursive_halving, ring
+from . import bruck, pairwise, rabenseifner, recursive_doubling, recursive_halving, ring
 
 GENERATORS = {
     "all_gather": {
@@ -15,6 +15,7 @@ GENERATORS = {
     "reduce_scatter": {
         "ring": ring.reduce_scatter,
         "recursive_halving": recursive_halving.reduce_scatter,
+        "pairwise": pairwise.reduce_scatter,
     },
     "all_reduce": {
         "ring": ring.all_reduce,
