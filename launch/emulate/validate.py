@@ -47,11 +47,14 @@ def calls_per_row(args) -> int:
     return 1 + args.iters + 1
 
 
-def expected_link_bytes(rows: list[dict], topology: Topology, args) -> int:
-    """Bytes all ranks send to other nodes during a launch, read off the schedules."""
+def expected_link_bytes(rows: list[dict], topology: Topology, prof: profiles.Profile, args) -> int:
+    """Bytes all ranks send to other nodes during a launch, read off the schedules (MPI's
+    own collectives: the schedule the profile counts them as)."""
     total = 0
     for row in rows:
         algorithm = row["picked"]
+        if algorithm == "native":
+            algorithm = prof.native_algorithm(row["collective"])
         spec = plans.NAMED.get(algorithm, algorithm)
         for rank in range(topology.size):
             sent = traffic.sent(row["collective"], spec, topology, rank, row["count"], row["size"] // row["count"])
@@ -59,8 +62,11 @@ def expected_link_bytes(rows: list[dict], topology: Topology, args) -> int:
     return total * calls_per_row(args)
 
 
-def busiest_link_bytes(collective: str, algorithm: str, topology: Topology, nbytes: int) -> int:
+def busiest_link_bytes(collective: str, algorithm: str, topology: Topology, prof: profiles.Profile,
+                       nbytes: int) -> int:
     """Bytes through the busiest node link direction in one call (what the rate limits)."""
+    if algorithm == "native":
+        algorithm = prof.native_algorithm(collective)
     spec = plans.NAMED.get(algorithm, algorithm)
     out: Counter = Counter()
     for rank in range(topology.size):
@@ -71,14 +77,21 @@ def busiest_link_bytes(collective: str, algorithm: str, topology: Topology, nbyt
     return max(out.values(), default=0)
 
 
-def validate_shape(nodes: int, local: int, args, profile_path: Path, out: Path) -> dict:
-    topology = Topology.regular(nodes * local, local, 1)
-    prof = profiles.load(profile_path)
+def measure_shape(nodes: int, local: int, args, profile_path: Path, out: Path) -> list[dict]:
+    """The launches of one shape; also saved to launches-<shape>.json for --report-only."""
     launches = []
     with EmulatedCluster(nodes, local, args.rate) as cluster:
         for i in range(args.launches):
             launches.append(bench(cluster, args, out / f"bench-{nodes}x{local}-{i}.json", profile_path))
             print(f"# {nodes}x{local}: launch {i + 1}/{args.launches} done", flush=True)
+    (out / f"launches-{nodes}x{local}.json").write_text(json.dumps(launches) + "\n")
+    return launches
+
+
+def validate_shape(nodes: int, local: int, launches: list[dict], args, profile_path: Path) -> dict:
+    """Measured (median over launches) against predicted, per (collective, size, algorithm)."""
+    topology = Topology.regular(nodes * local, local, 1)
+    prof = profiles.load(profile_path)
     times: dict = {}
     picked: dict = {}
     for launch in launches:
@@ -93,14 +106,14 @@ def validate_shape(nodes: int, local: int, args, profile_path: Path, out: Path) 
         measured = statistics.median(samples)
         runs = algorithm if algorithm != "auto" else Counter(picked[(collective, size, executor, algorithm)]).most_common(1)[0][0]
         predicted = cost_model.predict(collective, plans.NAMED.get(runs, runs), topology, prof, size)
-        link = busiest_link_bytes(collective, runs, topology, size)
+        link = busiest_link_bytes(collective, runs, topology, prof, size)
         results.append({"collective": collective, "size": size, "executor": executor, "algorithm": algorithm,
                         "runs": runs, "measured_s": measured, "samples_s": samples, "predicted_s": predicted,
                         "error": predicted / measured - 1,
                         "link_bytes_per_call": link, "link_GBps": link / measured / 1e9,
                         "link_utilization": link / measured / link_rate})
     counted = [sum(c["tx_bytes"] for c in launch["link_bytes"].values()) for launch in launches]
-    expected = [expected_link_bytes(launch["rows"], topology, args) for launch in launches]
+    expected = [expected_link_bytes(launch["rows"], topology, prof, args) for launch in launches]
     return {"shape": f"{nodes}x{local}", "rate": args.rate, "results": results,
             "link_bytes_counted": counted, "link_bytes_expected": expected}
 
@@ -166,11 +179,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-size", default="64M")
     ap.add_argument("--profile", type=Path, default=None, help="skip calibration and predict with this profile")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--report-only", action="store_true",
+                    help="no launches: predict again for the launches saved in --out (after a model change)")
     args = ap.parse_args(argv)
     parse_size(args.min_size), parse_size(args.max_size)
     args.out.mkdir(parents=True, exist_ok=True)
     profile_path = args.profile
-    if profile_path is None:
+    if args.report_only:
+        profile_path = profile_path or args.out / "profile.json"
+    elif profile_path is None:
         profile_path = args.out / "profile.json"
         nodes, local = args.shapes[0]
         with EmulatedCluster(nodes, local, args.rate) as cluster:
@@ -179,7 +196,11 @@ def main(argv=None) -> int:
         if job.returncode != 0:
             raise SystemExit(f"calibration failed:\n{job.stdout[-2000:]}\n{job.stderr[-2000:]}")
         print(f"# calibrated {profile_path}", flush=True)
-    shapes = [validate_shape(n, l, args, profile_path, args.out) for n, l in args.shapes]
+    shapes = []
+    for n, l in args.shapes:
+        saved = args.out / f"launches-{n}x{l}.json"
+        launches = json.loads(saved.read_text()) if args.report_only else measure_shape(n, l, args, profile_path, args.out)
+        shapes.append(validate_shape(n, l, launches, args, profile_path))
     (args.out / "results.json").write_text(json.dumps(shapes, indent=1) + "\n")
     text = report(shapes, profiles.load(profile_path), args)
     (args.out / "report.md").write_text(text + "\n")
