@@ -11,9 +11,9 @@ from .algorithms import schedule
 from .dtypes import op_code
 from .plan import Plan
 from .plan_executor import PlanExecutor
-from .schedule import Schedule
-from .profile import Profile
+from .profile import Profile, from_environment
 from .profile import load as load_profile
+from .schedule import Schedule
 from .selection import Tuner
 from .topology import Topology, TopologyError, detect, detect_torch
 from .work import SerialQueue, Work
@@ -119,7 +119,7 @@ class Communicator:
     def _agreed_profile(self, name) -> Profile:
         """Rank 0's profile (or its error), on every rank, so every rank decides alike."""
         try:
-            mine = load_profile(name or os.environ.get("PCCL_PROFILE") or "generic").to_dict()
+            mine = (load_profile(name) if name else from_environment()).to_dict()
         except ValueError as e:
             mine = str(e)
         if self.mpi_comm is not None:

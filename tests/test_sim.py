@@ -101,3 +101,14 @@ def test_calibrate_refuses_one_node(tmp_path):
     run = mpiexec(2, "-m pccl.bench", "--calibrate", str(tmp_path / "p.json"), "--ranks-per-node", "2", timeout=120)
     assert run.returncode != 0
     assert "two or more nodes" in run.stdout + run.stderr
+
+
+def test_every_rank_decides_with_rank_0s_profile(tmp_path):
+    path = tmp_path / "report.json"
+    run = mpiexec(4, "tests/mpi/run_profile.py", str(path), timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.loads(path.read_text())
+    assert report["names"] == ["frontier"] * 4
+    assert report["same_choice"] and report["gathered"]
+    for message in [report["bad_profile"]] + report["others_bad_profile"]:
+        assert "machine profile on rank 0" in message and "no profile" in message
