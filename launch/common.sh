@@ -26,6 +26,19 @@ add_override() {
     shift 2
     if [[ -n $value ]] && ! has_override "$key" "$@"; then overrides+=("$key=$value"); fi
 }
+# Set the array `overrides` to the trainer settings every launch script passes: ranks per
+# node ($1), device ($2), MODEL, STRATEGY and COMM; each unless empty or set by the
+# trainer's arguments (the rest).
+trainer_overrides() {
+    local per_node=$1 device=$2
+    shift 2
+    overrides=()
+    add_override comm.ranks_per_node "$per_node" "$@"
+    add_override train.device "$device" "$@"
+    add_override model "$MODEL" "$@"
+    add_override strategy "$STRATEGY" "$@"
+    add_override comm "$COMM" "$@"
+}
 # A command line that a shell (or Python's shlex.split) reads back as the same words.
 quote_words() {
     local re='^[A-Za-z0-9_./:=,+@%-]+$' out=() a

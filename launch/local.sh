@@ -60,12 +60,7 @@ if "$MPIEXEC" --version 2>/dev/null | grep -qE 'Open MPI|OpenRTE'; then
 fi
 read -r -a extra <<< "$MPIEXEC_ARGS"
 
-overrides=()
-add_override comm.ranks_per_node "$RANKS_PER_NODE" "$@"
-add_override train.device "$DEVICE" "$@"
-add_override model "$MODEL" "$@"
-add_override strategy "$STRATEGY" "$@"
-add_override comm "$COMM" "$@"
+trainer_overrides "$RANKS_PER_NODE" "$DEVICE" "$@"
 
 cmd=("${launcher[@]}" "${extra[@]}" -n "$NPROC" "$PYTHON" -m shard.train "${overrides[@]}" "$@")
 

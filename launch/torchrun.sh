@@ -81,12 +81,7 @@ else
 fi
 read -r -a extra <<< "$TORCHRUN_ARGS"
 
-overrides=()
-add_override comm.ranks_per_node "$NPROC_PER_NODE" "$@"
-add_override train.device "$DEVICE" "$@"
-add_override model "$MODEL" "$@"
-add_override strategy "$STRATEGY" "$@"
-add_override comm "$COMM" "$@"
+trainer_overrides "$NPROC_PER_NODE" "$DEVICE" "$@"
 
 cmd=("${torchrun[@]}" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --rdzv-backend=c10d
      --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$RDZV_ID" "${extra[@]}"
