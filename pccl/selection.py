@@ -17,7 +17,7 @@ import os
 from typing import Optional
 
 from . import cost_model, plans
-from .algorithms import algorithms_for
+from .algorithms import GENERATORS, algorithms_for
 from .profile import Profile
 from .topology import Topology
 
@@ -27,16 +27,14 @@ PLAN_NAMES = tuple(plans.NAMED)
 
 def forced(collective: str) -> Optional[str]:
     """The algorithm the environment forces for `collective`, if any."""
-    specific = os.environ.get(f"PCCL_{collective.upper()}_ALGO")
-    general = os.environ.get("PCCL_ALGO")
     valid = algorithms_for(collective) + ("native",) + PLAN_NAMES
-    for variable, name in ((f"PCCL_{collective.upper()}_ALGO", specific), ("PCCL_ALGO", general)):
+    for variable in (f"PCCL_{collective.upper()}_ALGO", "PCCL_ALGO"):
+        name = os.environ.get(variable)
         if not name:
             continue
         if name in valid:
             return name
-        known = set(valid).union(*(algorithms_for(c) for c in ("all_gather", "reduce_scatter", "all_reduce")))
-        if variable != "PCCL_ALGO" or name not in known:
+        if variable != "PCCL_ALGO" or name not in set(valid).union(*GENERATORS.values()):
             raise ValueError(f"{variable}={name!r} is not an algorithm of {collective}; expected one of {valid}")
     return None
 
@@ -52,7 +50,7 @@ class Tuner:
         """with_plans: whether the two-level plans may be chosen (their level communicators
         can be built)."""
         self.topology, self.profile, self.with_plans = topology, profile, with_plans
-        self._decisions: dict[tuple[str, int], object] = {}
+        self._decisions: dict[tuple[str, int], str] = {}
 
     def candidates(self, collective: str) -> tuple:
         names = algorithms_for(collective)
@@ -67,8 +65,8 @@ class Tuner:
                                          self.profile, nbytes)
                 for name in self.candidates(collective)}
 
-    def choose(self, collective: str, nbytes: int):
-        """A flat algorithm's name, "native", or a plan spec (pccl.Hierarchical, pccl.HORing)."""
+    def name(self, collective: str, nbytes: int) -> str:
+        """The name (as the API takes it) of what auto runs for `nbytes`."""
         name = forced(collective)
         if name is None:
             key = (collective, bucket(nbytes))
@@ -77,9 +75,9 @@ class Tuner:
                 times = self.predictions(collective, edge)
                 self._decisions[key] = min(times, key=times.get)
             name = self._decisions[key]
-        return plans.NAMED.get(name, name)
+        return name
 
-    def name(self, collective: str, nbytes: int) -> str:
-        """What choose() picks, as the name the API takes."""
-        choice = self.choose(collective, nbytes)
-        return choice if isinstance(choice, str) else next(k for k, v in plans.NAMED.items() if v == choice)
+    def choose(self, collective: str, nbytes: int):
+        """A flat algorithm's name, "native", or a plan spec (pccl.Hierarchical, pccl.HORing)."""
+        name = self.name(collective, nbytes)
+        return plans.NAMED.get(name, name)
