@@ -47,33 +47,33 @@ def calls_per_row(args) -> int:
     return 1 + args.iters + 1
 
 
+def crossing(collective: str, algorithm: str, topology: Topology, prof: profiles.Profile, count: int,
+             itemsize: int):
+    """(rank, peer, bytes) of every message between nodes in one call, read off the
+    schedules (MPI's own collectives: the schedule the profile counts them as)."""
+    if algorithm == "native":
+        algorithm = prof.native_algorithm(collective)
+    spec = plans.NAMED.get(algorithm, algorithm)
+    for rank in range(topology.size):
+        for peer, nbytes in traffic.sent(collective, spec, topology, rank, count, itemsize).items():
+            if topology.node_of(peer) != topology.node_of(rank):
+                yield rank, peer, nbytes
+
+
 def expected_link_bytes(rows: list[dict], topology: Topology, prof: profiles.Profile, args) -> int:
-    """Bytes all ranks send to other nodes during a launch, read off the schedules (MPI's
-    own collectives: the schedule the profile counts them as)."""
-    total = 0
-    for row in rows:
-        algorithm = row["picked"]
-        if algorithm == "native":
-            algorithm = prof.native_algorithm(row["collective"])
-        spec = plans.NAMED.get(algorithm, algorithm)
-        for rank in range(topology.size):
-            sent = traffic.sent(row["collective"], spec, topology, rank, row["count"], row["size"] // row["count"])
-            total += sum(b for peer, b in sent.items() if topology.node_of(peer) != topology.node_of(rank))
+    """Bytes all ranks send to other nodes during a launch."""
+    total = sum(nbytes for row in rows for _, _, nbytes in
+                crossing(row["collective"], row["picked"], topology, prof, row["count"], row["size"] // row["count"]))
     return total * calls_per_row(args)
 
 
 def busiest_link_bytes(collective: str, algorithm: str, topology: Topology, prof: profiles.Profile,
                        nbytes: int) -> int:
     """Bytes through the busiest node link direction in one call (what the rate limits)."""
-    if algorithm == "native":
-        algorithm = prof.native_algorithm(collective)
-    spec = plans.NAMED.get(algorithm, algorithm)
     out: Counter = Counter()
-    for rank in range(topology.size):
-        for peer, b in traffic.sent(collective, spec, topology, rank, nbytes // 4, 4).items():
-            if topology.node_of(peer) != topology.node_of(rank):
-                out[("tx", topology.node_of(rank))] += b
-                out[("rx", topology.node_of(peer))] += b
+    for rank, peer, sent in crossing(collective, algorithm, topology, prof, nbytes // 4, 4):
+        out[("tx", topology.node_of(rank))] += sent
+        out[("rx", topology.node_of(peer))] += sent
     return max(out.values(), default=0)
 
 
