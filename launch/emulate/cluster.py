@@ -176,7 +176,8 @@ class EmulatedCluster:
             raise ValueError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")
         if not re.fullmatch(r"[a-z][a-z0-9-]{0,15}", prefix):
             raise ValueError(f"prefix must be 1-16 lowercase letters, digits or '-', got {prefix!r}")
-        self.rate, self.rate_bits = rate, rate_bits(rate)
+        rate_bits(rate)  # a bad rate fails here, before anything is built
+        self.rate = rate
         self.ranks_per_node, self.prefix = ranks_per_node, prefix
         self.name = f"{prefix}-{os.getpid()}-{next(_serial)}"
         self.bridge = f"{self.name}-br"
