@@ -59,8 +59,8 @@ class Tuner:
             names += PLAN_NAMES
         return names
 
-    def predictions(self, collective: str, nbytes: int) -> dict[str, float]:
-        """Predicted seconds of every candidate, by name."""
+    def predictions(self, collective: str, nbytes) -> dict:
+        """Predicted seconds of every candidate, by name, for `nbytes` (a number or an array)."""
         return {name: cost_model.predict(collective, plans.NAMED.get(name, name), self.topology,
                                          self.profile, nbytes)
                 for name in self.candidates(collective)}

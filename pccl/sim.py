@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import cost_model, plans, profile as profiles
+from . import cost_model, profile as profiles
 from .files import write_atomic
 from .selection import Tuner
 from .sizes import parse_size, size_label
@@ -55,10 +55,9 @@ def topology_for(ranks: int, prof: profiles.Profile, ranks_per_node: Optional[in
 def evaluate(collective: str, topology: Topology, prof: profiles.Profile, sizes: list[int]) -> dict:
     """{"algorithms": {name: seconds per size}, "auto": [name per size]}."""
     tuner = Tuner(topology, prof)
-    names = tuner.candidates(collective) + ("native",)
-    times = {name: cost_model.predict(collective, plans.NAMED.get(name, name), topology, prof,
-                                      np.asarray(sizes, dtype=np.float64))
-             for name in names}
+    nbytes = np.asarray(sizes, dtype=np.float64)
+    times = tuner.predictions(collective, nbytes)
+    times["native"] = cost_model.predict(collective, "native", topology, prof, nbytes)
     return {"algorithms": times, "auto": [tuner.name(collective, s) for s in sizes]}
 
 
