@@ -96,6 +96,15 @@ def group_size(topology: Topology, level: str) -> int:
     return {"world": topology.size, "inter": topology.num_nodes}.get(level, len(topology.nodes[0]))
 
 
+@lru_cache(maxsize=64)
+def places(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
+    """(node, NIC) of every rank; NICs numbered across the whole machine."""
+    node = np.array([topology.node_of(r) for r in range(topology.size)])
+    nic = np.array([topology.node_of(r) * topology.nics_per_node + topology.nic_of(r)
+                    for r in range(topology.size)])
+    return node, nic
+
+
 def group_counts(collective: str, algorithm: str, topology: Topology, level: str,
                  scale: float, natives: tuple) -> StepCounts:
     """Counts of a flat collective run by every group of `level` at once ("world": one
@@ -108,9 +117,7 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: str
     size = group_size(topology, level)
     folded = size & (size - 1) and algorithm not in ROTATION_SYMMETRIC
     ranks = evaluated_ranks(topology, every_node=bool(folded))
-    node = np.array([topology.node_of(r) for r in range(topology.size)])
-    nic = np.array([topology.node_of(r) * topology.nics_per_node + topology.nic_of(r)
-                    for r in range(topology.size)])
+    node, nic = places(topology)
     rows = []
     for r in ranks:
         members = np.arange(topology.size) if level == "world" else np.array(topology.level_ranks(level, r))
