@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 import pccl
 from models import GPT, GPTConfig
+from pccl.files import write_atomic
 
 from .engine import Engine
-from pccl.files import write_atomic
 from .lr_schedule import learning_rate
 from .run_log import RunLog
 from .throughput import Throughput, peak_tflops

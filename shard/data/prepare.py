@@ -17,8 +17,9 @@ import uuid
 from pathlib import Path
 from typing import Mapping
 
-from . import tokenizer
 from pccl.files import fsync_dir, write_atomic, write_json_atomic
+
+from . import tokenizer
 from .pack import pack
 from .sources import load_documents
 from .spec import digest, identity, normalize
