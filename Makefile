@@ -50,6 +50,9 @@ else
 endif
 	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest \
 		"hydra-core>=1.3" "datasets>=2.14" "sentencepiece>=0.1.99" tqdm matplotlib wandb
+	# GPU torch builds bring their own Triton (pytorch-triton-rocm on AMD); elsewhere it is
+	# installed so the tests run the shuffle kernel in Triton's interpreter.
+	$(PY) -c 'import triton' 2>/dev/null || $(if $(HAS_GPU),true,$(PY) -m pip install -q "triton==3.9.0")
 	touch $@
 
 # The editable install maps the package's files when it is made, so adding or removing a

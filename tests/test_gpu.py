@@ -79,27 +79,61 @@ def test_gpu_collectives_match_cpu_on_two_ranks(gpu_aware, monkeypatch):
     assert run.returncode == 0 and "OK gpu" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
-@pytest.mark.parametrize("n_nodes,n_local,m", [(2, 4, 1), (4, 2, 1000), (3, 8, 5000)])
-def test_gpu_shuffle_is_torchs_permute(dtype, n_nodes, n_local, m):
-    from pccl.plan_executor import permute_
+SHUFFLE_DTYPES = [torch.float32, torch.bfloat16, torch.int64]
+SHUFFLE_SHAPES = [(2, 4, 1), (4, 2, 1000), (3, 8, 5000)]  # 5000: two chunks of the kernel's grid
+
+
+def check_shuffle(shuffle, device, dtype, n_nodes, n_local, m):
+    """shuffle(src, dst, perm) against torch's permute, for the node-major/local-major
+    reorder of a hierarchical plan and for a partial permutation."""
     from pccl.plans.layout import grid_perm
-    from pccl.shuffle_triton import kernel
     from pccl.topology import Topology
 
-    if kernel() is None:
-        pytest.skip("Triton is not installed")
     p = n_nodes * n_local
-    src = torch.arange(p * m, device="cuda").to(dtype).view(p, m)
+    src = torch.arange(p * m, device=device).to(dtype).view(p, m)
     dst = torch.full_like(src, -1)
     perm = grid_perm(Topology.regular(p, n_local), list(range(n_nodes)), list(range(n_local)))
-    permute_(src, dst, perm, lambda q: torch.tensor(q, device="cuda"))
+    shuffle(src, dst, perm)
     expected = src.view(n_local, n_nodes, m).permute(1, 0, 2).reshape(p, m)
     assert torch.equal(dst, expected)
     # A partial permutation leaves the unmapped destination blocks alone.
     dst.fill_(-1)
     partial = tuple(-1 if i == 0 else j for i, j in enumerate(perm))
-    permute_(src, dst, partial, lambda q: torch.tensor(q, device="cuda"))
-    assert torch.equal(dst[perm[0]], torch.full((m,), -1, device="cuda").to(dtype))
+    shuffle(src, dst, partial)
+    assert torch.equal(dst[perm[0]], torch.full((m,), -1, device=device).to(dtype))
     assert torch.equal(dst[list(perm[1:])], src[1:])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", SHUFFLE_DTYPES)
+@pytest.mark.parametrize("n_nodes,n_local,m", SHUFFLE_SHAPES)
+def test_gpu_shuffle_is_torchs_permute(dtype, n_nodes, n_local, m):
+    from pccl.plan_executor import permute_
+    from pccl.shuffle_triton import kernel
+
+    if kernel() is None:
+        pytest.skip("Triton is not installed")
+    check_shuffle(lambda src, dst, perm: permute_(src, dst, perm, lambda q: torch.tensor(q, device="cuda")),
+                  "cuda", dtype, n_nodes, n_local, m)
+
+
+@pytest.fixture
+def interpreted_triton(monkeypatch):
+    """The shuffle kernel as Triton's interpreter runs it (numpy on the CPU): the kernel's
+    own indexing and masking, checked on machines without a GPU."""
+    pytest.importorskip("triton")
+    from pccl import shuffle_triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    shuffle_triton.kernel.cache_clear()
+    yield shuffle_triton.permute_blocks
+    shuffle_triton.kernel.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", SHUFFLE_DTYPES)
+@pytest.mark.parametrize("n_nodes,n_local,m", SHUFFLE_SHAPES)
+def test_triton_shuffle_kernel_under_the_interpreter(interpreted_triton, dtype, n_nodes, n_local, m):
+    def shuffle(src, dst, perm):
+        assert interpreted_triton(src, dst, torch.tensor(perm)), "the kernel declined the launch"
+
+    check_shuffle(shuffle, "cpu", dtype, n_nodes, n_local, m)
