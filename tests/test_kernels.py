@@ -54,3 +54,46 @@ def test_bf16_rounds_to_nearest_even_and_keeps_nan():
     expected = torch.add(a, b)
     _native.reduce(a.data_ptr(), a.data_ptr(), b.data_ptr(), 4, DTYPES[torch.bfloat16], OPS["sum"])
     assert torch.equal(a[[0, 2, 3]], expected[[0, 2, 3]]) and torch.isnan(a[1])
+
+
+def every_value(dtype):
+    """All 65536 bit patterns of a 16-bit float type, NaNs included."""
+    return torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def same_values(actual, expected):
+    """Equal bit for bit, except that any NaN matches any NaN (payloads are not kept)."""
+    nan = torch.isnan(expected)
+    return torch.equal(torch.isnan(actual), nan) and torch.equal(actual[~nan], expected[~nan])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_convert_every_value_as_torch_does(dtype):
+    # max(x, x) is a load to float and a store back, for every value: subnormals, zeros of
+    # both signs, infinities and NaNs.
+    a = every_value(dtype)
+    out = torch.empty_like(a)
+    _native.reduce(out.data_ptr(), a.data_ptr(), a.data_ptr(), a.numel(), DTYPES[dtype], OPS["max"])
+    assert same_values(out, a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("factor", [1.0, 1 / 3, 0.5, 2**-10, 3.0, 1000.0, 1.0001, 0.9999])
+def test_half_types_round_like_torch(dtype, factor):
+    # Scaling every value rounds results onto every part of the range: ties to even,
+    # results that become subnormal or zero, and results that overflow to infinity. The
+    # scaling loop converts in software everywhere (the x86 reduce uses F16C), so factor
+    # 1.0 is the software round trip of every value.
+    a = every_value(dtype)
+    expected = (a.float() * factor).to(dtype)
+    _native.scale(a.data_ptr(), a.numel(), DTYPES[dtype], factor)
+    assert same_values(a, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_sum_every_value_with_a_shuffle_of_them(dtype):
+    a = every_value(dtype)
+    b = a[torch.randperm(a.numel(), generator=torch.Generator().manual_seed(0))]
+    expected = (a.float() + b.float()).to(dtype)
+    _native.reduce(a.data_ptr(), a.data_ptr(), b.data_ptr(), a.numel(), DTYPES[dtype], OPS["sum"])
+    assert same_values(a, expected)
