@@ -5,7 +5,7 @@
 // conversions are written as integer and float arithmetic with selects instead of
 // branches, so they vectorize like the rest (GCC 12 turns _Float16 conversions into one
 // scalar instruction or a library call per element: 5-30x slower than memcpy). On x86
-// CPUs with F16C, fp16 is converted by the hardware, 8 values per instruction.
+// CPUs with AVX2 both run in 256-bit registers, fp16 converted by F16C.
 #include "reduce.h"
 
 #include <cstring>
@@ -13,7 +13,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define PCCL_F16C 1
+#define PCCL_AVX2 1
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -102,28 +102,66 @@ PCCL_MULTIVERSION void multiply(T* __restrict buf, int64_t n, typename Num<T>::A
   for (int64_t i = 0; i < n; ++i) buf[i] = Num<T>::store(Num<T>::load(buf[i]) * factor);
 }
 
-#ifdef PCCL_F16C
-// The op on 8 floats; MAXPS and MINPS return the second operand unless the first compares
-// greater (less), exactly MaxOp's and MinOp's rule, NaNs included.
+#ifdef PCCL_AVX2
+// Half types on x86 with AVX2, widened to floats in registers. fp16 converts with F16C, 8
+// values per step. bf16 needs no shuffles: 16 values in 32-bit lanes are 8 floats in the
+// high halves (odd values, low bits masked off) and 8 in the low halves (even values,
+// shifted up), combined separately and rounded to nearest even like Num<bf16>::store.
+#define PCCL_AVX2_FN __attribute__((target("avx2,f16c")))
+
+// MAXPS and MINPS return the second operand unless the first compares greater (less):
+// exactly MaxOp's and MinOp's rule, NaNs included.
 template <typename O>
-__attribute__((target("avx2,f16c"))) __m256 apply8(__m256 a, __m256 b) {
+PCCL_AVX2_FN __m256 apply8(__m256 a, __m256 b) {
   if constexpr (std::is_same_v<O, MaxOp>) return _mm256_max_ps(a, b);
   else if constexpr (std::is_same_v<O, MinOp>) return _mm256_min_ps(a, b);
   else return _mm256_add_ps(a, b);
 }
 
-template <typename O>
-__attribute__((target("avx2,f16c"))) void combine_f16c(f16* dst, const f16* a, const f16* b, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
-    const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(apply8<O>(x, y), _MM_FROUND_TO_NEAREST_INT));
+template <typename T> struct Wide;
+
+template <> struct Wide<f16> {
+  static constexpr int width = 8;
+  template <typename O> PCCL_AVX2_FN static void step(f16* dst, const f16* a, const f16* b) {
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
+    const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(apply8<O>(x, y), _MM_FROUND_TO_NEAREST_INT));
   }
-  combine<f16, O>(dst + i, a + i, b + i, n - i);
+};
+
+template <> struct Wide<bf16> {
+  static constexpr int width = 16;
+  // A float's bits rounded to nearest even bf16, kept in the high 16 bits (low bits zero).
+  // Unlike Num<bf16>::store this needs no NaN case: the floats here are sums, maxima or
+  // minima of widened bf16 values, and a NaN among those is an operand's NaN or the
+  // default NaN, both with zero low bits, which the rounding leaves as they are.
+  PCCL_AVX2_FN static __m256i round(__m256 f) {
+    const __m256i u = _mm256_castps_si256(f);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+    return _mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+  }
+  template <typename O> PCCL_AVX2_FN static void step(bf16* dst, const bf16* a, const bf16* b) {
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256 even = apply8<O>(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)),
+                                  _mm256_castsi256_ps(_mm256_slli_epi32(y, 16)));
+    const __m256 odd = apply8<O>(_mm256_castsi256_ps(_mm256_and_si256(x, high)),
+                                 _mm256_castsi256_ps(_mm256_and_si256(y, high)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                        _mm256_or_si256(_mm256_srli_epi32(round(even), 16), round(odd)));
+  }
+};
+
+template <typename T, typename O>
+PCCL_AVX2_FN void combine_avx2(T* dst, const T* a, const T* b, int64_t n) {
+  int64_t i = 0;
+  for (; i + Wide<T>::width <= n; i += Wide<T>::width) Wide<T>::template step<O>(dst + i, a + i, b + i);
+  combine<T, O>(dst + i, a + i, b + i, n - i);
 }
 
-bool has_f16c() {
+bool has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   return yes;
 }
@@ -131,9 +169,9 @@ bool has_f16c() {
 
 template <typename T, typename O>
 void run(void* dst, const void* a, const void* b, int64_t n) {
-#ifdef PCCL_F16C
-  if constexpr (std::is_same_v<T, f16>)
-    if (has_f16c()) return combine_f16c<O>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
+#ifdef PCCL_AVX2
+  if constexpr (std::is_same_v<T, f16> || std::is_same_v<T, bf16>)
+    if (has_avx2()) return combine_avx2<T, O>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
 #endif
   combine<T, O>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
 }
