@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define PCCL_AVX2 1
 #endif
@@ -161,8 +162,12 @@ PCCL_AVX2_FN void combine_avx2(T* dst, const T* a, const T* b, int64_t n) {
   combine<T, O>(dst + i, a + i, b + i, n - i);
 }
 
+// F16C through cpuid: not every compiler's __builtin_cpu_supports knows "f16c".
 bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool yes = [] {
+    unsigned eax, ebx, ecx, edx;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+  }();
   return yes;
 }
 #endif
