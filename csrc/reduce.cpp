@@ -107,59 +107,77 @@ PCCL_MULTIVERSION void multiply(T* __restrict buf, int64_t n, typename Num<T>::A
 // Half types on x86 with AVX2, widened to floats in registers. fp16 converts with F16C, 8
 // values per step. bf16 needs no shuffles: 16 values in 32-bit lanes are 8 floats in the
 // high halves (odd values, low bits masked off) and 8 in the low halves (even values,
-// shifted up), combined separately and rounded to nearest even like Num<bf16>::store.
+// shifted up), computed separately and rounded to nearest even like Num<bf16>::store.
 #define PCCL_AVX2_FN __attribute__((target("avx2,f16c")))
 
 // MAXPS and MINPS return the second operand unless the first compares greater (less):
 // exactly MaxOp's and MinOp's rule, NaNs included.
-template <typename O>
-PCCL_AVX2_FN __m256 apply8(__m256 a, __m256 b) {
-  if constexpr (std::is_same_v<O, MaxOp>) return _mm256_max_ps(a, b);
-  else if constexpr (std::is_same_v<O, MinOp>) return _mm256_min_ps(a, b);
-  else return _mm256_add_ps(a, b);
-}
+template <typename O> struct Combine8 {
+  PCCL_AVX2_FN __m256 operator()(__m256 a, __m256 b) const {
+    if constexpr (std::is_same_v<O, MaxOp>) return _mm256_max_ps(a, b);
+    else if constexpr (std::is_same_v<O, MinOp>) return _mm256_min_ps(a, b);
+    else return _mm256_add_ps(a, b);
+  }
+};
 
+struct Scale8 {
+  __m256 factor;
+  PCCL_AVX2_FN __m256 operator()(__m256 a, __m256) const { return _mm256_mul_ps(a, factor); }
+};
+
+// Wide<T>::step(dst, a, b, f): dst = f(a, b) on `width` values.
 template <typename T> struct Wide;
 
 template <> struct Wide<f16> {
   static constexpr int width = 8;
-  template <typename O> PCCL_AVX2_FN static void step(f16* dst, const f16* a, const f16* b) {
+  template <typename F> PCCL_AVX2_FN static void step(f16* dst, const f16* a, const f16* b, F f) {
     const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
     const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(apply8<O>(x, y), _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(f(x, y), _MM_FROUND_TO_NEAREST_INT));
   }
 };
 
 template <> struct Wide<bf16> {
   static constexpr int width = 16;
   // A float's bits rounded to nearest even bf16, kept in the high 16 bits (low bits zero).
-  // Unlike Num<bf16>::store this needs no NaN case: the floats here are sums, maxima or
-  // minima of widened bf16 values, and a NaN among those is an operand's NaN or the
-  // default NaN, both with zero low bits, which the rounding leaves as they are.
+  // Unlike Num<bf16>::store this needs no NaN case: the floats here are sums, maxima,
+  // minima or multiples of widened bf16 values, and a NaN among those is an operand's NaN
+  // or the default NaN, both with zero low bits, which the rounding leaves as they are.
   PCCL_AVX2_FN static __m256i round(__m256 f) {
     const __m256i u = _mm256_castps_si256(f);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
     return _mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
   }
-  template <typename O> PCCL_AVX2_FN static void step(bf16* dst, const bf16* a, const bf16* b) {
+  template <typename F> PCCL_AVX2_FN static void step(bf16* dst, const bf16* a, const bf16* b, F f) {
     const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
     const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-    const __m256 even = apply8<O>(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)),
-                                  _mm256_castsi256_ps(_mm256_slli_epi32(y, 16)));
-    const __m256 odd = apply8<O>(_mm256_castsi256_ps(_mm256_and_si256(x, high)),
-                                 _mm256_castsi256_ps(_mm256_and_si256(y, high)));
+    const __m256 even = f(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(y, 16)));
+    const __m256 odd = f(_mm256_castsi256_ps(_mm256_and_si256(x, high)), _mm256_castsi256_ps(_mm256_and_si256(y, high)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
                         _mm256_or_si256(_mm256_srli_epi32(round(even), 16), round(odd)));
   }
 };
 
+// dst = f(a, b) over the whole steps of n; returns how many elements it did.
+template <typename T, typename F>
+PCCL_AVX2_FN int64_t map_avx2(T* dst, const T* a, const T* b, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + Wide<T>::width <= n; i += Wide<T>::width) Wide<T>::step(dst + i, a + i, b + i, f);
+  return i;
+}
+
 template <typename T, typename O>
 PCCL_AVX2_FN void combine_avx2(T* dst, const T* a, const T* b, int64_t n) {
-  int64_t i = 0;
-  for (; i + Wide<T>::width <= n; i += Wide<T>::width) Wide<T>::template step<O>(dst + i, a + i, b + i);
-  combine<T, O>(dst + i, a + i, b + i, n - i);
+  const int64_t done = map_avx2(dst, a, b, n, Combine8<O>{});
+  combine<T, O>(dst + done, a + done, b + done, n - done);
+}
+
+template <typename T>
+PCCL_AVX2_FN void multiply_avx2(T* buf, int64_t n, float factor) {
+  const int64_t done = map_avx2(buf, buf, buf, n, Scale8{_mm256_set1_ps(factor)});
+  multiply(buf + done, n - done, factor);
 }
 
 // F16C through cpuid: not every compiler's __builtin_cpu_supports knows "f16c".
@@ -179,6 +197,14 @@ void run(void* dst, const void* a, const void* b, int64_t n) {
     if (has_avx2()) return combine_avx2<T, O>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
 #endif
   combine<T, O>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
+}
+
+template <typename T>
+void scale_half(T* buf, int64_t n, float factor) {
+#ifdef PCCL_AVX2
+  if (has_avx2()) return multiply_avx2(buf, n, factor);
+#endif
+  multiply(buf, n, factor);
 }
 
 template <typename O>
@@ -209,8 +235,8 @@ void scale(void* buf, int64_t n, DType dtype, double factor) {
   switch (dtype) {
     case DType::F32: return multiply(static_cast<float*>(buf), n, static_cast<float>(factor));
     case DType::F64: return multiply(static_cast<double*>(buf), n, factor);
-    case DType::F16: return multiply(static_cast<f16*>(buf), n, static_cast<float>(factor));
-    case DType::BF16: return multiply(static_cast<bf16*>(buf), n, static_cast<float>(factor));
+    case DType::F16: return scale_half(static_cast<f16*>(buf), n, static_cast<float>(factor));
+    case DType::BF16: return scale_half(static_cast<bf16*>(buf), n, static_cast<float>(factor));
     default: throw std::invalid_argument("scaling (op avg) needs a floating-point dtype");
   }
 }

@@ -67,33 +67,47 @@ def same_values(actual, expected):
     return torch.equal(torch.isnan(actual), nan) and torch.equal(actual[~nan], expected[~nan])
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_types_convert_every_value_as_torch_does(dtype):
+def in_pieces(kernel, tensors, n, *args, piece):
+    """kernel(pointers..., count, *args) over all n elements at once (piece None), or in
+    pieces of `piece` elements. Pieces shorter than a vector step (8 or 16 values) run the
+    portable conversions, which other CPUs and every remainder use."""
+    step = n if piece is None else piece
+    for start in range(0, n, step):
+        kernel(*(t.data_ptr() + start * t.element_size() for t in tensors), min(step, n - start), *args)
+
+
+HALF_TYPES = [torch.float16, torch.bfloat16]
+PATHS = pytest.mark.parametrize("piece", [None, 7], ids=["vector", "portable"])
+
+
+@PATHS
+@pytest.mark.parametrize("dtype", HALF_TYPES)
+def test_half_types_convert_every_value_as_torch_does(dtype, piece):
     # max(x, x) is a load to float and a store back, for every value: subnormals, zeros of
     # both signs, infinities and NaNs.
     a = every_value(dtype)
     out = torch.empty_like(a)
-    _native.reduce(out.data_ptr(), a.data_ptr(), a.data_ptr(), a.numel(), DTYPES[dtype], OPS["max"])
+    in_pieces(_native.reduce, (out, a, a), a.numel(), DTYPES[dtype], OPS["max"], piece=piece)
     assert same_values(out, a)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("factor", [1.0, 1 / 3, 0.5, 2**-10, 3.0, 1000.0, 1.0001, 0.9999])
-def test_half_types_round_like_torch(dtype, factor):
+@PATHS
+@pytest.mark.parametrize("dtype", HALF_TYPES)
+@pytest.mark.parametrize("factor", [1 / 3, 0.5, 2**-10, 3.0, 1000.0, 1.0001, 0.9999])
+def test_half_types_round_like_torch(dtype, factor, piece):
     # Scaling every value rounds results onto every part of the range: ties to even,
-    # results that become subnormal or zero, and results that overflow to infinity. The
-    # scaling loop converts in software everywhere (the x86 reduce uses F16C), so factor
-    # 1.0 is the software round trip of every value.
+    # results that become subnormal or zero, and results that overflow to infinity.
     a = every_value(dtype)
     expected = (a.float() * factor).to(dtype)
-    _native.scale(a.data_ptr(), a.numel(), DTYPES[dtype], factor)
+    in_pieces(_native.scale, (a,), a.numel(), DTYPES[dtype], factor, piece=piece)
     assert same_values(a, expected)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_types_sum_every_value_with_a_shuffle_of_them(dtype):
+@PATHS
+@pytest.mark.parametrize("dtype", HALF_TYPES)
+def test_half_types_sum_every_value_with_a_shuffle_of_them(dtype, piece):
     a = every_value(dtype)
     b = a[torch.randperm(a.numel(), generator=torch.Generator().manual_seed(0))]
     expected = (a.float() + b.float()).to(dtype)
-    _native.reduce(a.data_ptr(), a.data_ptr(), b.data_ptr(), a.numel(), DTYPES[dtype], OPS["sum"])
+    in_pieces(_native.reduce, (a, a, b), a.numel(), DTYPES[dtype], OPS["sum"], piece=piece)
     assert same_values(a, expected)
