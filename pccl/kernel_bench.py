@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 import torch
+from mpi4py import MPI
 
-from pccl.bench import DATATYPES, comma_list, size_arg
+from pccl.bench import DATATYPES, comma_list, size_arg, size_sweep, time_per_call
 from pccl.dtypes import DTYPES, OPS
 from pccl.files import write_json_atomic
 from pccl.sizes import parse_size, size_label
@@ -46,9 +46,7 @@ class Row:
 
 
 def native_module():
-    from mpi4py import MPI  # noqa: F401 - loads libmpi, which the native module links
-
-    from pccl import _native
+    from pccl import _native  # after mpi4py's MPI (imported above), whose libmpi it links
     return _native
 
 
@@ -79,23 +77,19 @@ def pccl_call(a: torch.Tensor, b: torch.Tensor, op: str) -> Callable[[], None]:
 def seconds_per_call(call: Callable[[], None], device: str, iters: int, warmup: int, repeats: int) -> float:
     """Median over `repeats` loops of the mean time of `iters` calls; GPU loops are timed
     with events on the stream, so launch overhead overlaps as it does in a collective."""
+    if device != "cuda":
+        return time_per_call(call, iters, warmup, repeats, MPI.COMM_SELF)
     for _ in range(warmup):
         call()
     samples = []
     for _ in range(repeats):
-        if device == "cuda":
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                call()
-            stop.record()
-            stop.synchronize()
-            samples.append(start.elapsed_time(stop) / 1e3 / iters)
-        else:
-            begin = time.perf_counter()
-            for _ in range(iters):
-                call()
-            samples.append((time.perf_counter() - begin) / iters)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            call()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) / 1e3 / iters)
     return statistics.median(samples)
 
 
@@ -176,14 +170,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def sizes(args: argparse.Namespace) -> list[int]:
-    out, nbytes = [], args.minbytes
-    while nbytes <= args.maxbytes:
-        out.append(nbytes)
-        nbytes *= args.stepfactor
-    return out
-
-
 def run(argv: Optional[list[str]] = None) -> list[Row]:
     """Print the table (and write the JSON); the rows, for callers and tests."""
     args = parse_args(argv)
@@ -199,7 +185,8 @@ def run(argv: Optional[list[str]] = None) -> list[Row]:
     rows = []
     for datatype in args.datatypes:
         for op in args.ops:
-            for nbytes in sizes(args):
+            itemsize = DATATYPES[datatype].itemsize
+            for nbytes in size_sweep(args.minbytes, args.maxbytes, args.stepfactor, 1, itemsize):
                 rows.append(measure(device, datatype, op, nbytes, args))
                 print(format_row(rows[-1]), flush=True)
     if args.json:
