@@ -3,11 +3,11 @@ import time
 
 import pytest
 
-from tests.launch import mpiexec
+from tests.support.mpirun import mpiexec
 
 
 def run_ok(ranks, scenario, timeout=300):
-    run = mpiexec(ranks, "tests/mpi/run_special.py", scenario, timeout=timeout)
+    run = mpiexec(ranks, "-m tests.pccl.workers.run_special", scenario, timeout=timeout)
     assert run.returncode == 0 and f"OK {scenario}" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
 
 
@@ -26,7 +26,7 @@ def test_gloo_sub_groups_shut_down_cleanly():
 
 def test_native_mpi_collective_is_aborted_by_the_watchdog():
     t0 = time.perf_counter()
-    run = mpiexec(3, "tests/mpi/run_special.py", "native_watchdog", timeout=120)
+    run = mpiexec(3, "-m tests.pccl.workers.run_special", "native_watchdog", timeout=120)
     assert run.returncode != 0
     assert "did not complete within the timeout" in run.stderr + run.stdout
     assert time.perf_counter() - t0 < 18, "the job hung instead of aborting"

@@ -1,13 +1,13 @@
 """Multi-rank correctness: every executor x collective x algorithm on p in {1,...,8} ranks.
 
-Each world size is one mpiexec launch (tests/mpi/run_collectives.py) that runs the whole
+Each world size is one mpiexec launch (-m tests.pccl.workers.run_collectives) that runs the whole
 matrix and writes a report; each (p, executor, collective, algorithm) group is reported
 here as its own test case.
 """
 import pytest
 
-from tests.launch import check_group as check, report_of
-from tests.mpi.cases import EXECUTORS, WORLD_SIZES, group_id, groups
+from tests.support.mpirun import check_group as check, report_of
+from tests.pccl.workers.cases import EXECUTORS, WORLD_SIZES, group_id, groups
 
 _reports: dict[int, dict] = {}
 
@@ -15,7 +15,7 @@ _reports: dict[int, dict] = {}
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     def get(p: int) -> dict:
-        return report_of(_reports, p, tmp_path_factory.mktemp(f"p{p}"), p, "tests/mpi/run_collectives.py")
+        return report_of(_reports, p, tmp_path_factory.mktemp(f"p{p}"), p, "-m tests.pccl.workers.run_collectives")
     return get
 
 

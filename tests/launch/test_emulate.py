@@ -17,7 +17,7 @@ import pytest
 
 from pccl import traffic
 from pccl.topology import Topology
-from tests.launch import ROOT, job_env
+from tests.support.mpirun import ROOT, job_env
 
 _spec = importlib.util.spec_from_file_location("emulate_cluster", ROOT / "launch" / "emulate" / "cluster.py")
 emu = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)

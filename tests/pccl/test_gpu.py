@@ -12,7 +12,7 @@ from mpi4py import MPI  # noqa: F401 - loads libmpi for the native module
 from pccl import _native
 from pccl.dtypes import DTYPES, OPS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
@@ -70,12 +70,12 @@ def test_gpu_scale_matches_torch(dtype):
 @pytest.mark.parametrize("gpu_aware", ["0", "1"])
 def test_gpu_collectives_match_cpu_on_two_ranks(gpu_aware, monkeypatch):
     # "0": messages staged through host memory (works with any MPI); "1" needs a GPU-aware MPI.
-    from tests.launch import mpiexec
+    from tests.support.mpirun import mpiexec
 
     if gpu_aware == "1" and __import__("os").environ.get("PCCL_TEST_GPU_AWARE_MPI") != "1":
         pytest.skip("set PCCL_TEST_GPU_AWARE_MPI=1 where the MPI library is GPU-aware")
     monkeypatch.setenv("PCCL_GPU_AWARE_MPI", gpu_aware)
-    run = mpiexec(2, "tests/mpi/run_gpu.py", timeout=600)
+    run = mpiexec(2, "-m tests.pccl.workers.run_gpu", timeout=600)
     assert run.returncode == 0 and "OK gpu" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
 
 

@@ -1,6 +1,6 @@
 """mpiexec worker: every two-level plan on one emulated topology, written as a JSON report.
 
-Usage: mpiexec -n P python tests/mpi/run_plans.py RANKS_PER_NODE REPORT.json
+Usage: mpiexec -n P python -m tests.pccl.workers.run_plans RANKS_PER_NODE REPORT.json
 Consecutive groups of RANKS_PER_NODE ranks are treated as nodes.
 """
 from __future__ import annotations
@@ -12,12 +12,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.mpi.cases import PLAN_TRANSPORTS, combos, group_id, light_combos, plan_groups  # noqa: E402
-from tests.mpi.harness import run_group  # noqa: E402
+from tests.pccl.workers.cases import PLAN_TRANSPORTS, combos, group_id, light_combos, plan_groups
+from tests.pccl.workers.harness import run_group
 
-import pccl  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import pccl
+from mpi4py import MPI
 
 torch.set_num_threads(1)
 world = MPI.COMM_WORLD

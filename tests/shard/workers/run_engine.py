@@ -1,6 +1,6 @@
 """mpiexec worker for the engine: runs one scenario and writes a JSON report (rank 0).
 
-Usage: mpiexec -n P python tests/mpi/run_engine.py SCENARIO [ARG] REPORT.json
+Usage: mpiexec -n P python -m tests.shard.workers.run_engine SCENARIO [ARG] REPORT.json
   equivalence GROUP   every strategy against single-process AdamW; memory and traffic
   save DIR            train, save a checkpoint, record what a loader must reproduce
   load DIR            load DIR's checkpoint (another world size and strategy), continue
@@ -17,12 +17,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.engine_models import MLP, TinyTransformer, mlp_batch, mlp_loss, token_batch, token_loss  # noqa: E402
+from tests.shard.engine_models import MLP, TinyTransformer, mlp_batch, mlp_loss, token_batch, token_loss
 
-import pccl  # noqa: E402
-import shard  # noqa: E402
-from shard import Engine  # noqa: E402
+import pccl
+import shard
+from shard import Engine
 
 torch.set_num_threads(1)
 warnings.simplefilter("ignore")

@@ -1,16 +1,13 @@
 """mpiexec worker: collectives on CUDA tensors through the C++ executor, checked against
-the same call on CPU tensors. Usage: mpiexec -n P python tests/mpi/run_gpu.py
+the same call on CPU tensors. Usage: mpiexec -n P python -m tests.pccl.workers.run_gpu
 Prints "OK gpu" on rank 0 when every case matched."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import pccl  # noqa: E402
-from tests.mpi.cases import make_input  # noqa: E402
+import pccl
+from tests.pccl.workers.cases import make_input
 
 comm = pccl.init(executor="cpp", timeout=120)
 p, rank = comm.size, comm.rank

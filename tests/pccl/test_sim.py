@@ -14,7 +14,7 @@ from pccl.calibrate import fit
 from pccl.sim import doubling_range
 from pccl.topology import Topology
 
-from launch import ROOT, job_env, mpiexec
+from tests.support.mpirun import ROOT, job_env, mpiexec
 
 
 def sim(*args: str) -> subprocess.CompletedProcess:
@@ -105,7 +105,7 @@ def test_calibrate_refuses_one_node(tmp_path):
 
 def test_every_rank_decides_with_rank_0s_profile(tmp_path):
     path = tmp_path / "report.json"
-    run = mpiexec(4, "tests/mpi/run_profile.py", str(path), timeout=300)
+    run = mpiexec(4, "-m tests.pccl.workers.run_profile", str(path), timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads(path.read_text())
     assert report["names"] == ["frontier"] * 4

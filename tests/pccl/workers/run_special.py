@@ -1,6 +1,6 @@
 """mpiexec worker for behaviours beyond results: async handles, timeouts, huge buffers.
 
-Usage: mpiexec -n P python tests/mpi/run_special.py SCENARIO
+Usage: mpiexec -n P python -m tests.pccl.workers.run_special SCENARIO
 Prints "OK <scenario>" on rank 0 when every check passed; raises otherwise.
 """
 from __future__ import annotations

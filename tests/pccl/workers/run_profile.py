@@ -1,6 +1,6 @@
 """mpiexec worker: every rank decides "auto" from rank 0's machine profile.
 
-Usage: mpiexec -n 4 python tests/mpi/run_profile.py REPORT.json
+Usage: mpiexec -n 4 python -m tests.pccl.workers.run_profile REPORT.json
 Rank 0 names "frontier", the others "perlmutter" (PCCL_PROFILE); then rank 0 alone names
 a missing file, which must fail on every rank, not only on rank 0.
 """
@@ -13,11 +13,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import pccl  # noqa: E402
-from mpi4py import MPI  # noqa: E402
-from pccl import profile  # noqa: E402
-from pccl.selection import Tuner  # noqa: E402
+import pccl
+from mpi4py import MPI
+from pccl import profile
+from pccl.selection import Tuner
 
 torch.set_num_threads(1)
 world = MPI.COMM_WORLD

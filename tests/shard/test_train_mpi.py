@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.launch import ROOT, job_env, mpiexec
+from tests.support.mpirun import ROOT, job_env, mpiexec
 
 STEPS = 6
 SMALL = ["model.width=64", "model.layers=2", "model.heads=2", "model.vocab=512", "train.seq_len=32",

@@ -1,6 +1,6 @@
 """mpiexec worker: run the whole collective matrix for one world size, write a JSON report.
 
-Usage: mpiexec -n P python tests/mpi/run_collectives.py REPORT.json
+Usage: mpiexec -n P python -m tests.pccl.workers.run_collectives REPORT.json
 The report maps group ids to the list of failing combinations (empty when it passed),
 plus "_bad_input" for the argument-validation round trip.
 """
@@ -13,12 +13,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.mpi.cases import EXECUTORS, combos, group_id, groups  # noqa: E402
-from tests.mpi.harness import run_group  # noqa: E402
+from tests.pccl.workers.cases import EXECUTORS, combos, group_id, groups
+from tests.pccl.workers.harness import run_group
 
-import pccl  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import pccl
+from mpi4py import MPI
 
 torch.set_num_threads(1)
 world = MPI.COMM_WORLD

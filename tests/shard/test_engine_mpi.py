@@ -16,7 +16,7 @@ import pytest
 
 from shard import STRATEGIES, Strategy
 from shard.strategy import grouped_reduce_scatter_saving
-from tests.launch import report_of
+from tests.support.mpirun import report_of
 
 _reports: dict = {}
 CONFIGS = [(1, 1), (2, 1), (4, 2)]          # (ranks, group size)
@@ -26,7 +26,7 @@ TABLE3 = ("zero1", "zero2", "zero3", "mics", "paro-igg", "paro-iig", "paro-nig")
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     def get(key, ranks, *args):
-        return report_of(_reports, key, tmp_path_factory.mktemp(str(key[0])), ranks, "tests/mpi/run_engine.py", *args)
+        return report_of(_reports, key, tmp_path_factory.mktemp(str(key[0])), ranks, "-m tests.shard.workers.run_engine", *args)
     return get
 
 
@@ -136,11 +136,11 @@ def test_ddp_all_reduces_once_per_step(report):
 
 def test_checkpoint_reshards_across_world_size_and_strategy(report, tmp_path_factory):
     directory = tmp_path_factory.mktemp("checkpoint")
-    saved = report_of(_reports, ("save",), directory, 4, "tests/mpi/run_engine.py", "save", str(directory))
+    saved = report_of(_reports, ("save",), directory, 4, "-m tests.shard.workers.run_engine", "save", str(directory))
     assert "_launch" not in saved, saved.get("_launch")
     assert "LATEST" in saved["files"] and "meta.json" in saved["files"]
     assert not [f for f in saved["files"] if f.endswith(".tmp")]
-    loaded = report_of(_reports, ("load",), directory, 2, "tests/mpi/run_engine.py", "load", str(directory))
+    loaded = report_of(_reports, ("load",), directory, 2, "-m tests.shard.workers.run_engine", "load", str(directory))
     assert "_launch" not in loaded, loaded.get("_launch")
     assert loaded["restored_max_diff"] == 0.0
     assert loaded["after_error"] <= 1e-5
@@ -153,7 +153,7 @@ def test_checkpoint_reshards_across_world_size_and_strategy(report, tmp_path_fac
 @pytest.fixture(scope="module")
 def single(report, tmp_path_factory):
     directory = tmp_path_factory.mktemp("single")
-    result = report_of(_reports, ("single",), directory, 1, "tests/mpi/run_engine.py", "single", str(directory))
+    result = report_of(_reports, ("single",), directory, 1, "-m tests.shard.workers.run_engine", "single", str(directory))
     assert "_launch" not in result, result.get("_launch")
     return result
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from mpi4py import MPI
 
-from tests.mpi.cases import make_input, matches, reduce_reference
+from tests.pccl.workers.cases import make_input, matches, reduce_reference
 
 
 def run_case(comm, collective, algorithm, dtype, op, n, salt) -> bool:

@@ -15,7 +15,7 @@ import pytest
 from pccl.mpirun import launcher
 from pccl.topology import FRONTIER_ENV, MACHINES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch"
 SCRIPTS = ["local.sh", "frontier.sbatch", "perlmutter.sbatch", "torchrun.sh"]
 # Variables of a surrounding job or of the caller that the scripts read.

@@ -8,7 +8,7 @@ import torch
 from pccl.algorithms import algorithms_for
 from pccl.bench import (DATATYPES, Case, bandwidths, bus_factor, parse_size, round_size, size_sweep,
                         value_modulus)
-from tests.launch import MPIEXEC, mpiexec
+from tests.support.mpirun import MPIEXEC, mpiexec
 
 
 @pytest.mark.parametrize("text,nbytes", [("64", 64), ("4K", 4096), ("4k", 4096), ("1M", 1 << 20),

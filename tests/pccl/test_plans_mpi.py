@@ -4,8 +4,8 @@ and Python MPI executors, gloo, and mixed transports (intra gloo, inter MPI); as
 One mpiexec launch per topology; each group is reported as its own test case."""
 import pytest
 
-from tests.launch import check_group as check, report_of
-from tests.mpi.cases import PLAN_TOPOLOGIES, PLAN_TRANSPORTS, group_id, plan_groups
+from tests.support.mpirun import check_group as check, report_of
+from tests.pccl.workers.cases import PLAN_TOPOLOGIES, PLAN_TRANSPORTS, group_id, plan_groups
 
 _reports: dict = {}
 
@@ -14,7 +14,7 @@ _reports: dict = {}
 def report(tmp_path_factory):
     def get(p: int, ranks_per_node: int) -> dict:
         return report_of(_reports, (p, ranks_per_node), tmp_path_factory.mktemp(f"plans{p}x{ranks_per_node}"),
-                         p, "tests/mpi/run_plans.py", str(ranks_per_node))
+                         p, "-m tests.pccl.workers.run_plans", str(ranks_per_node))
     return get
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pccl.mpirun import MPIEXEC, launcher  # noqa: F401 - MPIEXEC is used by tests
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def job_env() -> dict:
