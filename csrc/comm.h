@@ -18,7 +18,8 @@
 
 namespace pccl {
 
-// Raised when peers do not arrive within the timeout; mapped to Python's TimeoutError.
+// Raised when peers do not arrive within the timeout; module.cpp maps it to
+// pccl.core.errors.CollectiveTimeout (a TimeoutError).
 struct Timeout : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -46,7 +47,7 @@ class MpiComm {
   // Where buffers on `device` (-1: host) with the caller's `stream` live, for this MPI.
   Memory memory(int device, void* stream) const { return Memory{device, stream, device >= 0 && !gpu_aware_}; }
 
-  // Schedules: `ops` is the flat table of pccl.schedule.Schedule.ops, `rows` x 5.
+  // Schedules: `ops` is the flat table of pccl.ir.schedule.Schedule.ops, `rows` x 5.
   // `count` is elements per rank (all-gather input, reduce-scatter output) or in total
   // (all-reduce). Local work on GPU buffers is queued on mem.stream.
   void all_gather(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count, DType dtype,

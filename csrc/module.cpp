@@ -48,7 +48,21 @@ NB_MODULE(_native, m) {
   // a reference cycle with its model's hooks) are normal Python, not reference-count bugs.
   nb::set_leak_warnings(false);
   m.doc() = "pccl native layer: MPI schedule executor, MPI collectives, CPU reduction kernels";
-  nb::exception<Timeout>(m, "CollectiveTimeout", PyExc_TimeoutError);
+  // A Timeout becomes pccl.core.errors.CollectiveTimeout: one exception type for C++ and
+  // Python executors, defined in Python so that it imports without this module. The class
+  // lives as long as the interpreter, so the reference handed to the translator is kept.
+  nb::object timeout_class = nb::module_::import_("pccl.core.errors").attr("CollectiveTimeout");
+  PyObject *timeout = timeout_class.release().ptr();
+  m.attr("CollectiveTimeout") = nb::handle(timeout);
+  nb::register_exception_translator(
+      [](const std::exception_ptr &p, void *type) {
+        try {
+          std::rethrow_exception(p);
+        } catch (const Timeout &e) {
+          PyErr_SetString(static_cast<PyObject *>(type), e.what());
+        }
+      },
+      timeout);
   m.attr("compiled_mpi") = compiled_mpi();
 
   m.def("reduce", [](uintptr_t dst, uintptr_t a, uintptr_t b, int64_t n, int dtype, int op) {

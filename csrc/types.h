@@ -1,5 +1,5 @@
 // Element types and reduction operators shared by the executor, the kernels and the
-// bindings. The numeric values are part of the Python interface (pccl/dtypes.py).
+// bindings. The numeric values are part of the Python interface (pccl/core/dtypes.py).
 #pragma once
 #include <cstddef>
 #include <cstdint>

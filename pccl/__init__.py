@@ -1,16 +1,45 @@
 """pccl: collectives for sharded data-parallel training.
 
 Algorithms are schedules (data) run by interchangeable executors: C++ over MPI, Python
-over mpi4py, torch.distributed point-to-point. See README.md.
-"""
-from .algorithms import GENERATORS, algorithms_for, schedule
-from .communicator import DEFAULT_TIMEOUT, Communicator, init
-from .errors import CollectiveTimeout
-from .plans import Hierarchical, HORing
-from .topology import FRONTIER_ENV, MACHINES, Topology, TopologyError
-from .work import Work
+over mpi4py, torch.distributed point-to-point. See README.md and docs/.
 
-__all__ = ["Communicator", "init", "CollectiveTimeout", "Work", "schedule", "algorithms_for",
-           "GENERATORS", "DEFAULT_TIMEOUT", "Hierarchical", "HORing", "Topology", "TopologyError",
-           "MACHINES", "FRONTIER_ENV"]
+`import pccl` loads none of MPI, the native module or torch.distributed: each public name
+is imported from its sub-package when first used (PEP 562), so the cost model and the
+simulator run where MPI is absent.
+"""
+from __future__ import annotations
+
+import importlib
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "Communicator": "pccl.runtime.communicator",
+    "init": "pccl.runtime.communicator",
+    "DEFAULT_TIMEOUT": "pccl.runtime.communicator",
+    "Work": "pccl.runtime.work",
+    "CollectiveTimeout": "pccl.core.errors",
+    "Topology": "pccl.core.topology",
+    "TopologyError": "pccl.core.topology",
+    "MACHINES": "pccl.core.topology",
+    "FRONTIER_ENV": "pccl.core.topology",
+    "schedule": "pccl.algorithms",
+    "algorithms_for": "pccl.algorithms",
+    "GENERATORS": "pccl.algorithms",
+    "Hierarchical": "pccl.plans",
+    "HORing": "pccl.plans",
+}
+
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pccl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import PREFIX, EmulatedCluster, EmulationError, delta, rate_bits  # noqa: E402
+# Run as a script: its folder is on sys.path, so the sibling module `cluster` imports as is.
+from cluster import PREFIX, EmulatedCluster, EmulationError, delta, rate_bits
 
 
 def positive(text: str) -> int:

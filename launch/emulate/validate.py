@@ -19,14 +19,16 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import EmulatedCluster, delta, rate_bits, venv_bin  # noqa: E402
+# Run as a script: its folder is on sys.path, so the sibling module `cluster` imports as is.
+from cluster import EmulatedCluster, delta, rate_bits, venv_bin
+
+from pccl import plans
+from pccl.analysis import traffic
+from pccl.core.topology import Topology
+from pccl.tuning import cost_model, profiles
+from pccl.util.sizes import parse_size, size_label
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from pccl import cost_model, plans, profile as profiles, traffic  # noqa: E402
-from pccl.sizes import parse_size, size_label  # noqa: E402
-from pccl.topology import Topology  # noqa: E402
 
 
 def bench(cluster: EmulatedCluster, args, json_path: Path, profile_path: Path) -> dict:
@@ -104,7 +106,9 @@ def validate_shape(nodes: int, local: int, launches: list[dict], args, profile_p
     results = []
     for (collective, size, executor, algorithm), samples in sorted(times.items()):
         measured = statistics.median(samples)
-        runs = algorithm if algorithm != "auto" else Counter(picked[(collective, size, executor, algorithm)]).most_common(1)[0][0]
+        runs = algorithm
+        if algorithm == "auto":
+            runs = Counter(picked[(collective, size, executor, algorithm)]).most_common(1)[0][0]
         predicted = cost_model.predict(collective, plans.NAMED.get(runs, runs), topology, prof, size)
         link = busiest_link_bytes(collective, runs, topology, prof, size)
         results.append({"collective": collective, "size": size, "executor": executor, "algorithm": algorithm,
@@ -142,7 +146,8 @@ def report(shapes: list[dict], prof: profiles.Profile, args) -> str:
              f"reduce {prof.reduce_bandwidth / 1e9:.2f} GB/s; copy {prof.copy_bandwidth / 1e9:.2f} GB/s", ""]
     for shape in shapes:
         lines += [f"## {shape['shape']}", "",
-                  "| collective | size | algorithm | measured ms | predicted ms | error | busiest link GB/s | of the rate |",
+                  "| collective | size | algorithm | measured ms | predicted ms | error | busiest link GB/s "
+                  "| of the rate |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in shape["results"]:
             name = f"auto ({r['runs']})" if r["algorithm"] == "auto" else (
@@ -153,8 +158,9 @@ def report(shapes: list[dict], prof: profiles.Profile, args) -> str:
         lines += ["", "| collective | size | auto ran | auto ms | best fixed | best ms | auto slower by |",
                   "|---|---|---|---|---|---|---|"]
         for a in auto_rows(shape):
-            lines.append(f"| {a['collective']} | {size_label(a['size'])} | {a['auto_runs']} | {a['auto_s'] * 1e3:.1f} | "
-                         f"{a['best']} | {a['best_s'] * 1e3:.1f} | {a['slowdown'] * 100:+.1f}% |")
+            lines.append(f"| {a['collective']} | {size_label(a['size'])} | {a['auto_runs']} | "
+                         f"{a['auto_s'] * 1e3:.1f} | {a['best']} | {a['best_s'] * 1e3:.1f} | "
+                         f"{a['slowdown'] * 100:+.1f}% |")
         lines += ["", "Link bytes per launch, counted on the interfaces vs read off the schedules: " +
                   ", ".join(f"{c:,} vs {e:,} ({c / e:.3f})" for c, e in
                             zip(shape["link_bytes_counted"], shape["link_bytes_expected"])), ""]
@@ -199,7 +205,10 @@ def main(argv=None) -> int:
     shapes = []
     for n, l in args.shapes:
         saved = args.out / f"launches-{n}x{l}.json"
-        launches = json.loads(saved.read_text()) if args.report_only else measure_shape(n, l, args, profile_path, args.out)
+        if args.report_only:
+            launches = json.loads(saved.read_text())
+        else:
+            launches = measure_shape(n, l, args, profile_path, args.out)
         shapes.append(validate_shape(n, l, launches, args, profile_path))
     (args.out / "results.json").write_text(json.dumps(shapes, indent=1) + "\n")
     text = report(shapes, profiles.load(profile_path), args)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..schedule import COLLECTIVES, Schedule
-from . import bruck, pairwise, rabenseifner, recursive_doubling, recursive_halving, ring
+from pccl.algorithms import bruck, pairwise, rabenseifner, recursive_doubling, recursive_halving, ring
+from pccl.core.collectives import COLLECTIVES
+from pccl.ir.schedule import Schedule
 
 GENERATORS = {
     "all_gather": {

@@ -7,7 +7,7 @@ that wraps around the end travels as two messages.
 """
 from __future__ import annotations
 
-from ..schedule import Step, recv, send
+from pccl.ir.schedule import Step, recv, send
 
 
 def all_gather(p: int, r: int) -> list[Step]:

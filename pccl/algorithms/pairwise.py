@@ -7,7 +7,7 @@ change every step (not neighbours), so on nodes it crosses nodes more than the r
 """
 from __future__ import annotations
 
-from ..schedule import Step, recv_reduce, send
+from pccl.ir.schedule import Step, recv_reduce, send
 
 
 def reduce_scatter(p: int, r: int) -> list[Step]:

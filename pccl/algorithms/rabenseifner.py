@@ -4,10 +4,10 @@ folded-out ranks give their input away first and get the whole result back at th
 """
 from __future__ import annotations
 
-from ..schedule import Step, recv, send
-from .folding import Fold
-from .recursive_doubling import doubling_steps
-from .recursive_halving import fold_in, halving_steps
+from pccl.algorithms.folding import Fold
+from pccl.algorithms.recursive_doubling import doubling_steps
+from pccl.algorithms.recursive_halving import fold_in, halving_steps
+from pccl.ir.schedule import Step, recv, send
 
 
 def all_reduce(p: int, r: int) -> list[Step]:

@@ -6,8 +6,8 @@ that are not powers of two are folded (see folding.py): two extra steps.
 """
 from __future__ import annotations
 
-from ..schedule import Step, recv, recv_reduce, send
-from .folding import Fold
+from pccl.algorithms.folding import Fold
+from pccl.ir.schedule import Step, recv, recv_reduce, send
 
 
 def doubling_steps(fold: Fold, r: int) -> list[Step]:

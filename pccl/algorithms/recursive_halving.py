@@ -6,8 +6,8 @@ Bandwidth term as the ring's, latency log2(p). Other p are folded (see folding.p
 """
 from __future__ import annotations
 
-from ..schedule import Step, recv, recv_reduce, send
-from .folding import Fold
+from pccl.algorithms.folding import Fold
+from pccl.ir.schedule import Step, recv, recv_reduce, send
 
 
 def halving_steps(fold: Fold, r: int) -> list[Step]:

@@ -4,7 +4,7 @@ Bandwidth-optimal for every p; latency grows linearly with p (alpha * (p-1)).
 """
 from __future__ import annotations
 
-from ..schedule import Step, recv, recv_reduce, send
+from pccl.ir.schedule import Step, recv, recv_reduce, send
 
 
 def all_gather(p: int, r: int) -> list[Step]:

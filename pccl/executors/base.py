@@ -1,9 +1,7 @@
 """The schedule loop shared by the Python-level executors (mpi4py and torch.distributed).
 
 A subclass supplies `exchange`: post a step's sends and receives together and wait for
-all of them. Block layout: all-gather and reduce-scatter buffers have equal blocks;
-all-reduce buffers of n elements have uneven blocks (the first n % p blocks one element
-longer), so no padding is ever needed. The C++ executor implements the same loop natively.
+all of them. Block layout: pccl.ir.blocks. The C++ executor implements the same loop natively.
 """
 from __future__ import annotations
 
@@ -11,12 +9,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from ..schedule import Kind, Schedule
-
-
-def block_offsets(count: int, blocks: int) -> list[int]:
-    base, extra = divmod(count, blocks)
-    return [i * base + min(i, extra) for i in range(blocks + 1)]
+from pccl.ir.blocks import block_offsets
+from pccl.ir.schedule import Kind, Schedule
 
 
 def reduce_(dst: torch.Tensor, src: torch.Tensor, op: str) -> None:

@@ -12,9 +12,9 @@ import os
 import torch
 from mpi4py import MPI
 
-from .. import _native
-from ..dtypes import dtype_code, op_code
-from ..schedule import Schedule
+from pccl import _native
+from pccl.core.dtypes import dtype_code, op_code
+from pccl.ir.schedule import Schedule
 
 
 def check_same_mpi() -> None:

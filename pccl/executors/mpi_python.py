@@ -10,8 +10,8 @@ import time
 import torch
 from mpi4py import MPI
 
-from ..errors import CollectiveTimeout
-from .base import ScheduleExecutor
+from pccl.core.errors import CollectiveTimeout
+from pccl.executors.base import ScheduleExecutor
 
 TAG = 7002
 

@@ -7,8 +7,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..errors import CollectiveTimeout
-from .base import ScheduleExecutor
+from pccl.core.errors import CollectiveTimeout
+from pccl.executors.base import ScheduleExecutor
 
 # torch >= 2.13 names the tensor collectives *_single; older releases *_tensor.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

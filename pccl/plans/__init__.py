@@ -5,10 +5,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Union
 
-from ..algorithms import algorithms_for
-from ..plan import Plan
-from ..topology import Topology, TopologyError
-from . import hierarchical, ho_ring
+from pccl.algorithms import algorithms_for
+from pccl.core.topology import Topology, TopologyError
+from pccl.ir.plan import Plan
+from pccl.plans import hierarchical, ho_ring
 
 # An inter-node algorithm named for one collective, used for its mirror image.
 DUAL = {"recursive_doubling": "recursive_halving", "recursive_halving": "recursive_doubling",

@@ -10,9 +10,9 @@ log2(N) with recursive doubling/halving.
 """
 from __future__ import annotations
 
-from ..plan import Phase, Ref
-from ..topology import Topology
-from .layout import grid_perm, inverse, permute_or_direct
+from pccl.core.topology import Topology
+from pccl.ir.plan import Phase, Ref
+from pccl.plans.layout import grid_perm, inverse, permute_or_direct
 
 
 def single_level(topology: Topology, inter: str, intra: str) -> tuple[str, str]:

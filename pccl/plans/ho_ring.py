@@ -9,10 +9,10 @@ run at the same time, and their two partial results are combined.
 """
 from __future__ import annotations
 
-from ..plan import Combine, Concurrent, Fill, Permute, Phase, Ref
-from ..topology import Topology
-from . import hierarchical
-from .layout import grid_perm, inverse
+from pccl.core.topology import Topology
+from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase, Ref
+from pccl.plans import hierarchical
+from pccl.plans.layout import grid_perm, inverse
 
 
 def node_slice(topology: Topology, node: int, buffer: str):

@@ -1,8 +1,8 @@
 """Block layouts shared by the two-level plan builders."""
 from __future__ import annotations
 
-from ..plan import Permute, Ref
-from ..topology import Topology
+from pccl.core.topology import Topology
+from pccl.ir.plan import Permute, Ref
 
 
 def grid_perm(topology: Topology, nodes: list[int], locals_: list[int]) -> tuple[int, ...]:

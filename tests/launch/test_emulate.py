@@ -15,8 +15,8 @@ from functools import lru_cache
 
 import pytest
 
-from pccl import traffic
-from pccl.topology import Topology
+from pccl.analysis import traffic
+from pccl.core.topology import Topology
 from tests.support.mpirun import ROOT, job_env
 
 _spec = importlib.util.spec_from_file_location("emulate_cluster", ROOT / "launch" / "emulate" / "cluster.py")
@@ -76,6 +76,7 @@ def test_arguments():
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+@pytest.mark.mpi
 def test_collective_crosses_shaped_links(namespaces):
     """2 nodes x 2 ranks at 200mbit: pccl sees 2 nodes; the ring all-gather's inter-node
     bytes cross the links, no faster than the rate; intra-node pairs use shared memory."""
@@ -115,6 +116,7 @@ def test_collective_crosses_shaped_links(namespaces):
     assert min(report["seconds"]) >= 0.9 * fastest, (report["seconds"], fastest)
 
 
+@pytest.mark.mpi
 def test_job_exit_code_and_cleanup(namespaces):
     proc = subprocess.Popen([sys.executable, str(RUN), "--nodes", "2", "--", "sh", "-c", "exit 3"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=job_env())
@@ -124,6 +126,7 @@ def test_job_exit_code_and_cleanup(namespaces):
     assert emu.leftovers(f"{emu.PREFIX}-{proc.pid}") == []
 
 
+@pytest.mark.mpi
 def test_sigterm_tears_down(namespaces):
     proc = subprocess.Popen([sys.executable, str(RUN), "--nodes", "2", "--ranks-per-node", "2", "--", "sleep", "60"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=job_env())

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pccl.mpirun import launcher
-from pccl.topology import FRONTIER_ENV, MACHINES
+from pccl.core.topology import FRONTIER_ENV, MACHINES
+from pccl.util.mpirun import launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch"
@@ -144,7 +144,7 @@ def test_frontier_srun_line_and_environment():
     assert overrides(words) == {**dict(a.split("=", 1) for a in USER), "comm.ranks_per_node": "8",
                                      "train.device": "cuda", "model": "gpt_7b", "strategy": "paro-iig",
                                      "comm": "pccl"}
-    # The paper's environment, exactly pccl.topology.FRONTIER_ENV, plus the NIC count and threads.
+    # The paper's environment, exactly pccl.core.topology.FRONTIER_ENV, plus the NIC count and threads.
     assert {k: v for k, v in env.items() if k in FRONTIER_ENV} == FRONTIER_ENV
     assert set(env) - set(FRONTIER_ENV) == {"PCCL_NICS_PER_NODE", "OMP_NUM_THREADS"}
     assert env["PCCL_NICS_PER_NODE"] == str(machine["nics_per_node"])
@@ -154,9 +154,9 @@ def test_frontier_srun_line_and_environment():
 
 
 def test_frontier_environment_has_one_source(tmp_path):
-    """The exported variables are read from pccl/topology.py, not written in the script."""
-    (tmp_path / "pccl").mkdir()
-    (tmp_path / "pccl" / "topology.py").write_text(
+    """The exported variables are read from pccl/core/topology.py, not written in the script."""
+    (tmp_path / "pccl" / "core").mkdir(parents=True)
+    (tmp_path / "pccl" / "core" / "topology.py").write_text(
         "FRONTIER_ENV = {'MPICH_OFI_NIC_MAPPING': '0:0;1:1', 'ONLY_HERE': 'a b;c'}\n")
     env, _, _ = parsed(run("frontier.sbatch", SLURM_NNODES="1", REPO=str(tmp_path)))
     assert env == {"MPICH_OFI_NIC_MAPPING": "0:0;1:1", "ONLY_HERE": "a b;c",

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from pccl.algorithms import algorithms_for
-from pccl.bench import (DATATYPES, Case, bandwidths, bus_factor, parse_size, round_size, size_sweep,
-                        value_modulus)
+from pccl.core.dtypes import DATATYPES
+from pccl.tools.bench import Case, bandwidths, bus_factor, value_modulus
+from pccl.tools.cli import round_size, size_sweep
+from pccl.util.sizes import parse_size
 from tests.support.mpirun import MPIEXEC, mpiexec
 
 
@@ -76,10 +78,11 @@ def test_all_gather_expectation_is_every_ranks_input():
     assert torch.equal(cases[0].expected, torch.cat([cases[0].input, cases[1].input]))
 
 
+@pytest.mark.mpi
 def test_two_rank_run_reports_every_algorithm_correct():
     if not os.path.exists(MPIEXEC):
         pytest.skip("no mpiexec next to the python interpreter")
-    done = mpiexec(2, "-m pccl.bench", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2", "-w", "1",
+    done = mpiexec(2, "-m pccl.tools.bench", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2", "-w", "1",
                    "--executors", "cpp,python", "--json", "-", timeout=120)
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)

@@ -6,8 +6,11 @@ here as its own test case.
 """
 import pytest
 
-from tests.support.mpirun import check_group as check, report_of
 from tests.pccl.workers.cases import EXECUTORS, WORLD_SIZES, group_id, groups
+from tests.support.mpirun import check_group as check
+from tests.support.mpirun import report_of
+
+pytestmark = pytest.mark.mpi
 
 _reports: dict[int, dict] = {}
 

@@ -8,11 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from pccl import cost_model, plans, profile as profiles
+from pccl import plans
 from pccl.algorithms import algorithms_for
-from pccl.profile import Link, Profile
-from pccl.selection import Tuner, bucket, forced
-from pccl.topology import Topology
+from pccl.core.topology import Topology
+from pccl.tuning import cost_model, profiles
+from pccl.tuning.profiles import Link, Profile
+from pccl.tuning.selection import Tuner, bucket, forced
 
 MB = 1 << 20
 
@@ -180,7 +181,7 @@ def test_builtin_profiles_load_and_cite_their_numbers(name):
 
 
 def test_builtin_machines_match_the_topology_table():
-    from pccl.topology import MACHINES
+    from pccl.core.topology import MACHINES
 
     for machine, shape in MACHINES.items():
         prof = profiles.load(machine)

@@ -10,12 +10,13 @@ import torch
 from mpi4py import MPI  # noqa: F401 - loads libmpi for the native module
 
 from pccl import _native
-from pccl.dtypes import DTYPES, OPS
+from pccl.core.dtypes import DTYPES, OPS
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_cuda_sources_compile_and_link(tmp_path):
     configure = [
@@ -67,6 +68,7 @@ def test_gpu_scale_matches_torch(dtype):
 
 
 @needs_gpu
+@pytest.mark.mpi
 @pytest.mark.parametrize("gpu_aware", ["0", "1"])
 def test_gpu_collectives_match_cpu_on_two_ranks(gpu_aware, monkeypatch):
     # "0": messages staged through host memory (works with any MPI); "1" needs a GPU-aware MPI.
@@ -86,8 +88,8 @@ SHUFFLE_SHAPES = [(2, 4, 1), (4, 2, 1000), (3, 8, 5000)]  # 5000: two chunks of 
 def check_shuffle(shuffle, device, dtype, n_nodes, n_local, m):
     """shuffle(src, dst, perm) against torch's permute, for the node-major/local-major
     reorder of a hierarchical plan and for a partial permutation."""
+    from pccl.core.topology import Topology
     from pccl.plans.layout import grid_perm
-    from pccl.topology import Topology
 
     p = n_nodes * n_local
     src = torch.arange(p * m, device=device).to(dtype).view(p, m)
@@ -108,8 +110,8 @@ def check_shuffle(shuffle, device, dtype, n_nodes, n_local, m):
 @pytest.mark.parametrize("dtype", SHUFFLE_DTYPES)
 @pytest.mark.parametrize("n_nodes,n_local,m", SHUFFLE_SHAPES)
 def test_gpu_shuffle_is_torchs_permute(dtype, n_nodes, n_local, m):
-    from pccl.plan_executor import permute_
-    from pccl.shuffle_triton import kernel
+    from pccl.executors.plan import permute_
+    from pccl.executors.shuffle_triton import kernel
 
     if kernel() is None:
         pytest.skip("Triton is not installed")
@@ -122,7 +124,7 @@ def interpreted_triton(monkeypatch):
     """The shuffle kernel as Triton's interpreter runs it (numpy on the CPU): the kernel's
     own indexing and masking, checked on machines without a GPU."""
     pytest.importorskip("triton")
-    from pccl import shuffle_triton
+    from pccl.executors import shuffle_triton
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     shuffle_triton.kernel.cache_clear()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pccl import kernel_bench
+from pccl.tools import kernel_bench
 
 
 def test_kernel_bench_on_the_cpu(tmp_path, capsys):

@@ -4,7 +4,7 @@ import torch
 from mpi4py import MPI  # noqa: F401 - loads libmpi for the native module
 
 from pccl import _native
-from pccl.dtypes import DTYPES, OPS
+from pccl.core.dtypes import DTYPES, OPS
 
 TORCH_REF = {
     "sum": torch.add,

@@ -2,20 +2,18 @@
 import dataclasses
 import math
 
-import numpy as np
 import pytest
 import torch
 
-import pccl.plans
 from pccl.algorithms import schedule
+from pccl.analysis.verify import ScheduleError, verify_plan, verify_plans
+from pccl.core.topology import Topology, TopologyError
 from pccl.executors.base import reduce_
-from pccl.plan import Combine, Concurrent, Fill, Permute, Phase, Ref
-from pccl.plan_executor import identity, permute_
-from pccl.schedule import Kind
-from pccl.plans import HORing, Hierarchical, build
+from pccl.executors.plan import identity, permute_
+from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase, Ref
+from pccl.ir.schedule import Kind
+from pccl.plans import Hierarchical, HORing, build
 from pccl.plans.layout import grid_perm, inverse
-from pccl.topology import Topology, TopologyError
-from pccl.verify import ScheduleError, verify_plan, verify_plans
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 SPECS = [Hierarchical(), HORing(), Hierarchical(inter="ring", intra="recursive_doubling"),
@@ -174,7 +172,8 @@ def test_hierarchical_all_gather_is_inter_then_intra_then_shuffle(n, l):
     t = Topology.regular(n * l, l)
     for r in range(n * l):
         plan = build(Hierarchical(), "all_gather", t, r)
-        assert (plan.collective, plan.name, plan.nodes, plan.local, plan.rank) == ("all_gather", "hierarchical", n, l, r)
+        assert (plan.collective, plan.name, plan.nodes, plan.local, plan.rank) == \
+            ("all_gather", "hierarchical", n, l, r)
         assert kinds(plan) == ["Phase", "Phase", "Permute"]
         inter, intra, shuffle = plan.steps
         assert (inter.collective, inter.level, inter.algorithm) == ("all_gather", "inter", "recursive_doubling")
@@ -336,7 +335,8 @@ def test_plans_are_cached():
     a = build(Hierarchical(), "all_gather", Topology.regular(8, 4), 3)
     assert build(Hierarchical(), "all_gather", Topology.regular(8, 4), 3) is a
     assert build(Hierarchical(inter=None, intra="native"), "all_gather", Topology(((0, 1, 2, 3), (4, 5, 6, 7))), 3) is a
-    assert build(HORing(), "all_reduce", Topology.regular(8, 2), 1) is build(HORing(), "all_reduce", Topology.regular(8, 2), 1)
+    topology = Topology.regular(8, 2)
+    assert build(HORing(), "all_reduce", topology, 1) is build(HORing(), "all_reduce", Topology.regular(8, 2), 1)
     assert build(Hierarchical(), "all_gather", Topology.regular(8, 4), 2) is not a
     assert build(Hierarchical(), "all_gather", Topology.regular(8, 2), 3) is not a
 

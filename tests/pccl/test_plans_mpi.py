@@ -4,8 +4,11 @@ and Python MPI executors, gloo, and mixed transports (intra gloo, inter MPI); as
 One mpiexec launch per topology; each group is reported as its own test case."""
 import pytest
 
-from tests.support.mpirun import check_group as check, report_of
 from tests.pccl.workers.cases import PLAN_TOPOLOGIES, PLAN_TRANSPORTS, group_id, plan_groups
+from tests.support.mpirun import check_group as check
+from tests.support.mpirun import report_of
+
+pytestmark = pytest.mark.mpi
 
 _reports: dict = {}
 

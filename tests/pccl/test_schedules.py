@@ -4,18 +4,20 @@ import math
 import pytest
 
 from pccl.algorithms import GENERATORS, schedule
-from pccl.schedule import Kind, Schedule, recv, send
-from pccl.verify import ScheduleError, simulate, verify, verify_schedules
+from pccl.analysis.verify import ScheduleError, simulate, verify, verify_schedules
+from pccl.ir.schedule import Kind, Schedule, recv, send
 
 CASES = [(c, a) for c, table in GENERATORS.items() for a in table]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collective,algorithm", CASES)
 def test_verifier_accepts_every_world_size(collective, algorithm):
     for p in range(1, 131):
         verify(collective, algorithm, p)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collective,algorithm", CASES)
 def test_larger_powers_of_two_and_neighbours(collective, algorithm):
     for p in (255, 256, 257):

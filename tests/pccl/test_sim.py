@@ -9,16 +9,16 @@ import sys
 import numpy as np
 import pytest
 
-from pccl import cost_model, plans, profile as profiles
-from pccl.calibrate import fit
-from pccl.sim import doubling_range
-from pccl.topology import Topology
-
+from pccl import plans
+from pccl.core.topology import Topology
+from pccl.tools.sim import doubling_range
+from pccl.tuning import cost_model, profiles
+from pccl.tuning.calibrate import fit
 from tests.support.mpirun import ROOT, job_env, mpiexec
 
 
 def sim(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pccl.sim", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pccl.tools.sim", *args], capture_output=True, text=True,
                           cwd=ROOT, env=job_env(), timeout=300)
 
 
@@ -30,7 +30,8 @@ def test_json_for_scripts_matches_the_model():
     prof = profiles.load("frontier")
     assert set(out["algorithms"]) == {"ring", "recursive_doubling", "bruck", "hierarchical", "ho_ring", "native"}
     for name, seconds in out["algorithms"].items():
-        assert seconds == pytest.approx(cost_model.predict("all_gather", plans.NAMED.get(name, name), topo, prof, 16 << 20))
+        predicted = cost_model.predict("all_gather", plans.NAMED.get(name, name), topo, prof, 16 << 20)
+        assert seconds == pytest.approx(predicted)
     candidates = {k: v for k, v in out["algorithms"].items() if k != "native"}
     assert out["auto"] == min(candidates, key=candidates.get) == "hierarchical"
     assert (out["ranks"], out["nodes"], out["size"]) == (2048, 256, 16 << 20)
@@ -82,9 +83,10 @@ def test_fit_recovers_alpha_and_bandwidth():
         fit(sizes, 1e-3 - sizes * 1e-12)
 
 
+@pytest.mark.mpi
 def test_calibrate_writes_a_profile_that_loads(tmp_path):
     path = tmp_path / "measured.json"
-    run = mpiexec(4, "-m pccl.bench", "--calibrate", str(path), "--ranks-per-node", "2", "--profile-name", "here",
+    run = mpiexec(4, "-m pccl.tools.bench", "--calibrate", str(path), "--ranks-per-node", "2", "--profile-name", "here",
                   timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     prof = profiles.load(path)
@@ -97,12 +99,15 @@ def test_calibrate_writes_a_profile_that_loads(tmp_path):
     assert cost_model.predict("all_gather", "hierarchical", Topology.regular(4, 2), prof, 1 << 20) > 0
 
 
+@pytest.mark.mpi
 def test_calibrate_refuses_one_node(tmp_path):
-    run = mpiexec(2, "-m pccl.bench", "--calibrate", str(tmp_path / "p.json"), "--ranks-per-node", "2", timeout=120)
+    run = mpiexec(2, "-m pccl.tools.bench", "--calibrate", str(tmp_path / "p.json"), "--ranks-per-node", "2",
+                  timeout=120)
     assert run.returncode != 0
     assert "two or more nodes" in run.stdout + run.stderr
 
 
+@pytest.mark.mpi
 def test_every_rank_decides_with_rank_0s_profile(tmp_path):
     path = tmp_path / "report.json"
     run = mpiexec(4, "-m tests.pccl.workers.run_profile", str(path), timeout=300)

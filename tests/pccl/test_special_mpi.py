@@ -5,6 +5,8 @@ import pytest
 
 from tests.support.mpirun import mpiexec
 
+pytestmark = pytest.mark.mpi
+
 
 def run_ok(ranks, scenario, timeout=300):
     run = mpiexec(ranks, "-m tests.pccl.workers.run_special", scenario, timeout=timeout)
@@ -39,6 +41,7 @@ def available_gib() -> float:
     return 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(available_gib() < 16, reason="needs about 13 GiB of free memory (2 ranks x 6 GiB)")
 def test_buffers_over_2_gib_and_2_to_the_31_elements():
     run_ok(2, "large", timeout=600)

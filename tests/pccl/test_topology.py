@@ -1,7 +1,7 @@
 """Topology: nodes, local indices, NICs and the Frontier environment (single process)."""
 import pytest
 
-from pccl.topology import FRONTIER_ENV, MACHINES, Topology, TopologyError, from_hosts
+from pccl.core.topology import FRONTIER_ENV, MACHINES, Topology, TopologyError, from_hosts
 
 
 def test_topology_error_is_a_value_error():

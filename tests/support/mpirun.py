@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pccl.mpirun import MPIEXEC, launcher  # noqa: F401 - MPIEXEC is used by tests
+from pccl.util.mpirun import MPIEXEC, launcher  # noqa: F401 - MPIEXEC is used by tests
 
 ROOT = Path(__file__).resolve().parents[2]
 

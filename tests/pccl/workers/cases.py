@@ -93,7 +93,10 @@ def plan_groups() -> list[tuple[str, str, str]]:
 def light_combos(collective: str, p: int):
     """A smaller matrix for the slower transports: three dtypes, two ops, three sizes."""
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
-        ops = ("sum",) if collective == "all_gather" else ("sum", "max") if not dtype.is_floating_point else ("avg", "max")
+        if collective == "all_gather":
+            ops = ("sum",)
+        else:
+            ops = ("avg", "max") if dtype.is_floating_point else ("sum", "max")
         for op in ops:
             for n in (1, 7, 5 * p + 3 if collective == "all_reduce" else 129):
                 yield dtype, op, n

@@ -12,12 +12,11 @@ import traceback
 from pathlib import Path
 
 import torch
-
-from tests.pccl.workers.cases import EXECUTORS, combos, group_id, groups
-from tests.pccl.workers.harness import run_group
+from mpi4py import MPI
 
 import pccl
-from mpi4py import MPI
+from tests.pccl.workers.cases import EXECUTORS, combos, group_id, groups
+from tests.pccl.workers.harness import run_group
 
 torch.set_num_threads(1)
 world = MPI.COMM_WORLD

@@ -3,7 +3,6 @@ the same call on CPU tensors. Usage: mpiexec -n P python -m tests.pccl.workers.r
 Prints "OK gpu" on rank 0 when every case matched."""
 from __future__ import annotations
 
-
 import torch
 
 import pccl

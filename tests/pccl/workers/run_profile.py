@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import torch
+from mpi4py import MPI
 
 import pccl
-from mpi4py import MPI
-from pccl import profile
-from pccl.selection import Tuner
+from pccl.tuning import profiles as profile
+from pccl.tuning.selection import Tuner
 
 torch.set_num_threads(1)
 world = MPI.COMM_WORLD

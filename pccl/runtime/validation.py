@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from .algorithms import ALL_NAMES, SPECIAL, algorithms_for
-from .dtypes import DTYPES
+from pccl.algorithms import ALL_NAMES, SPECIAL, algorithms_for
+from pccl.core.dtypes import DTYPES
 
 
 def check_tensor(name: str, t, devices: tuple[str, ...]) -> None:

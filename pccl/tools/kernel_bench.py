@@ -20,10 +20,10 @@ from typing import Callable, Optional
 import torch
 from mpi4py import MPI
 
-from pccl.bench import DATATYPES, comma_list, size_arg, size_sweep, time_per_call
-from pccl.dtypes import DTYPES, OPS
-from pccl.files import write_json_atomic
-from pccl.sizes import parse_size, size_label
+from pccl.core.dtypes import DATATYPES, DTYPES, OPS
+from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
+from pccl.util.files import write_json_atomic
+from pccl.util.sizes import parse_size, size_label
 
 KERNEL_OPS = ("sum", "max", "min")  # avg runs as sum (the scaling is a separate pass)
 TORCH_OPS = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}
@@ -46,7 +46,9 @@ class Row:
 
 
 def native_module():
-    from pccl import _native  # after mpi4py's MPI (imported above), whose libmpi it links
+    """The native module, loaded on first use: mpi4py (imported above) has loaded the libmpi it links."""
+    from pccl import _native
+
     return _native
 
 

@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import torch
 
-DTYPES = {
-    torch.float32: 0,
-    torch.float64: 1,
-    torch.float16: 2,
-    torch.bfloat16: 3,
-    torch.int32: 4,
-    torch.int64: 5,
-}
+# (name the command-line tools use, as nccl-tests names it; torch dtype; native code)
+_TABLE = (
+    ("float", torch.float32, 0),
+    ("double", torch.float64, 1),
+    ("half", torch.float16, 2),
+    ("bfloat16", torch.bfloat16, 3),
+    ("int32", torch.int32, 4),
+    ("int64", torch.int64, 5),
+)
+DTYPES = {dtype: code for _, dtype, code in _TABLE}
+DATATYPES = {name: dtype for name, dtype, _ in _TABLE}
 OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 
 

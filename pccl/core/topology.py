@@ -1,7 +1,7 @@
 """Where ranks live: nodes, local indices and NICs.
 
 A topology lists the ranks of each node in local order; the hierarchical plans need
-every node to hold the same number of ranks. It is detected from MPI's shared-memory
+every node to hold the same number of ranks. It is detected (pccl.runtime.detect) from MPI's shared-memory
 split (checked against Slurm's, Open MPI's or torchrun's ranks-per-node variables) or
 given explicitly: ``Topology.regular(size, ranks_per_node)`` treats consecutive groups of
 ranks as nodes, which lets hierarchical plans run, and be tested, on one machine.
@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Optional
 
 # Node types the launch scripts name; the same shapes as the machine profiles
-# (pccl/profiles/<name>.json, with sources; a test holds them equal). This module stays
+# (pccl/tuning/profiles/<name>.json, with sources; a test holds them equal). This module stays
 # free of imports from pccl, so that launch scripts can read it alone.
 MACHINES = {
     "frontier": dict(ranks_per_node=8, nics_per_node=4),   # 4 MI250X = 8 GCDs, 4 Slingshot NICs
@@ -118,6 +118,14 @@ class Topology:
         """The ranks of `rank`'s group on a plan level: "intra" or "inter"."""
         return self.intra_ranks(rank) if level == "intra" else self.inter_ranks(rank)
 
+    def level_groups(self, level: str) -> list[list[int]]:
+        """The partition of all ranks into the groups of a plan level, each group in its
+        level order: "intra" one group per node, "inter" one per local index (uniform
+        topologies)."""
+        if level == "intra":
+            return [list(node) for node in self.nodes]
+        return [[node[local] for node in self.nodes] for local in range(self.ranks_per_node)]
+
     def nic_of(self, rank: int) -> int:
         """The NIC a rank's traffic uses: consecutive local ranks share a NIC."""
         local, count = self.local_of(rank), len(self.intra_ranks(rank))
@@ -156,23 +164,3 @@ def from_hosts(hosts: list, nics_per_node: Optional[int]) -> Topology:
     nodes = tuple(tuple(r for r, h in enumerate(hosts) if h == host) for host in order)
     return Topology(nodes, nics_per_node or int(os.environ.get("PCCL_NICS_PER_NODE", "1")))
 
-
-def detect_torch(group, nics_per_node: Optional[int] = None) -> Topology:
-    """The topology of a torch.distributed group from its members' host names."""
-    import socket
-
-    import torch.distributed as dist
-
-    hosts = [None] * dist.get_world_size(group)
-    dist.all_gather_object(hosts, socket.gethostname(), group=group)
-    return from_hosts(hosts, nics_per_node)
-
-
-def detect(comm, nics_per_node: Optional[int] = None) -> Topology:
-    """The topology of an mpi4py communicator from its shared-memory split."""
-    from mpi4py import MPI
-
-    node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    leader = node_comm.bcast(comm.rank, root=0)  # the node's lowest rank names it
-    node_comm.Free()
-    return from_hosts(comm.allgather(leader), nics_per_node)

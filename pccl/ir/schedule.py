@@ -22,8 +22,6 @@ from functools import cached_property
 
 import numpy as np
 
-COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
-
 
 class Kind(enum.IntEnum):
     """What a transfer does. The values are shared with the C++ executor."""

@@ -2,8 +2,9 @@
 
 Workspaces are cached per (name, dtype, device) and grow only, so the steady state
 allocates nothing. The shuffle is one pass: one Triton kernel on GPUs (index_copy_ where
-Triton is missing, and on CPUs for many small blocks), straight copies of each piece otherwise. Phases reduce with "sum" when the op is "avg"; the result is scaled by
-1/size once at the end.
+Triton is missing, and on CPUs for many small blocks), straight copies of each piece
+otherwise. Phases reduce with "sum" when the op is "avg"; the result is scaled by 1/size
+once at the end.
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Callable
 
 import torch
 
-from .executors.base import reduce_
-from .plan import Combine, Concurrent, Fill, Permute, Phase, Plan, Ref
-from .shuffle_triton import permute_blocks
+from pccl.executors.base import reduce_
+from pccl.executors.shuffle_triton import permute_blocks
+from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase, Plan, Ref
 
 
 def identity(op: str, dtype: torch.dtype):

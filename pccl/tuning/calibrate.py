@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .profile import Link, Profile
-from .topology import Topology
+from pccl.core.topology import Topology
+from pccl.tuning.profiles import Link, Profile
 
 SIZES = tuple(1 << k for k in range(10, 25, 2))   # 1 KiB .. 16 MiB
 LOCAL_BYTES = 64 << 20   # local loops: larger than caches, like the buffers of big collectives

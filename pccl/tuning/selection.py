@@ -2,7 +2,7 @@
 
 For (collective, buffer bytes) on a communicator's topology and machine profile, every
 candidate (the flat schedules of the collective and, on two levels, the two-level plans)
-is predicted with pccl.cost_model and the fastest is taken. Decisions are cached per size
+is predicted with pccl.tuning.cost_model and the fastest is taken. Decisions are cached per size
 bucket (four per doubling, each decided at its lower edge), so the model runs once per
 bucket, and every rank decides alike from the same profile and topology.
 
@@ -16,10 +16,11 @@ import math
 import os
 from typing import Optional
 
-from . import cost_model, plans
-from .algorithms import GENERATORS, algorithms_for
-from .profile import Profile
-from .topology import Topology
+from pccl import plans
+from pccl.algorithms import GENERATORS, algorithms_for
+from pccl.core.topology import Topology
+from pccl.tuning import cost_model
+from pccl.tuning.profiles import Profile
 
 BUCKETS_PER_DOUBLING = 4
 PLAN_NAMES = tuple(plans.NAMED)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Callable, Optional
@@ -21,43 +19,14 @@ from mpi4py import MPI
 
 import pccl
 from pccl.algorithms import ALL_NAMES, algorithms_for
-from pccl.sizes import parse_size
+from pccl.core.collectives import COLLECTIVES
+from pccl.core.dtypes import DATATYPES, OPS
+from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
+from pccl.util.sizes import parse_size
 
-DATATYPES = {
-    "float": torch.float32,
-    "double": torch.float64,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-}
-OPS = ("sum", "avg", "max", "min")
-COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 EXECUTORS = ("cpp", "python", "gloo")
 MPI_EXECUTORS = ("cpp", "python")
 PLANS = ("hierarchical", "ho_ring")  # two-level plans: run by default on multi-node topologies
-
-
-# ---------------------------------------------------------------------------- sizes
-
-
-def round_size(nbytes: int, ranks: int, element_size: int) -> int:
-    """`nbytes` rounded down so the buffer splits into `ranks` equal blocks of whole elements."""
-    unit = ranks * element_size
-    return nbytes - nbytes % unit
-
-
-def size_sweep(minbytes: int, maxbytes: int, factor: int, ranks: int, element_size: int) -> list[int]:
-    """The buffer sizes to run: minbytes, minbytes*factor, ... up to maxbytes, each rounded
-    with `round_size`; sizes that round to 0 and repeats are dropped."""
-    sizes = []
-    nbytes = minbytes
-    while nbytes <= maxbytes:
-        rounded = round_size(nbytes, ranks, element_size)
-        if rounded > 0 and rounded not in sizes:
-            sizes.append(rounded)
-        nbytes *= factor
-    return sizes
 
 
 # ---------------------------------------------------------------------- bandwidth
@@ -189,21 +158,6 @@ class Row:
     busbw: float
     wrong: Optional[int]
     ranks: int
-
-
-def time_per_call(call: Callable[[], None], iters: int, warmup: int, repeats: int, world: MPI.Comm) -> float:
-    """Seconds per call: the slowest rank's mean over `iters` timed calls, median over
-    `repeats` timed loops."""
-    for _ in range(warmup):
-        call()
-    samples = []
-    for _ in range(repeats):
-        world.Barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            call()
-        samples.append(world.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX))
-    return statistics.median(samples)
 
 
 def check(case: Case, call: Callable[[], None], world: MPI.Comm) -> int:
@@ -341,25 +295,6 @@ def write_json(rows: list[Row], path: str) -> None:
 # -------------------------------------------------------------------- options
 
 
-def size_arg(text: str) -> int:
-    """An argparse type: `parse_size` with its message shown on bad input."""
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def comma_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
-    """An argparse type: a comma-separated list of names from `choices`."""
-    def parse(text: str) -> list[str]:
-        names = [name.strip() for name in text.split(",") if name.strip()]
-        unknown = [name for name in names if name not in choices]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(f"expected a comma list from {', '.join(choices)}, got {text!r}")
-        return names
-    return parse
-
-
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="pccl-bench", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -371,7 +306,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("-w", "--warmup_iters", type=int, default=5, help="untimed calls first")
     add("-c", "--check", type=int, choices=(0, 1), default=1, help="check correctness")
     add("-d", "--datatype", choices=tuple(DATATYPES), default="float")
-    add("-o", "--op", choices=OPS, default="sum", help="reduction (reduce_scatter, all_reduce)")
+    add("-o", "--op", choices=tuple(OPS), default="sum", help="reduction (reduce_scatter, all_reduce)")
     add("--collectives", type=comma_list(COLLECTIVES), default=["all_gather", "reduce_scatter"])
     add("--algorithms", type=comma_list(ALL_NAMES + PLANS), default=None,
         help="default: every algorithm of each collective, plus native and auto, plus the "
@@ -402,7 +337,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:
     """--calibrate: measure the profile on all ranks; rank 0 writes it and shows it."""
-    from pccl.calibrate import calibrate
+    from pccl.tuning.calibrate import calibrate
 
     topology = pccl.init(ranks_per_node=args.ranks_per_node).topology
     profile = calibrate(world, topology, args.profile_name)

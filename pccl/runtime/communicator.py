@@ -6,21 +6,30 @@ from typing import Callable, Optional
 
 import torch
 
-from . import plans, validation
-from .algorithms import schedule
-from .dtypes import op_code
-from .plan import Plan
-from .plan_executor import PlanExecutor
-from .profile import Profile, from_environment
-from .profile import load as load_profile
-from .schedule import Schedule
-from .selection import Tuner
-from .topology import Topology, TopologyError, detect, detect_torch
-from .work import SerialQueue, Work
+from pccl import plans
+from pccl.algorithms import schedule
+from pccl.core.dtypes import op_code
+from pccl.core.topology import Topology, TopologyError
+from pccl.executors.plan import PlanExecutor
+from pccl.ir.plan import Plan
+from pccl.ir.schedule import Schedule
+from pccl.runtime import validation
+from pccl.runtime.detect import detect, detect_torch
+from pccl.runtime.rendezvous import init_torch_distributed
+from pccl.runtime.work import SerialQueue, Work
+from pccl.tuning.profiles import Profile, from_environment
+from pccl.tuning.profiles import load as load_profile
+from pccl.tuning.selection import Tuner
 
 DEFAULT_TIMEOUT = float(os.environ.get("PCCL_TIMEOUT", 300.0))
 EXECUTORS = {"mpi": ("cpp", "python"), "torch": ("torch",)}
 LEVEL_TRANSPORTS = ("mpi", "gloo")
+
+
+def _mpi_world_size() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.size
 
 
 def on_callers_stream(fn: Callable[[], None], like: torch.Tensor) -> Callable[[], None]:
@@ -51,7 +60,7 @@ class Communicator:
         one machine), or PCCL_RANKS_PER_NODE, or detected (MPI's shared-memory split;
         host names for torch.distributed). intra/inter: the transport of each level of the
         two-level plans, "mpi" or "gloo" (default: this communicator's own). profile: the
-        machine profile algorithm="auto" predicts with: a pccl.profile.Profile, a built-in
+        machine profile algorithm="auto" predicts with: a pccl.tuning.profiles.Profile, a built-in
         name or a file (default: PCCL_PROFILE, else "generic"); rank 0's is used by all."""
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -59,7 +68,7 @@ class Communicator:
         import torch.distributed as dist
 
         if isinstance(comm, dist.ProcessGroup):
-            from .executors.torch_p2p import TorchP2PExecutor
+            from pccl.executors.torch_p2p import TorchP2PExecutor
 
             self.transport = "torch"
             self.group, self.mpi_comm = comm, None
@@ -73,7 +82,7 @@ class Communicator:
             if not isinstance(comm, MPI.Comm):
                 raise TypeError(f"comm must be an mpi4py.MPI.Comm or a torch.distributed.ProcessGroup, "
                                 f"got {type(comm).__name__}")
-            from .executors.mpi_cpp import MpiCppExecutor
+            from pccl.executors.mpi_cpp import MpiCppExecutor
 
             self.transport = "mpi"
             self.backend = "mpi"
@@ -81,12 +90,12 @@ class Communicator:
             executor = self._check_executor(executor or "cpp")
             self._native = MpiCppExecutor(comm, self.timeout)
             if executor == "python":
-                from .executors.mpi_python import MpiPythonExecutor
+                from pccl.executors.mpi_python import MpiPythonExecutor
 
                 self._executor = MpiPythonExecutor(comm, self.timeout)
             else:
                 self._executor = self._native
-            from .executors.mpi_cpp import gpu_available
+            from pccl.executors.mpi_cpp import gpu_available
 
             self.devices = ("cpu", "cuda") if executor == "cpp" and gpu_available() else ("cpu",)
         self.executor = executor
@@ -147,18 +156,58 @@ class Communicator:
         return detect_torch(self.group, nics_per_node)
 
     def _plan_executor(self) -> PlanExecutor:
+        """The executor of two-level plans, over the intra-node and inter-node communicators
+        (created on first use: creating them is collective over this communicator)."""
         if self._plans is None:
-            from .levels import build_levels
-
-            self._plans = PlanExecutor(build_levels(self, **self.level_transports))
+            self._plans = PlanExecutor({level: self.split(self.topology.level_groups(level), transport)
+                                        for level, transport in self.level_transports.items()})
         return self._plans
 
     def split(self, groups, transport: Optional[str] = None) -> "Communicator":
-        """The communicator of this rank's group in `groups` (a partition of the ranks, each
-        group in its new rank order). Collective: every rank calls it with the same groups."""
-        from .levels import split
+        """The communicator of this rank's group in `groups`: a partition of the ranks, each
+        group listing its members in their new rank order. Over `transport` ("mpi" or
+        "gloo"; default this communicator's own), with this communicator's executor, timeout
+        and profile and its topology restricted to the group. Collective: every rank calls it
+        with the same groups, and every rank creates every group in the same order (as
+        torch.distributed requires). Mixed transports assume torch.distributed's ranks are
+        MPI.COMM_WORLD's, as they are when pccl brings torch.distributed up through MPI or the
+        launcher numbers both alike."""
+        groups = [list(g) for g in groups]
+        if sorted(r for g in groups for r in g) != list(range(self.size)):
+            raise ValueError(f"groups must hold each rank 0..{self.size - 1} exactly once, got {groups}")
+        transport = transport or ("gloo" if self.transport == "torch" else "mpi")
+        index = next(i for i, g in enumerate(groups) if self.rank in g)
+        members = groups[index]
+        topology = self.topology.restrict(members)
+        if transport == "mpi":
+            if self.transport != "mpi":
+                raise ValueError("an 'mpi' sub-communicator needs a Communicator built on an mpi4py communicator")
+            sub = self.mpi_comm.Split(index, members.index(self.rank))
+            return Communicator(sub, executor=self.executor, timeout=self.timeout, topology=topology,
+                                profile=self.profile)
+        if transport != "gloo":
+            raise ValueError(f"transport must be 'mpi' or 'gloo', got {transport!r}")
+        import torch.distributed as dist
 
-        return split(self, groups, transport)
+        world = self._world_ranks()
+        if len(world) != (dist.get_world_size() if dist.is_initialized() else _mpi_world_size()):
+            # new_group (and pccl's MPI rendezvous) are collective over all ranks.
+            raise ValueError(f"gloo sub-communicators need a parent over all ranks; this one has {len(world)}")
+        init_torch_distributed("gloo", self.timeout)
+        mine = None
+        for ranks in groups:
+            group = dist.new_group([world[r] for r in ranks], backend="gloo")
+            if self.rank in ranks:
+                mine = group
+        return Communicator(mine, timeout=self.timeout, topology=topology, profile=self.profile)
+
+    def _world_ranks(self) -> list[int]:
+        """The global (world) rank of each rank of this communicator."""
+        if self.transport == "torch":
+            return list(self._native.global_rank)  # the torch executor's map, computed once
+        from mpi4py import MPI
+
+        return self.mpi_comm.allgather(MPI.COMM_WORLD.rank)
 
     def resolve(self, collective: str, algorithm, nbytes: int):
         """What `algorithm` runs for `nbytes` (the full buffer): a flat algorithm's name,
@@ -245,8 +294,6 @@ def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float 
         return Communicator(MPI.COMM_WORLD, executor=executor, timeout=timeout, **options)
     if transport in ("gloo", "nccl"):
         import torch.distributed as dist
-
-        from .rendezvous import init_torch_distributed
 
         init_torch_distributed(transport, timeout)
         return Communicator(dist.group.WORLD, executor=executor, timeout=timeout, **options)

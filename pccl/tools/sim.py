@@ -22,13 +22,12 @@ from typing import Optional
 
 import numpy as np
 
-from . import cost_model, profile as profiles
-from .files import write_atomic
-from .selection import Tuner
-from .sizes import parse_size, size_label
-from .topology import Topology, TopologyError
-
-COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+from pccl.core.collectives import COLLECTIVES
+from pccl.core.topology import Topology, TopologyError
+from pccl.tuning import cost_model, profiles
+from pccl.tuning.selection import Tuner
+from pccl.util.files import write_atomic
+from pccl.util.sizes import parse_size, size_label
 
 
 def doubling_range(text: str, parse) -> list[int]:

@@ -1,5 +1,6 @@
 """Bytes one rank sends to each peer in a collective, read off the same schedule and plan
-objects the executors run (for the training engine's accounting and the cost model).
+objects the executors run (for the training engine's accounting and the emulated-node
+validation of the cost model).
 
 The transport's native collectives are opaque; they are counted as the ring, the
 bandwidth-optimal algorithm MPI libraries and NCCL use for large messages.
@@ -8,11 +9,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from . import plans
-from .algorithms import schedule
-from .executors.base import block_offsets
-from .schedule import Kind
-from .topology import Topology
+from pccl import plans
+from pccl.algorithms import schedule
+from pccl.core.topology import Topology
+from pccl.ir.blocks import block_offsets
+from pccl.ir.schedule import Kind
 
 
 def sent(collective: str, algorithm, topology: Topology, rank: int, count: int, itemsize: int) -> Counter:

@@ -13,8 +13,10 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from .algorithms import schedule
-from .schedule import Kind, Schedule
+from pccl.algorithms import schedule
+from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase
+from pccl.ir.schedule import Kind, Schedule
+from pccl.plans import build
 
 
 class ScheduleError(AssertionError):
@@ -168,8 +170,6 @@ def simulate_plans(plans: list, topology, weights: np.ndarray, rng: np.random.Ge
     each counted how often, and whether anything read a workspace before writing it.
     Phases act as ideal collectives on their level's ranks; ranks may differ in local steps.
     Return each rank's final buffers."""
-    from .plan import Combine, Concurrent, Fill, Permute, Phase
-
     p, collective = topology.size, plans[0].collective
 
     def garbage(n):
@@ -272,6 +272,4 @@ def verify_plans(plans: list, topology, seed: int = 0) -> None:
 
 def verify_plan(spec, collective: str, topology) -> None:
     """Raise ScheduleError unless the plan of `spec` computes `collective` on `topology`."""
-    from .plans import build
-
     verify_plans([build(spec, collective, topology, r) for r in range(topology.size)], topology)

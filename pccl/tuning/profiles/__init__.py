@@ -15,7 +15,7 @@ A profile describes one kind of node and its links:
           whether it stripes each inter-node hop over all of a node's NICs, as NCCL's
           and RCCL's channels do (Cray MPICH sends a rank's traffic through one NIC)
 
-Built-in profiles live in pccl/profiles/<name>.json; `pccl-bench --calibrate` writes one
+Built-in profiles live beside this module, pccl/tuning/profiles/<name>.json; `pccl-bench --calibrate` writes one
 for the machine it runs on. Every number carries its source in the file.
 """
 from __future__ import annotations
@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .files import write_atomic
+from pccl.algorithms import GENERATORS
+from pccl.util.files import write_atomic
 
-BUILTIN_DIR = Path(__file__).resolve().parent / "profiles"
+BUILTIN_DIR = Path(__file__).resolve().parent  # the JSON files beside this module
 DEFAULT = "generic"
 
 
@@ -78,12 +79,11 @@ class Profile:
         for name, value in positive.items():
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"profile {self.name!r}: {name} must be a positive number of bytes/s, got {value!r}")
-        from .algorithms import GENERATORS
-
         for collective, algorithm in self.native_algorithms:
             if algorithm not in GENERATORS.get(collective, {}):
                 raise ValueError(f"profile {self.name!r}: native.algorithms[{collective!r}] = {algorithm!r} is not a "
-                                 f"schedule of that collective; expected one of {tuple(GENERATORS.get(collective, ()))}")
+                                 f"schedule of that collective; expected one of "
+                                 f"{tuple(GENERATORS.get(collective, ()))}")
 
     def native_algorithm(self, collective: str) -> str:
         """The schedule the transport's own `collective` is counted as."""
@@ -136,7 +136,7 @@ class Profile:
                        description=data.get("description", ""), sources=sources)
         except (KeyError, TypeError) as e:
             raise ValueError(f"{origin}: not a valid profile ({type(e).__name__}: {e}); expected the "
-                             f"fields of pccl/profiles/{DEFAULT}.json") from None
+                             f"fields of pccl/tuning/profiles/{DEFAULT}.json") from None
 
     def save(self, path) -> None:
         """Write the profile as JSON, atomically (a reader never sees a partial file)."""

@@ -25,7 +25,7 @@ the algorithm treats nodes alike: the ring, Bruck and pairwise exchange are the 
 every rank up to a rotation, recursive doubling and halving on a power-of-two group up to an XOR with the
 member index, so any node stands for all. Folded (non-power-of-two) groups single out
 many members in different ways; there every node is evaluated, which is cheap for their
-logarithmic step counts. Tests hold the sample against every node. Tests hold the sample against all nodes.
+logarithmic step counts. Tests hold the sample against every node.
 """
 from __future__ import annotations
 
@@ -35,12 +35,12 @@ from typing import Union
 
 import numpy as np
 
-from . import plans
-from .algorithms import schedule
-from .plan import Combine, Concurrent, Fill, Permute, Phase
-from .profile import Profile
-from .schedule import Kind
-from .topology import Topology
+from pccl import plans
+from pccl.algorithms import schedule
+from pccl.core.topology import Topology
+from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase
+from pccl.ir.schedule import Kind
+from pccl.tuning.profiles import Profile
 
 EVALUATE_ALL_NODES = 8   # up to this many nodes, every node is evaluated
 ROTATION_SYMMETRIC = ("ring", "bruck", "pairwise")   # rank r+1 runs rank r's schedule shifted by one

@@ -1,0 +1,1 @@
+"""Reading built schedules and plans: the symbolic verifier and per-peer traffic."""
