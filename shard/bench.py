@@ -53,8 +53,8 @@ def worker(args: argparse.Namespace) -> dict:
     from mpi4py import MPI
 
     import pccl
-    from models import GPT, GPTConfig
     from shard import Engine
+    from shard.models import GPT, GPTConfig
 
     torch.set_num_threads(1)
     world = pccl.init(ranks_per_node=args.group)
@@ -93,7 +93,8 @@ def worker(args: argparse.Namespace) -> dict:
         "params": params, "step_s": statistics.median(times), "comm_alone_s": alone,
         "exposed_s": report["exposed_s"] / args.steps,
         "busy_s": {k: v / args.steps for k, v in report["busy_s"].items()},
-        "sent_bytes": sum(report[s]["intra"] + report[s]["inter"] for s in ("forward", "backward", "update")) / args.steps,
+        "sent_bytes": sum(report[s]["intra"] + report[s]["inter"]
+                          for s in ("forward", "backward", "update")) / args.steps,
         "state_bytes": memory["P"] + memory["G"] + memory["OS"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
@@ -129,7 +130,7 @@ def replay_alone(engine, log: dict, world, repeats: int = 3) -> float:
 
 
 def launch(args: argparse.Namespace, strategy: str, prefetch: int) -> dict:
-    from pccl.mpirun import launcher
+    from pccl.util.mpirun import launcher
 
     passthrough = [f"--{k}={getattr(args, k)}" for k in ("group", "micro", "batch", "width", "layers", "vocab",
                                                           "context", "steps", "warmup", "algorithm")]

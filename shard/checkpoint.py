@@ -9,11 +9,13 @@ Saving writes a new snapshot (each file under a temporary name, flushed to disk,
 renamed), waits for every rank, and only then replaces LATEST (an atomic rename) and
 removes older snapshots. A crash at any point leaves LATEST naming a complete snapshot.
 
-What is saved is the optimizer state (fp32 master weights and both moments), the only
-state a rank cannot rebuild, as ranges of each unit's flat buffer. The metadata records
-which parameter sits where in every unit, so a loader with another world size, group
-size, strategy or unit split finds each of its elements by parameter name and offset.
-Ranks that hold a replica of another rank's shard (I and N scopes) write nothing.
+What is saved is each rank's Engine.state_dict(): the optimizer state (fp32 master
+weights and both moments), the only state a rank cannot rebuild, as ranges of each unit's
+flat buffer, and the step counters and loss scale. The metadata records which parameter
+sits where in every unit, so a loader with another world size, group size, strategy or
+unit split finds each of its elements by parameter name and offset, and hands the pieces
+its own state_dict() describes to load_state_dict(). Ranks that hold a replica of another
+rank's shard (I and N scopes) write nothing.
 """
 from __future__ import annotations
 
@@ -25,56 +27,44 @@ from typing import Optional
 
 import torch
 
-from pccl.files import fsync_dir, write_atomic
+from pccl.util.files import fsync_dir, write_atomic
 
 FORMAT = 1
-STATE = ("master", "exp_avg", "exp_avg_sq")
+STATE = ("master", "exp_avg", "exp_avg_sq")   # the tensors of a unit's piece, in state_dict() and shard files
+COUNTERS = ("optimizer_steps", "steps", "skipped_steps", "loss_scale", "loss_scale_clean")
 
 
 class CheckpointError(ValueError):
     """A missing or damaged checkpoint, or one written for another model."""
 
 
-def _shapes(engine) -> dict[str, list[int]]:
-    """Every parameter's shape, by its name in the model (as recorded when the unit was
-    built: released parameters are empty tensors)."""
-    return {name: list(shape) for u in engine.units for name, shape in zip(u.flat.names, u.flat.shapes)}
+def _shapes(state: dict) -> dict[str, list[int]]:
+    """Every parameter's shape, by its name in the model, from a state_dict()."""
+    return {name: shape for u in state["units"] for name, shape in zip(u["params"], u["shapes"])}
 
 
-def _metadata(engine) -> dict:
+def _metadata(state: dict) -> dict:
     return {
         "format": FORMAT,
-        "world": engine.layout.world,
-        "group": engine.layout.group,
-        "strategy": engine.strategy.letters,
-        "optimizer_steps": engine.optimizer.steps,
-        "steps": engine.steps,
-        "skipped_steps": engine.skipped_steps,
-        "loss_scale": engine.scaler.scale,
-        "loss_scale_clean": engine.scaler.clean,
-        "params": _shapes(engine),
-        "units": [{"name": u.name, "params": [name for name, _ in u.unit.params], "offsets": u.flat.offsets,
-                   "padded": u.flat.padded} for u in engine.units],
+        **{k: state[k] for k in ("world", "group", "strategy", *COUNTERS)},
+        "params": _shapes(state),
+        "units": [{k: u[k] for k in ("name", "params", "offsets", "padded")} for u in state["units"]],
     }
 
 
 def save(engine, path, extra: Optional[dict] = None) -> None:
     root = Path(path)
     token = engine.agree(int(uuid.uuid4().int % (1 << 62)))
-    snap = root / f"snap-{engine.steps:08d}-{token:016x}"
+    state, rank = engine.state_dict(), engine.layout.rank
+    snap = root / f"snap-{state['steps']:08d}-{token:016x}"
     snap.mkdir(parents=True, exist_ok=True)
-    shards = {}
-    state = engine.optimizer.state()
-    for u, base in zip(engine.units, engine._os_offsets):
-        if engine.layout.is_first_replica(u.strategy.os):
-            start, end = u.os_span
-            shards[u.name] = {"start": start, "end": end,
-                              **{k: state[k][base:base + u.os_numel].cpu().clone() for k in STATE}}
+    shards = {u["name"]: {"start": u["start"], "end": u["end"], **{k: u[k].cpu().clone() for k in STATE}}
+              for u in state["units"] if u["first_replica"]}
     if shards:
-        write_atomic(snap / f"shard-{engine.layout.rank}.pt", lambda f: torch.save(shards, f))
+        write_atomic(snap / f"shard-{rank}.pt", lambda f: torch.save(shards, f))
     engine.barrier()
-    if engine.layout.rank == 0:
-        meta = _metadata(engine)
+    if rank == 0:
+        meta = _metadata(state)
         meta["files"] = sorted(p.name for p in snap.glob("shard-*.pt"))
         meta["extra"] = extra
         write_atomic(snap / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
@@ -99,10 +89,10 @@ def latest(path) -> Path:
     return snap
 
 
-def _check_model(engine, meta: dict) -> None:
+def _check_model(state: dict, meta: dict) -> None:
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint format {meta.get('format')!r} is not {FORMAT}")
-    mine = _shapes(engine)
+    mine = _shapes(state)
     theirs = meta["params"]
     if mine != theirs:
         missing = sorted(set(mine) - set(theirs))
@@ -155,19 +145,17 @@ def load(engine, path) -> Optional[dict]:
     """Restore the latest snapshot into `engine`; returns the `extra` it was saved with."""
     snap = latest(path)
     meta = json.loads((snap / "meta.json").read_text())
-    _check_model(engine, meta)
+    mine = engine.state_dict()   # which pieces this engine holds
+    _check_model(mine, meta)
     source = _Source(snap, meta)
-    state = engine.optimizer.state()
-    for u, base in zip(engine.units, engine._os_offsets):
-        lo, hi = u.os_span
-        targets = {k: state[k][base:base + u.os_numel] for k in STATE}
-        for k in STATE:
-            targets[k].zero_()   # padding
-        for (name, _), start, end in zip(u.unit.params, u.flat.offsets, u.flat.offsets[1:]):
+    units = []
+    for u in mine["units"]:
+        lo, hi = u["start"], u["end"]
+        piece = {k: torch.zeros_like(u[k], device="cpu") for k in STATE}   # padding stays zero
+        for name, start, end in zip(u["params"], u["offsets"], u["offsets"][1:]):
             a, b = max(start, lo), min(end, hi)
             if a < b:
-                source.read(name, a - start, b - start, {k: t[a - lo:b - lo] for k, t in targets.items()})
-    engine.optimizer.steps = meta["optimizer_steps"]
-    engine.steps, engine.skipped_steps = meta["steps"], meta["skipped_steps"]
-    engine.scaler.scale, engine.scaler.clean = meta["loss_scale"], meta["loss_scale_clean"]
+                source.read(name, a - start, b - start, {k: t[a - lo:b - lo] for k, t in piece.items()})
+        units.append({**u, **piece})
+    engine.load_state_dict({**mine, **{k: meta[k] for k in COUNTERS}, "units": units})
     return meta.get("extra")

@@ -2,7 +2,7 @@
 strategy, parameters gathered just in time (and prefetched), gradients reduced as soon as
 each unit's backward ends, and AdamW over this rank's optimizer shard.
 
-    engine = Engine(model, comm, strategy="paro-iig")
+    engine = Engine(model, comm, strategy="paro-iig")       # or config=EngineConfig(...)
     loss = loss_fn(engine(inputs), targets)
     engine.backward(loss)        # once per micro-batch
     engine.step()                # reduce what is left, clip, update, refresh parameters
@@ -23,17 +23,17 @@ from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._pytree import tree_flatten, tree_map
 
-from pccl.communicator import Communicator
+from pccl.runtime.communicator import Communicator
 
 from . import checkpoint
 from .adamw import FlatAdamW
+from .config import PRECISIONS, EngineConfig, OptimizerConfig
 from .lanes import STAGES, Handle, Lane, Ledger
 from .layout import Layout
 from .sharded_unit import ShardedUnit
 from .strategy import Scope, Strategy
-from .units import MIN_SHARD_NUMEL, split_units
+from .units import split_units
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 REPLICATED = Strategy(Scope.N, Scope.N, Scope.N)
 OPTIMIZER_BYTES = 12   # fp32 master weights and two fp32 moments per element
 
@@ -41,6 +41,12 @@ OPTIMIZER_BYTES = 12   # fp32 master weights and two fp32 moments per element
 def default_decay(name: str, param: nn.Parameter) -> bool:
     """Decay matrices and embeddings, not biases and norm gains (nanoGPT, torchtitan)."""
     return param.dim() >= 2
+
+
+def _placement(state: dict) -> list[dict]:
+    """Where each unit's piece of a state_dict() lies: what a load must match."""
+    keys = ("name", "params", "shapes", "offsets", "padded", "start", "end")
+    return [{k: u[k] for k in keys} for u in state["units"]]
 
 
 @dataclass
@@ -69,26 +75,13 @@ class LossScaler:
                 self.scale *= 2
 
 
-def _positive(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-
-
 class Engine:
-    def __init__(self, model: nn.Module, comm: Communicator, strategy="paro-iig", group_size: Optional[int] = None,
-                 lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.1, precision: str = "fp32", grad_clip: Optional[float] = None,
-                 prefetch: int = 1, units: Optional[list[nn.Module]] = None, *, reduce_dtype: str = "fp32",
-                 algorithm="auto", activation_checkpointing: bool = False,
-                 min_shard_numel: int = MIN_SHARD_NUMEL, prefetch_bytes: Optional[int] = None,
-                 decay: Callable[[str, nn.Parameter], bool] = default_decay, device=None,
-                 init: Optional[Callable[[str, torch.Tensor], None]] = None):
-        """algorithm: the pccl algorithm of every collective ("auto", "native", "ring",
-        "hierarchical", ...) or a dict per collective name. Units smaller than
-        `min_shard_numel` elements stay replicated (DDP-like). prefetch: how many units
-        ahead to gather (0: none); prefetch_bytes caps the bytes they hold.
+    def __init__(self, model: nn.Module, comm: Communicator, config: Optional[EngineConfig] = None, *,
+                 units: Optional[list[nn.Module]] = None, decay: Callable[[str, nn.Parameter], bool] = default_decay,
+                 device=None, init: Optional[Callable[[str, torch.Tensor], None]] = None, **settings):
+        """config: the engine's settings (shard/config.py), or `settings`, the same as keywords
+        (strategy="zero3", lr=1e-3, ...), not both. units: the submodules gathered together
+        (default: see shard/units.py); decay(name, param): which parameters weight decay applies to.
 
         A model built on the meta device is materialized one unit at a time on `device`:
         `init(name, tensor)` (default: the model's `init_parameter`) fills each parameter,
@@ -98,22 +91,17 @@ class Engine:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(comm, Communicator):
             raise TypeError(f"comm must be a pccl.Communicator, got {type(comm).__name__}")
-        self.strategy = Strategy.parse(strategy)
-        group = comm.topology.ranks_per_node if group_size is None else group_size
+        if config is None:
+            config = EngineConfig.from_keywords(**settings)
+        elif not isinstance(config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}; pass settings such as "
+                            "strategy= by keyword")
+        elif settings:
+            raise TypeError(f"pass the settings either as config= or as keywords, not both; got config= and "
+                            f"{sorted(settings)}")
+        self.config, self.strategy = config, config.strategy
+        group = comm.topology.ranks_per_node if config.group_size is None else config.group_size
         self.strategy.check_group(comm.size, group)
-        for name, value in (("lr", lr), ("eps", eps)):
-            _positive(name, value)
-        _positive("grad_clip", grad_clip, allow_none=True)
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(0 <= b < 1 for b in betas)):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
-        if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
-            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
-        for name, value, valid in (("precision", precision, PRECISIONS), ("reduce_dtype", reduce_dtype, PRECISIONS)):
-            if value not in valid:
-                raise ValueError(f"{name} must be one of {tuple(valid)}, got {value!r}")
-        if not (isinstance(prefetch, int) and prefetch >= 0):
-            raise ValueError(f"prefetch must be an integer >= 0 (units gathered ahead), got {prefetch!r}")
-        _positive("prefetch_bytes", prefetch_bytes, allow_none=True)
         params = list(model.parameters())
         if not params:
             raise ValueError("the model has no parameters to train")
@@ -124,25 +112,23 @@ class Engine:
         cut = split_units(model, units)   # before any communication: bad units fail alone
 
         self.model, self.comm = model, comm
-        self.lr, self.grad_clip = float(lr), grad_clip
-        self.precision, self.compute_dtype = precision, PRECISIONS[precision]
-        self.reduce_dtype = PRECISIONS[reduce_dtype]
-        self.prefetch, self.prefetch_bytes = prefetch, prefetch_bytes
+        self.lr = float(config.optimizer.lr)   # a schedule sets it before each step
+        self.compute_dtype, self.reduce_dtype = PRECISIONS[config.precision], PRECISIONS[config.reduce_dtype]
         self.layout = Layout(comm.size, group, comm.rank, nested=self.strategy.uses_groups())
         self.ledger = Ledger(self.layout)
         levels = self.strategy.uses_groups()
-        self.gathers = Lane("gather", comm, self.layout, levels, algorithm, self.ledger, self.device)
-        self.reductions = Lane("reduce", comm, self.layout, levels, algorithm, self.ledger, self.device)
-        self.scaler = LossScaler(precision == "fp16")
+        self.gathers = Lane("gather", comm, self.layout, levels, config.algorithm, self.ledger, self.device)
+        self.reductions = Lane("reduce", comm, self.layout, levels, config.algorithm, self.ledger, self.device)
+        self.scaler = LossScaler(config.precision == "fp16")
 
         self.units: list[ShardedUnit] = []
         for unit in cut:
-            chosen = self.strategy if unit.numel >= min_shard_numel else REPLICATED
+            chosen = self.strategy if unit.numel >= config.min_shard_numel else REPLICATED
             self.units.append(ShardedUnit(unit, chosen, self.layout, self.compute_dtype, self.reduce_dtype,
                                           self.device))
         self.root = self.units[0] if self.units[0].name == "<root>" else None
         self._dtypes = {id(p): p.dtype for u in self.units for p in u.flat.params}
-        self._init_optimizer(weight_decay, betas, eps, decay, init)
+        self._init_optimizer(config.optimizer, decay, init)
         self.ledger.reset()
 
         self._forward_order: list[ShardedUnit] = []
@@ -158,7 +144,7 @@ class Engine:
             if u is not self.root:
                 u.unit.module.register_forward_pre_hook(partial(self._before_forward, u))
                 u.unit.module.register_forward_hook(partial(self._after_forward, u))
-                if activation_checkpointing:
+                if config.activation_checkpointing:
                     self._checkpoint_activations(u.unit.module)
             for p in u.flat.params:
                 if p.requires_grad:
@@ -189,7 +175,7 @@ class Engine:
                              "or build them on a real device")
         return torch.device(device), init
 
-    def _init_optimizer(self, weight_decay, betas, eps, decay, init) -> None:
+    def _init_optimizer(self, settings: OptimizerConfig, decay, init) -> None:
         offsets = self._os_offsets = [0]
         for u in self.units:
             offsets.append(offsets[-1] + u.os_numel)
@@ -209,7 +195,7 @@ class Engine:
                     torch.utils.swap_tensors(p, empty)
         for u, view in zip(self.units, self._os_views):
             u.load_master(self.reductions, view, init)
-        self.optimizer = FlatAdamW(master, decayed, tuple(betas), eps, weight_decay)
+        self.optimizer = FlatAdamW(master, decayed, settings.betas, settings.eps, settings.weight_decay)
         self._refresh("update")
         for u in self.units:
             if u.sharded_params:
@@ -261,12 +247,13 @@ class Engine:
             self.gather_stats["prefetched"] += prefetched
 
     def _prefetch(self, order: list[ShardedUnit], current: ShardedUnit, stage: str) -> None:
-        if not self.prefetch or current not in order:
+        ahead, cap = self.config.prefetch, self.config.prefetch_bytes
+        if not ahead or current not in order:
             return
         at = order.index(current)
         held = sum(u.held_bytes for u in self.units if u is not current and u is not self.root)
-        for u in order[at + 1:at + 1 + self.prefetch]:
-            if u.sharded_params and self.prefetch_bytes is not None and held + u.full_bytes > self.prefetch_bytes:
+        for u in order[at + 1:at + 1 + ahead]:
+            if u.sharded_params and cap is not None and held + u.full_bytes > cap:
                 break
             u.start_gather(self.gathers, stage)
             held += u.held_bytes
@@ -338,8 +325,9 @@ class Engine:
         if not finite:
             self.skipped_steps += 1
             return result
-        if self.grad_clip is not None and norm > self.grad_clip:
-            grad.mul_(self.grad_clip / (norm + 1e-6))   # torch.nn.utils.clip_grad_norm_'s factor
+        clip = self.config.optimizer.grad_clip
+        if clip is not None and norm > clip:
+            grad.mul_(clip / (norm + 1e-6))   # torch.nn.utils.clip_grad_norm_'s factor
         self.optimizer.step(grad, self.lr)
         self._refresh("update")
         self.steps += 1
@@ -407,6 +395,51 @@ class Engine:
         return {k: values[id(v)] if id(v) in values else v.detach().clone()
                 for k, v in self.model.state_dict(keep_vars=True).items()}
 
+    def state_dict(self) -> dict:
+        """This rank's part of the training state: the counters, and each unit's piece of
+        the optimizer state (fp32 master weights, from which the parameters are refreshed,
+        and both moments) with where the piece lies, so a checkpoint can place its elements
+        at another world size or strategy. The tensors are views of the live state, as in
+        nn.Module.state_dict: clone them to keep a snapshot.
+
+        Keys: world, group, strategy (letters); steps, skipped_steps, optimizer_steps,
+        loss_scale, loss_scale_clean; units: per unit, name, params (names), shapes,
+        offsets (of the parameters in the unit's flat buffer), padded (its length), start
+        and end (this rank's piece of it), first_replica (no lower rank holds the same
+        piece), and the piece's master, exp_avg and exp_avg_sq."""
+        state, offsets = self.optimizer.state(), self._os_offsets
+        return {
+            "world": self.layout.world, "group": self.layout.group, "strategy": self.strategy.letters,
+            "steps": self.steps, "skipped_steps": self.skipped_steps, "optimizer_steps": self.optimizer.steps,
+            "loss_scale": self.scaler.scale, "loss_scale_clean": self.scaler.clean,
+            "units": [{"name": u.name, "params": list(u.flat.names), "shapes": [list(s) for s in u.flat.shapes],
+                       "offsets": list(u.flat.offsets), "padded": u.flat.padded, "start": u.os_span[0],
+                       "end": u.os_span[1], "first_replica": self.layout.is_first_replica(u.strategy.os),
+                       **{k: v[a:b] for k, v in state.items()}}
+                      for u, a, b in zip(self.units, offsets, offsets[1:])],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what state_dict() returned on an engine holding the same pieces (world
+        size, strategy and units); the parameters are refreshed from the restored master
+        weights. Collective. Across world sizes, group sizes or strategies, go through a
+        checkpoint (save, load), which places every element by parameter name."""
+        mine = self.state_dict()
+        if _placement(state) != _placement(mine):
+            raise ValueError(
+                f"the state's units or pieces differ from this engine's: it was taken at world {state['world']}, "
+                f"group {state['group']}, strategy {state['strategy']}, this engine has world {mine['world']}, group "
+                f"{mine['group']}, strategy {mine['strategy']}; to change world size, group size or strategy, go "
+                "through a checkpoint (Engine.save, Engine.load)")
+        for piece, target in zip(state["units"], mine["units"]):
+            for k in self.optimizer.state():
+                target[k].copy_(piece[k])
+        self.steps, self.skipped_steps = state["steps"], state["skipped_steps"]
+        self.optimizer.steps = state["optimizer_steps"]
+        self.scaler.scale, self.scaler.clean = state["loss_scale"], state["loss_scale_clean"]
+        self._refresh("update")
+        self.ledger.reset()   # restoring is not training traffic
+
     def save(self, path, extra: Optional[dict] = None) -> None:
         """Write a sharded checkpoint into the directory `path` (see shard/checkpoint.py):
         a crash mid-save leaves the previous checkpoint there loadable. `extra`: rank 0's
@@ -418,10 +451,7 @@ class Engine:
         """Restore the latest checkpoint in `path`, written at any world size, group size or
         strategy for a model with the same parameters; returns the `extra` saved with it.
         Collective."""
-        extra = checkpoint.load(self, path)
-        self._refresh("update")
-        self.ledger.reset()
-        return extra
+        return checkpoint.load(self, path)
 
     def barrier(self) -> None:
         """Every rank reached this point."""

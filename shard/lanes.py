@@ -7,7 +7,7 @@ every communicator still sees the same sequence of collectives on every rank.
 Scope changes are one or two collectives (PaRO, Figures 1-3): I <-> full inside the group,
 G <-> I across groups, G <-> full over the world (or both steps when G shards nest in I
 shards). The ledger counts the bytes each collective sends from this rank, read off the
-schedule or plan it runs (pccl.traffic), split into intra-group and inter-group traffic.
+schedule or plan it runs (pccl.analysis.traffic), split into intra-group and inter-group traffic.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
-from pccl.traffic import sent
-from pccl.work import SerialQueue, Work
+from pccl.analysis.traffic import sent
+from pccl.runtime.work import SerialQueue, Work
 
 from .layout import Layout
 from .strategy import Scope

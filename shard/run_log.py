@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from pccl.files import write_atomic
+from pccl.util.files import write_atomic
 
 
 def _fmt(value, spec: str) -> str:

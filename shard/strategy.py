@@ -24,7 +24,7 @@ class Scope(enum.IntEnum):
     """How widely one kind of state is sharded; larger is finer."""
 
     N = 0   # replicated
-    I = 1   # sharded in a group of M ranks  # noqa: E741
+    I = 1   # sharded in a group of M ranks
     G = 2   # sharded over all ranks
 
     def shards(self, world: int, group: int) -> int:

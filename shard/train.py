@@ -13,18 +13,19 @@ import json
 import os
 import resource
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
 import pccl
-from models import GPT, GPTConfig
-from pccl.files import write_atomic
+from pccl.util.files import write_atomic
+from shard.models import GPT, GPTConfig
 
-from .engine import Engine
+from .config import EngineConfig, OptimizerConfig
+from .engine import Engine, StepResult
 from .lr_schedule import learning_rate
 from .run_log import RunLog
 from .throughput import Throughput, peak_tflops
@@ -140,14 +141,49 @@ def evaluate(engine: Engine, batches: list, device: torch.device) -> float:
     return total / len(batches)
 
 
+@dataclass
+class Run:
+    """What a run's stages hand on to each other: setup() fills the fields up to
+    engine_config, the later stages the rest."""
+    cfg: Any                            # the Hydra configuration
+    resolved: dict                      # cfg resolved, and what was built: config.yaml's content
+    device: torch.device
+    comm: pccl.Communicator
+    out_dir: Path
+    accumulation: int                   # micro-batches per rank per step
+    model: GPTConfig
+    engine_config: EngineConfig
+    data: Any = None                    # the tokenized corpus (TokenData)
+    batches: Any = None                 # this rank's training micro-batches (Batches: resumable)
+    held_out: list = field(default_factory=list)   # this rank's validation micro-batches
+    engine: Optional[Engine] = None
+    meter: Optional[Throughput] = None
+    log: Optional[RunLog] = None
+    step: int = 0                       # optimizer steps done
+    val_loss: Optional[float] = None    # the latest validation loss
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.out_dir / "checkpoints"
+
+
 def run(cfg) -> dict:
-    """Train as `cfg` says; returns the summary rank 0 writes to summary.json."""
+    """Train as `cfg` says, stage by stage; returns the summary rank 0 writes to summary.json."""
+    r = setup(cfg)
+    load_data(r)
+    build_engine(r)
+    start_log(r, resume(r))
+    train_loop(r)
+    return finish(r)
+
+
+def setup(cfg) -> Run:
+    """Check the configuration, pick the device, connect the ranks and agree on the output
+    directory."""
     from omegaconf import OmegaConf
 
-    from .data import Batches, eval_batches
-
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    t, o = cfg.train, cfg.optim
+    t = cfg.train
     for name, value, low in (("train.steps", t.steps, 1), ("log.interval", cfg.log.interval, 1),
                              ("train.micro_batch", t.micro_batch, 1), ("train.seq_len", t.seq_len, 1),
                              ("train.eval_batches", t.eval_batches, 1), ("train.eval_interval", t.eval_interval, 0),
@@ -155,6 +191,7 @@ def run(cfg) -> dict:
         if not isinstance(value, int) or value < low:
             raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
     device = _device(t.device)
+    settings = engine_config(resolved, _precision(t.precision, device))
     comm = _communicator(cfg.comm, device)
     accumulation = _accumulation(t, comm.size)   # every rank fails alike, before any collective
     torch.set_num_threads(t.threads or (1 if comm.size > 1 else os.cpu_count() or 1))
@@ -162,95 +199,148 @@ def run(cfg) -> dict:
     out_dir = Path(_share(comm, device, str(Path(str(t.out_dir)).resolve())))
     if comm.rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-
+    resolved["train"]["out_dir"] = str(out_dir)
     mcfg = model_config(cfg.model)
     if t.seq_len > mcfg.context:
         raise ConfigError(f"train.seq_len={t.seq_len} exceeds the model's context of {mcfg.context}")
-    data = _prepare_data(cfg.data, comm, device, mcfg.vocab)
-    check_vocab(mcfg, data.vocab_size)
-    meta = cfg.model.meta_init
-    meta = mcfg.num_params() > META_INIT_PARAMS if meta == "auto" else bool(meta)
-    with torch.device("meta" if meta else device):
-        model = GPT(mcfg, seed=t.seed)
-    s = cfg.strategy
-    precision = _precision(t.precision, device)
-    engine = Engine(model, comm, strategy=s.name, group_size=s.group_size, lr=o.lr, betas=tuple(o.betas),
-                    eps=o.eps, weight_decay=o.weight_decay, precision=precision, grad_clip=o.grad_clip,
-                    prefetch=s.prefetch, reduce_dtype=s.reduce_dtype,
-                    algorithm=resolved["comm"]["algorithm"],
-                    activation_checkpointing=s.activation_checkpointing, min_shard_numel=s.min_shard_numel,
-                    prefetch_bytes=s.prefetch_bytes, device=device if meta else None)
-    batches = Batches(data.train, t.seq_len, t.micro_batch, accumulation, comm.rank, comm.size, t.seed)
-    held_out = eval_batches(data.val, t.seq_len, t.micro_batch, comm.rank, comm.size, t.eval_batches)
+    return Run(cfg, resolved, device, comm, out_dir, accumulation, mcfg, settings)
 
-    checkpoints = out_dir / "checkpoints"
-    start, resumed = 0, "a fresh start"
-    if t.resume and (checkpoints / "LATEST").is_file():
-        extra = engine.load(checkpoints)
-        start = extra["step"]
-        batches.load_state_dict(extra["data"])
-        resumed = f"resumed at step {start}"
-    elif t.resume:
-        resumed = f"a fresh start: train.resume=true, but {checkpoints} holds no checkpoint"
-    resolved["train"]["out_dir"] = str(out_dir)
-    resolved["built"] = {"model": asdict(mcfg), "num_params": mcfg.num_params(), "world": comm.size,
-                         "ranks_per_node": comm.topology.ranks_per_node, "accumulation": accumulation,
-                         "precision": precision, "device": str(device), "meta_init": meta,
-                         "tokenizer_vocab": data.vocab_size, "data": str(data.directory)}
-    if comm.rank == 0:
-        write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
 
-    peak, peak_source = peak_tflops(device, precision) if t.peak_tflops is None else (float(t.peak_tflops), "given")
-    meter = Throughput(mcfg.flops_per_token(t.seq_len), comm.size, peak)
-    log = RunLog(out_dir, comm.rank == 0, t.steps, start, cfg.log.progress, resolved["log"]["wandb"], resolved)
-    log.write(f"{mcfg.num_params() / 1e6:.1f}M parameters, {meter.flops_per_token / 1e9:.3f} GFLOP/token; "
-              f"{comm.size} ranks ({comm.topology.ranks_per_node} per node), strategy {engine.strategy.name}, "
-              f"comm {cfg.comm.name} ({cfg.comm.algorithm}), {precision} on {device}; {accumulation} micro-batches "
-              f"of {t.micro_batch}x{t.seq_len} per rank per step; peak: {peak_source}; {resumed}; out: {out_dir}")
+def engine_config(resolved: dict, precision: str) -> EngineConfig:
+    """The engine's settings from the resolved configuration: the strategy group (its name
+    is the strategy), the optimizer group's AdamW fields, comm.algorithm and `precision`."""
+    strategy, optim = dict(resolved["strategy"]), resolved["optim"]
+    return EngineConfig(strategy=strategy.pop("name"), **strategy, precision=precision,
+                        algorithm=resolved["comm"]["algorithm"],
+                        optimizer=OptimizerConfig(**{f.name: optim[f.name] for f in fields(OptimizerConfig)}))
 
-    interval_losses, interval_start, interval_steps = [], _restart_interval(engine), 0
-    step = start
-    last_val: Optional[float] = None
-    while step < t.steps:
-        engine.lr = learning_rate(step, o.lr, o.min_lr, o.warmup_steps, o.decay_steps, t.steps)
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        for x, y in batches.next_step():
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            loss = F.cross_entropy(engine(x).float().flatten(0, 1), y.flatten())
-            engine.backward(loss)
-            loss_sum += loss.detach()
-        result = engine.step()
-        step += 1
-        interval_losses.append(loss_sum / accumulation)
-        interval_steps += 1
-        log.step()
-        evaluate_now = step == t.steps or (t.eval_interval and step % t.eval_interval == 0)
-        if step % cfg.log.interval == 0 or evaluate_now:
-            local_loss = torch.stack(interval_losses).mean().item()   # synchronizes the device
-            elapsed = time.perf_counter() - interval_start
-            loss_value, = _mean(comm, device, [local_loss])
-            report = engine.comm_report(reset=True)
-            record = {"step": step, "loss": loss_value, "lr": engine.lr, "grad_norm": result.grad_norm,
-                      **meter.measure(t.global_batch_tokens * interval_steps, elapsed),
-                      "exposed_comm_s": report["exposed_s"] / interval_steps,
-                      "comm_busy_s": sum(report["busy_s"].values()) / interval_steps,
-                      "step_time_s": elapsed / interval_steps, "peak_memory_gb": _peak_memory_gb(device),
-                      "skipped": result.skipped, "loss_scale": result.loss_scale, "epoch": batches.epoch}
-            if evaluate_now:
-                last_val, = _mean(comm, device, [evaluate(engine, held_out, device)])
-                record["val_loss"] = last_val
-            log.log(record)
-            interval_losses, interval_steps = [], 0
-            interval_start = _restart_interval(engine)
-        if step == t.steps or (t.checkpoint_interval and step % t.checkpoint_interval == 0):
-            engine.save(checkpoints, extra={"step": step, "data": batches.state_dict()})
-            interval_start = _restart_interval(engine)
 
-    summary = summarize(log.records, last_val, resolved["built"])
-    if comm.rank == 0:
-        write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
-    log.close(out_dir / "loss.png" if cfg.log.plot else None)
-    engine.close()
+def load_data(r: Run) -> None:
+    """The corpus (tokenized by rank 0, once: cached), this rank's training batches and its
+    held-out batches."""
+    from .data import Batches, eval_batches
+
+    t = r.cfg.train
+    r.data = _prepare_data(r.cfg.data, r.comm, r.device, r.model.vocab)
+    check_vocab(r.model, r.data.vocab_size)
+    r.batches = Batches(r.data.train, t.seq_len, t.micro_batch, r.accumulation, r.comm.rank, r.comm.size, t.seed)
+    r.held_out = eval_batches(r.data.val, t.seq_len, t.micro_batch, r.comm.rank, r.comm.size, t.eval_batches)
+
+
+def build_engine(r: Run) -> None:
+    """The model (on the meta device when model.meta_init says so, materialized shard by
+    shard by the engine) in the engine; what was built goes into config.yaml."""
+    meta = r.cfg.model.meta_init
+    meta = r.model.num_params() > META_INIT_PARAMS if meta == "auto" else bool(meta)
+    with torch.device("meta" if meta else r.device):
+        model = GPT(r.model, seed=r.cfg.train.seed)
+    r.engine = Engine(model, r.comm, config=r.engine_config, device=r.device if meta else None)
+    r.resolved["built"] = {"model": asdict(r.model), "num_params": r.model.num_params(), "world": r.comm.size,
+                           "ranks_per_node": r.comm.topology.ranks_per_node, "accumulation": r.accumulation,
+                           "precision": r.engine_config.precision, "device": str(r.device), "meta_init": meta,
+                           "tokenizer_vocab": r.data.vocab_size, "data": str(r.data.directory)}
+
+
+def resume(r: Run) -> str:
+    """Continue from the latest checkpoint if train.resume asks to; how the run starts, in words."""
+    if not r.cfg.train.resume:
+        return "a fresh start"
+    if not (r.checkpoints / "LATEST").is_file():
+        return f"a fresh start: train.resume=true, but {r.checkpoints} holds no checkpoint"
+    extra = r.engine.load(r.checkpoints)
+    r.step = extra["step"]
+    r.batches.load_state_dict(extra["data"])
+    return f"resumed at step {r.step}"
+
+
+def start_log(r: Run, resumed: str) -> None:
+    """config.yaml, the throughput meter, and the run log with its opening line."""
+    from omegaconf import OmegaConf
+
+    t, precision = r.cfg.train, r.engine_config.precision
+    if r.comm.rank == 0:
+        write_atomic(r.out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(r.resolved)))
+    peak, peak_source = peak_tflops(r.device, precision) if t.peak_tflops is None else (float(t.peak_tflops), "given")
+    r.meter = Throughput(r.model.flops_per_token(t.seq_len), r.comm.size, peak)
+    r.log = RunLog(r.out_dir, r.comm.rank == 0, t.steps, r.step, r.cfg.log.progress, r.resolved["log"]["wandb"],
+                   r.resolved)
+    r.log.write(f"{r.model.num_params() / 1e6:.1f}M parameters, {r.meter.flops_per_token / 1e9:.3f} GFLOP/token; "
+                f"{r.comm.size} ranks ({r.comm.topology.ranks_per_node} per node), strategy "
+                f"{r.engine.strategy.name}, comm {r.cfg.comm.name} ({r.cfg.comm.algorithm}), {precision} on "
+                f"{r.device}; {r.accumulation} micro-batches of {t.micro_batch}x{t.seq_len} per rank per step; "
+                f"peak: {peak_source}; {resumed}; out: {r.out_dir}")
+
+
+def train_loop(r: Run) -> None:
+    """Optimizer steps up to train.steps: a metrics record every log.interval steps, the
+    validation loss and checkpoints when due."""
+    t = r.cfg.train
+    losses, started = [], _restart_interval(r.engine)
+    while r.step < t.steps:
+        result, loss = train_step(r)
+        losses.append(loss)
+        r.log.step()
+        evaluate_now = r.step == t.steps or (t.eval_interval and r.step % t.eval_interval == 0)
+        if r.step % r.cfg.log.interval == 0 or evaluate_now:
+            log_interval(r, result, losses, started, evaluate_now)
+            losses, started = [], _restart_interval(r.engine)
+        if r.step == t.steps or (t.checkpoint_interval and r.step % t.checkpoint_interval == 0):
+            save_checkpoint(r)
+            started = _restart_interval(r.engine)
+
+
+def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
+    """One optimizer step over this rank's micro-batches; its result and mean loss (on the
+    device, not synchronized)."""
+    t, o = r.cfg.train, r.cfg.optim
+    r.engine.lr = learning_rate(r.step, o.lr, o.min_lr, o.warmup_steps, o.decay_steps, t.steps)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=r.device)
+    for x, y in r.batches.next_step():
+        x, y = x.to(r.device, non_blocking=True), y.to(r.device, non_blocking=True)
+        loss = F.cross_entropy(r.engine(x).float().flatten(0, 1), y.flatten())
+        r.engine.backward(loss)
+        loss_sum += loss.detach()
+    result = r.engine.step()
+    r.step += 1
+    return result, loss_sum / r.accumulation
+
+
+def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], started: float, evaluate_now: bool) -> None:
+    """The record of the steps since `started`: loss (mean over ranks), throughput,
+    communication, memory, and the validation loss when due."""
+    local_loss = torch.stack(losses).mean().item()   # synchronizes the device
+    elapsed, steps = time.perf_counter() - started, len(losses)
+    loss, = _mean(r.comm, r.device, [local_loss])
+    report = r.engine.comm_report(reset=True)
+    record = {"step": r.step, "loss": loss, "lr": r.engine.lr, "grad_norm": result.grad_norm,
+              **r.meter.measure(r.cfg.train.global_batch_tokens * steps, elapsed),
+              "exposed_comm_s": report["exposed_s"] / steps, "comm_busy_s": sum(report["busy_s"].values()) / steps,
+              "step_time_s": elapsed / steps, "peak_memory_gb": _peak_memory_gb(r.device),
+              "skipped": result.skipped, "loss_scale": result.loss_scale, "epoch": r.batches.epoch}
+    if evaluate_now:
+        r.val_loss = validate(r)
+        record["val_loss"] = r.val_loss
+    r.log.log(record)
+
+
+def validate(r: Run) -> float:
+    """The held-out loss, averaged over ranks."""
+    loss, = _mean(r.comm, r.device, [evaluate(r.engine, r.held_out, r.device)])
+    return loss
+
+
+def save_checkpoint(r: Run) -> None:
+    """The engine's state with the step and the data position, to resume from."""
+    r.engine.save(r.checkpoints, extra={"step": r.step, "data": r.batches.state_dict()})
+
+
+def finish(r: Run) -> dict:
+    """summary.json and the loss plot; the engine's threads stopped. Returns the summary."""
+    summary = summarize(r.log.records, r.val_loss, r.resolved["built"])
+    if r.comm.rank == 0:
+        write_atomic(r.out_dir / "summary.json", json.dumps(summary, indent=1))
+    r.log.close(r.out_dir / "loss.png" if r.cfg.log.plot else None)
+    r.engine.close()
     return summary
 
 

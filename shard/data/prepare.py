@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Mapping
 
-from pccl.files import fsync_dir, write_atomic, write_json_atomic
+from pccl.util.files import fsync_dir, write_atomic, write_json_atomic
 
 from . import tokenizer
 from .pack import pack

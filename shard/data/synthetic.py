@@ -70,7 +70,8 @@ class _Story:
                 cast.append(name)
         self.cast = cast
         self.home = _pick(rng, PLACES)
-        self.saying = f"a {_pick(rng, ADJECTIVES)} {_pick(rng, OBJECTS)} is better than a {_pick(rng, ADJECTIVES)} {_pick(rng, OBJECTS)}"
+        self.saying = (f"a {_pick(rng, ADJECTIVES)} {_pick(rng, OBJECTS)} is better than "
+                       f"a {_pick(rng, ADJECTIVES)} {_pick(rng, OBJECTS)}")
 
     def name(self) -> str:
         # Mostly the cast, now and then a passer-by.
@@ -103,7 +104,8 @@ class _Story:
         if kind == 4:
             return f"{self.name()} went back to the {self.home} with {self.name()} {_pick(rng, TIMES)} ."
         if kind == 5:
-            return f"{self.name()} was {_pick(rng, FEELINGS)} because the {_pick(rng, OBJECTS)} was {_pick(rng, ADJECTIVES)} ."
+            return (f"{self.name()} was {_pick(rng, FEELINGS)} because the {_pick(rng, OBJECTS)} "
+                    f"was {_pick(rng, ADJECTIVES)} .")
         if kind == 6:
             giver, taker = self.name(), self.name()
             taker = taker if taker != giver else "everyone"

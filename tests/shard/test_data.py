@@ -13,8 +13,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from shard.data import Batches, DataError, TokenData, eval_batches, prepare, synthetic_documents
-from shard.data import tokenizer
+from shard.data import Batches, DataError, TokenData, eval_batches, prepare, synthetic_documents, tokenizer
 from shard.data.pack import pack
 
 SPEC = {"source": "synthetic", "documents": 200, "seed": 0, "vocab_size": 512, "val_fraction": 0.05}

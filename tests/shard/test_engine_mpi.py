@@ -10,6 +10,7 @@
 - memory per rank against PaRO's Table 2, traffic per stage against Table 3 and Eq. 1;
 - checkpoints: saved on 4 ranks with IIG, loaded on 2 with ZeRO-3, restored exactly and
   continued on the same trajectory; a crash mid-save; another model's checkpoint refused;
+- every strategy's state_dict() loaded into a fresh engine steps exactly as the original;
 - fp16 overflow skips the step; bad input raises clear errors.
 """
 import pytest
@@ -17,6 +18,10 @@ import pytest
 from shard import STRATEGIES, Strategy
 from shard.strategy import grouped_reduce_scatter_saving
 from tests.support.mpirun import report_of
+
+pytestmark = pytest.mark.mpi
+
+WORKER = "-m tests.shard.workers.run_engine"
 
 _reports: dict = {}
 CONFIGS = [(1, 1), (2, 1), (4, 2)]          # (ranks, group size)
@@ -26,7 +31,7 @@ TABLE3 = ("zero1", "zero2", "zero3", "mics", "paro-igg", "paro-iig", "paro-nig")
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     def get(key, ranks, *args):
-        return report_of(_reports, key, tmp_path_factory.mktemp(str(key[0])), ranks, "-m tests.shard.workers.run_engine", *args)
+        return report_of(_reports, key, tmp_path_factory.mktemp(str(key[0])), ranks, WORKER, *args)
     return get
 
 
@@ -46,6 +51,13 @@ def test_every_strategy_matches_single_process_adamw(report, ranks, group, strat
         assert "exception" not in run, f"{label}\n{run.get('exception')}"
         assert run["error"] <= 1e-5, (label, run)
         assert run["loss_error"] <= 1e-5, (label, run)
+
+
+@pytest.mark.parametrize("ranks,group", CONFIGS, ids=[f"p{p}g{g}" for p, g in CONFIGS])
+@pytest.mark.parametrize("strategy", [s.letters for s in STRATEGIES])
+def test_state_dict_round_trips_into_a_fresh_engine(report, ranks, group, strategy):
+    run = equivalence(report, ranks, group)[f"{strategy}/round_trip"]
+    assert run["max_diff"] == 0.0 and run["grad_norms"][0] == run["grad_norms"][1], run
 
 
 @pytest.mark.parametrize("ranks,group", CONFIGS, ids=[f"p{p}g{g}" for p, g in CONFIGS])
@@ -136,11 +148,11 @@ def test_ddp_all_reduces_once_per_step(report):
 
 def test_checkpoint_reshards_across_world_size_and_strategy(report, tmp_path_factory):
     directory = tmp_path_factory.mktemp("checkpoint")
-    saved = report_of(_reports, ("save",), directory, 4, "-m tests.shard.workers.run_engine", "save", str(directory))
+    saved = report_of(_reports, ("save",), directory, 4, WORKER, "save", str(directory))
     assert "_launch" not in saved, saved.get("_launch")
     assert "LATEST" in saved["files"] and "meta.json" in saved["files"]
     assert not [f for f in saved["files"] if f.endswith(".tmp")]
-    loaded = report_of(_reports, ("load",), directory, 2, "-m tests.shard.workers.run_engine", "load", str(directory))
+    loaded = report_of(_reports, ("load",), directory, 2, WORKER, "load", str(directory))
     assert "_launch" not in loaded, loaded.get("_launch")
     assert loaded["restored_max_diff"] == 0.0
     assert loaded["after_error"] <= 1e-5
@@ -153,7 +165,7 @@ def test_checkpoint_reshards_across_world_size_and_strategy(report, tmp_path_fac
 @pytest.fixture(scope="module")
 def single(report, tmp_path_factory):
     directory = tmp_path_factory.mktemp("single")
-    result = report_of(_reports, ("single",), directory, 1, "-m tests.shard.workers.run_engine", "single", str(directory))
+    result = report_of(_reports, ("single",), directory, 1, WORKER, "single", str(directory))
     assert "_launch" not in result, result.get("_launch")
     return result
 

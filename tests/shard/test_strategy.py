@@ -1,8 +1,7 @@
 """Sharding strategies against PaRO's Table 1, Table 2 and Equation 1."""
 import pytest
 
-from shard.strategy import (STRATEGIES, Scope, Strategy, StrategyError,
-                            grouped_reduce_scatter_saving)
+from shard.strategy import STRATEGIES, Scope, Strategy, StrategyError, grouped_reduce_scatter_saving
 
 # PaRO Table 1, in the paper's order.
 TABLE_1 = ["NNN", "NNI", "NNG", "NII", "NIG", "NGG", "INI", "ING", "III", "IIG", "IGG", "GNG", "GIG", "GGG"]
@@ -45,7 +44,8 @@ def test_unknown_strategies_are_refused(bad):
 def test_group_size_must_divide_the_world():
     s = Strategy.parse("paro-iig")
     s.check_group(8, 4)
-    with pytest.raises(StrategyError, match=r"group size 3 does not divide the world size 8; expected one of \[1, 2, 4, 8\]"):
+    with pytest.raises(StrategyError,
+                       match=r"group size 3 does not divide the world size 8; expected one of \[1, 2, 4, 8\]"):
         s.check_group(8, 3)
     with pytest.raises(StrategyError, match="positive integer"):
         s.check_group(8, 0)

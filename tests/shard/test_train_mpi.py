@@ -11,6 +11,8 @@ import pytest
 
 from tests.support.mpirun import ROOT, job_env, mpiexec
 
+pytestmark = pytest.mark.mpi
+
 STEPS = 6
 SMALL = ["model.width=64", "model.layers=2", "model.heads=2", "model.vocab=512", "train.seq_len=32",
          "train.micro_batch=4", "train.global_batch_tokens=1024", "optim.lr=3e-3", "optim.min_lr=3e-4",

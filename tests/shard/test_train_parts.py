@@ -20,7 +20,8 @@ def test_warmup_then_cosine_to_the_floor():
         assert rates[s] == pytest.approx(floor + (lr - floor) * (1 + math.cos(math.pi * progress)) / 2)
     assert rates[60] == pytest.approx((lr + floor) / 2) and rates[129] == pytest.approx(floor)
     # without decay_steps the cosine spans the rest of training
-    assert learning_rate(49, lr, floor, 0, None, 50) == pytest.approx(floor + (lr - floor) * (1 + math.cos(math.pi * 49 / 50)) / 2)
+    cosine = floor + (lr - floor) * (1 + math.cos(math.pi * 49 / 50)) / 2
+    assert learning_rate(49, lr, floor, 0, None, 50) == pytest.approx(cosine)
     with pytest.raises(ValueError, match="min_lr"):
         learning_rate(0, 1e-4, 1e-3, 0, None, 10)
 
@@ -54,9 +55,25 @@ def test_model_configuration_from_hydra_values():
                           "heads": None, "tied": None, "positions": "rotary", "bias": None})
     cfg = model_config(m)
     check_vocab(cfg, tokenizer_vocab=1000)
-    assert (cfg.width, cfg.heads, cfg.layers, cfg.context, cfg.positions, cfg.vocab) == (2048, 32, 2, 512, "rotary", 50272)
+    shape = (cfg.width, cfg.heads, cfg.layers, cfg.context, cfg.positions, cfg.vocab)
+    assert shape == (2048, 32, 2, 512, "rotary", 50272)
     with pytest.raises(ConfigError, match="model.vocab >= 60000"):
         check_vocab(cfg, tokenizer_vocab=60000)
+
+
+def test_engine_config_from_the_hydra_configuration():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from shard.config import EngineConfig, OptimizerConfig
+    from shard.train import CONFIGS, engine_config
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("config", overrides=["strategy=paro-iig", "strategy.prefetch=2", "strategy.group_size=4",
+                                           "optim.lr=2e-3", "comm.algorithm={all_gather:ring}"])
+    config = engine_config(OmegaConf.to_container(cfg, resolve=True), "bf16")
+    assert config == EngineConfig(strategy="IIG", group_size=4, prefetch=2, precision="bf16",
+                                  algorithm={"all_gather": "ring"},
+                                  optimizer=OptimizerConfig(lr=2e-3, betas=(0.9, 0.95), grad_clip=1.0))
 
 
 def test_loss_plot_is_a_png(tmp_path):

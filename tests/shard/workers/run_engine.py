@@ -1,14 +1,13 @@
 """mpiexec worker for the engine: runs one scenario and writes a JSON report (rank 0).
 
 Usage: mpiexec -n P python -m tests.shard.workers.run_engine SCENARIO [ARG] REPORT.json
-  equivalence GROUP   every strategy against single-process AdamW; memory and traffic
+  equivalence GROUP   every strategy against single-process AdamW; memory and traffic; state_dict round trip
   save DIR            train, save a checkpoint, record what a loader must reproduce
   load DIR            load DIR's checkpoint (another world size and strategy), continue
   single DIR          one rank: crash mid-save, fp16 overflow, bad input
 """
 from __future__ import annotations
 
-import copy
 import json
 import sys
 import traceback
@@ -17,11 +16,10 @@ from pathlib import Path
 
 import torch
 
-from tests.shard.engine_models import MLP, TinyTransformer, mlp_batch, mlp_loss, token_batch, token_loss
-
 import pccl
 import shard
 from shard import Engine
+from tests.shard.engine_models import MLP, TinyTransformer, mlp_batch, mlp_loss, token_batch, token_loss
 
 torch.set_num_threads(1)
 warnings.simplefilter("ignore")
@@ -148,7 +146,32 @@ def equivalence(group: int) -> dict:
             if RANK == 0:
                 report[f"{name}/bf16"] = {"losses": losses, "reference": bf16_reference[0]}
             engine.close()
+        grad_norms, states = round_trip(strategy, group)
+        if RANK == 0:
+            report[f"{name}/round_trip"] = {"grad_norms": grad_norms, "max_diff": max(
+                (states[0][k] - states[1][k]).abs().max().item() for k in states[0])}
     return report
+
+
+def round_trip(strategy, group: int):
+    """A trained engine's state_dict() into a fresh engine with other initial values, then
+    one more step on both: their gradient norms and parameters (rank 0), which must agree."""
+    engine, _ = engine_run("transformer", strategy, 2, group, clip=0.5)
+    torch.manual_seed(1)
+    model = TinyTransformer()
+    fresh = Engine(model, comm, strategy=strategy, group_size=group, grad_clip=0.5, units=model.units(),
+                   min_shard_numel=0, **HYPER)
+    fresh.load_state_dict(engine.state_dict())   # views of the engine's live state: before it steps on
+    grad_norms, states = [], []
+    for e in (engine, fresh):
+        batch = global_batch("transformer", 2)
+        for j in range(MICRO):
+            x, y = my_micro_batch(batch, j)
+            e.backward(token_loss(e(x), y))
+        grad_norms.append(e.step().grad_norm)
+        states.append(e.full_state_dict())
+        e.close()
+    return grad_norms, states
 
 
 def save_scenario(directory: Path) -> dict:

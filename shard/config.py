@@ -1,0 +1,111 @@
+"""The engine's settings: frozen dataclasses that check their values when built, so a bad
+setting fails with its name and what was expected, before any communication starts.
+
+    config = EngineConfig(strategy="zero3", precision="bf16", optimizer=OptimizerConfig(lr=1e-3, grad_clip=1.0))
+    engine = Engine(model, comm, config=config)
+    engine = Engine(model, comm, strategy="zero3", precision="bf16", lr=1e-3, grad_clip=1.0)   # the same
+
+What belongs to one model rather than to a run's settings (its units, which of its
+parameters decay, how to materialize it) stays an argument of Engine.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Optional, Union
+
+import torch
+
+from .strategy import Strategy, StrategyError
+from .units import MIN_SHARD_NUMEL
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _positive(name: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not _number(value) or not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def _integer(name: str, value, low: int, meaning: str) -> None:
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+        raise ValueError(f"{name} must be an integer >= {low} ({meaning}), got {value!r}")
+
+
+def _one_of(name: str, value, valid) -> None:
+    if value not in valid:
+        raise ValueError(f"{name} must be one of {tuple(valid)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW (decoupled weight decay) and gradient clipping."""
+
+    lr: float = 3e-4                     # the initial rate; a schedule may change Engine.lr later
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1            # for the parameters Engine's `decay` selects
+    grad_clip: Optional[float] = None    # largest global gradient norm; None: no clipping
+
+    def __post_init__(self) -> None:
+        _positive("lr", self.lr)
+        _positive("eps", self.eps)
+        _positive("grad_clip", self.grad_clip, allow_none=True)
+        betas = self.betas
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        object.__setattr__(self, "betas", tuple(betas))   # a list from YAML compares equal to a tuple
+        if not (_number(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a number >= 0, got {self.weight_decay!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine shards, computes, communicates and updates."""
+
+    strategy: Union[str, Strategy] = "paro-iig"   # a name (zero3, paro-iig) or letters (IIG); kept as a Strategy
+    group_size: Optional[int] = None     # ranks per group (I scope); None: the topology's ranks per node
+    precision: str = "fp32"              # compute dtype of forward and backward
+    reduce_dtype: str = "fp32"           # dtype gradients are reduced in
+    prefetch: int = 1                    # units gathered ahead (0: none)
+    prefetch_bytes: Optional[int] = None   # cap on the bytes prefetched units hold
+    min_shard_numel: int = MIN_SHARD_NUMEL   # smaller units stay replicated (DDP-like)
+    algorithm: Union[str, dict] = "auto"   # pccl algorithm of every collective, or a dict per collective name
+    activation_checkpointing: bool = False
+    optimizer: OptimizerConfig = OptimizerConfig()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
+        group = self.group_size
+        if group is not None and not (isinstance(group, int) and not isinstance(group, bool) and group >= 1):
+            raise StrategyError(f"group_size must be a positive integer, or None for the topology's ranks per node, "
+                                f"got {group!r}")
+        _one_of("precision", self.precision, PRECISIONS)
+        _one_of("reduce_dtype", self.reduce_dtype, PRECISIONS)
+        _integer("prefetch", self.prefetch, 0, "units gathered ahead")
+        _positive("prefetch_bytes", self.prefetch_bytes, allow_none=True)
+        _integer("min_shard_numel", self.min_shard_numel, 0, "elements below which a unit stays replicated")
+        if not isinstance(self.algorithm, (str, dict)):
+            raise ValueError("algorithm must be a pccl algorithm name such as 'auto' or 'ring', or a dict of one per "
+                             f"collective name, got {self.algorithm!r}")
+        if not isinstance(self.activation_checkpointing, bool):
+            raise ValueError(f"activation_checkpointing must be True or False, got {self.activation_checkpointing!r}")
+        if not isinstance(self.optimizer, OptimizerConfig):
+            raise ValueError(f"optimizer must be an OptimizerConfig, got {type(self.optimizer).__name__}")
+
+    @classmethod
+    def from_keywords(cls, **settings) -> EngineConfig:
+        """The config of Engine's keyword form, in which the optimizer's settings (lr=,
+        betas=, eps=, weight_decay=, grad_clip=) sit beside the others."""
+        optimizer = {f.name for f in fields(OptimizerConfig)}
+        unknown = sorted(set(settings) - optimizer - {f.name for f in fields(cls) if f.name != "optimizer"})
+        if unknown:
+            raise TypeError(f"unknown engine settings {unknown}; expected fields of EngineConfig or OptimizerConfig")
+        return cls(**{k: v for k, v in settings.items() if k not in optimizer},
+                   optimizer=OptimizerConfig(**{k: v for k, v in settings.items() if k in optimizer}))
