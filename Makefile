@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make train   the main job: shard-train on the embedded default (tiny GPT, synthetic corpus)
-#   make test    the test suite (single-process and multi-rank under mpiexec)
+#   make test    ruff, then the test suite (single-process and multi-rank under mpiexec)
+# make test-fast runs the single-process tests only (pytest -m "not mpi"), make lint ruff alone,
 # and make bench runs pccl-bench on 4 local ranks over a small size sweep.
 # Both create .venv if missing and install what is needed; re-running is quick.
 #
@@ -34,7 +35,7 @@ TORCH ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 SYSTEM_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all test bench train build clean
+.PHONY: all test test-fast lint bench train build clean
 
 all: build
 
@@ -48,7 +49,7 @@ ifeq ($(MPI),system)
 else
 	$(PY) -m pip install -q "$(MPI)" "mpi4py>=4.0"
 endif
-	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest \
+	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest "ruff==0.17.6" \
 		"hydra-core>=1.3" "datasets>=2.14" "sentencepiece>=0.1.99" tqdm matplotlib wandb
 	# GPU torch builds bring their own Triton (pytorch-triton-rocm on AMD); elsewhere it is
 	# installed so the tests run the shuffle kernel in Triton's interpreter.
@@ -64,8 +65,14 @@ $(NATIVE): $(VENV)/.deps pyproject.toml CMakeLists.txt $(shell find csrc -type f
 
 build: $(NATIVE)
 
-test: build
+lint: build
+	$(BIN)/ruff check .
+
+test: lint
 	$(PY) -m pytest -q tests
+
+test-fast: build
+	$(PY) -m pytest -q -m "not mpi" tests
 
 train: build
 	NPROC=$(TRAIN_RANKS) PYTHON=$(PY) launch/local.sh $(TRAIN)

@@ -177,7 +177,8 @@ class GPT(nn.Module):
         elif tensor.dim() == 1:
             tensor.fill_(1.0)
         else:
-            std = 0.02 / math.sqrt(2 * self.cfg.layers) if name.endswith(("attn.proj.weight", "mlp.down.weight")) else 0.02
+            residual = name.endswith(("attn.proj.weight", "mlp.down.weight"))
+            std = 0.02 / math.sqrt(2 * self.cfg.layers) if residual else 0.02
             generator = torch.Generator(tensor.device).manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
             tensor.normal_(0.0, std, generator=generator)
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from models import GPT, PRESETS, GPTConfig
-from models.gpt import Rotary, rotate
+from shard.models import GPT, PRESETS, GPTConfig
+from shard.models.gpt import Rotary, rotate
 
 SMALL = dict(vocab=96, context=32, width=32, layers=2, heads=4)
 
