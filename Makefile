@@ -1,8 +1,9 @@
 # Two commands set everything up on a fresh machine:
 #   make train   the main job: shard-train on the embedded default (tiny GPT, synthetic corpus)
 #   make test    ruff, then the test suite (single-process and multi-rank under mpiexec)
-# make test-fast runs the single-process tests only (pytest -m "not mpi"), make lint ruff alone,
-# and make bench runs pccl-bench on 4 local ranks over a small size sweep.
+# make test-fast runs the quick single-process tests (pytest -m "not mpi and not slow"),
+# make lint runs ruff alone, and make bench runs pccl-bench on 4 local ranks over a small
+# size sweep.
 # Both create .venv if missing and install what is needed; re-running is quick.
 #
 # Knobs:
@@ -72,7 +73,7 @@ test: lint
 	$(PY) -m pytest -q tests
 
 test-fast: build
-	$(PY) -m pytest -q -m "not mpi" tests
+	$(PY) -m pytest -q -m "not mpi and not slow" tests
 
 train: build
 	NPROC=$(TRAIN_RANKS) PYTHON=$(PY) launch/local.sh $(TRAIN)
