@@ -5,12 +5,14 @@ import os
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from pccl import plans
 from pccl.algorithms import schedule
 from pccl.core.dtypes import op_code
 from pccl.core.topology import Topology, TopologyError
 from pccl.executors.plan import PlanExecutor
+from pccl.executors.torch_p2p import TorchP2PExecutor
 from pccl.ir.plan import Plan
 from pccl.ir.schedule import Schedule
 from pccl.runtime import validation
@@ -65,11 +67,7 @@ class Communicator:
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
-        import torch.distributed as dist
-
         if isinstance(comm, dist.ProcessGroup):
-            from pccl.executors.torch_p2p import TorchP2PExecutor
-
             self.transport = "torch"
             self.group, self.mpi_comm = comm, None
             self.backend = dist.get_backend(comm)
@@ -77,26 +75,25 @@ class Communicator:
             self._executor = self._native = TorchP2PExecutor(comm, self.timeout)
             self.devices = ("cpu",) if self.backend == "gloo" else ("cuda",)
         else:
+            # MPI and the native module load only for MPI communicators: a torch.distributed
+            # run needs neither.
             from mpi4py import MPI
+
+            from pccl.executors.mpi_cpp import MpiCppExecutor, gpu_available
+            from pccl.executors.mpi_python import MpiPythonExecutor
 
             if not isinstance(comm, MPI.Comm):
                 raise TypeError(f"comm must be an mpi4py.MPI.Comm or a torch.distributed.ProcessGroup, "
                                 f"got {type(comm).__name__}")
-            from pccl.executors.mpi_cpp import MpiCppExecutor
-
             self.transport = "mpi"
             self.backend = "mpi"
             self.group, self.mpi_comm = None, comm.Dup()  # for sub-communicators and detection
             executor = self._check_executor(executor or "cpp")
             self._native = MpiCppExecutor(comm, self.timeout)
             if executor == "python":
-                from pccl.executors.mpi_python import MpiPythonExecutor
-
                 self._executor = MpiPythonExecutor(comm, self.timeout)
             else:
                 self._executor = self._native
-            from pccl.executors.mpi_cpp import gpu_available
-
             self.devices = ("cpu", "cuda") if executor == "cpp" and gpu_available() else ("cpu",)
         self.executor = executor
         self.rank, self.size = self._native.rank, self._native.size
@@ -121,8 +118,6 @@ class Communicator:
             from mpi4py import MPI
 
             return self.size == MPI.COMM_WORLD.size
-        import torch.distributed as dist
-
         return self.size == dist.get_world_size()
 
     def _agreed_profile(self, name) -> Profile:
@@ -134,8 +129,6 @@ class Communicator:
         if self.mpi_comm is not None:
             agreed = self.mpi_comm.bcast(mine, root=0)
         else:
-            import torch.distributed as dist
-
             box = [mine]
             dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
             agreed = box[0]
@@ -187,8 +180,6 @@ class Communicator:
                                 profile=self.profile)
         if transport != "gloo":
             raise ValueError(f"transport must be 'mpi' or 'gloo', got {transport!r}")
-        import torch.distributed as dist
-
         world = self._world_ranks()
         if len(world) != (dist.get_world_size() if dist.is_initialized() else _mpi_world_size()):
             # new_group (and pccl's MPI rendezvous) are collective over all ranks.
@@ -293,8 +284,6 @@ def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float 
 
         return Communicator(MPI.COMM_WORLD, executor=executor, timeout=timeout, **options)
     if transport in ("gloo", "nccl"):
-        import torch.distributed as dist
-
         init_torch_distributed(transport, timeout)
         return Communicator(dist.group.WORLD, executor=executor, timeout=timeout, **options)
     raise ValueError(f"transport must be 'mpi', 'gloo' or 'nccl', got {transport!r}")

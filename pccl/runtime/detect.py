@@ -5,13 +5,13 @@ from __future__ import annotations
 import socket
 from typing import Optional
 
+import torch.distributed as dist
+
 from pccl.core.topology import Topology, from_hosts
 
 
 def detect_torch(group, nics_per_node: Optional[int] = None) -> Topology:
     """The topology of a torch.distributed group from its members' host names."""
-    import torch.distributed as dist  # only where a torch group is given: keeps `import pccl` light
-
     hosts = [None] * dist.get_world_size(group)
     dist.all_gather_object(hosts, socket.gethostname(), group=group)
     return from_hosts(hosts, nics_per_node)

@@ -22,6 +22,7 @@ from pccl.algorithms import ALL_NAMES, algorithms_for
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DATATYPES, OPS
 from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
+from pccl.tuning.calibrate import calibrate
 from pccl.util.sizes import parse_size
 
 EXECUTORS = ("cpp", "python", "gloo")
@@ -337,8 +338,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:
     """--calibrate: measure the profile on all ranks; rank 0 writes it and shows it."""
-    from pccl.tuning.calibrate import calibrate
-
     topology = pccl.init(ranks_per_node=args.ranks_per_node).topology
     profile = calibrate(world, topology, args.profile_name)
     if world.rank == 0:
