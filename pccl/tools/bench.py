@@ -12,6 +12,7 @@ import argparse
 import json
 from dataclasses import asdict, dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -23,6 +24,7 @@ from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DATATYPES, OPS
 from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
 from pccl.tuning.calibrate import calibrate
+from pccl.util.files import write_atomic
 from pccl.util.sizes import parse_size
 
 EXECUTORS = ("cpp", "python", "gloo")
@@ -289,8 +291,7 @@ def write_json(rows: list[Row], path: str) -> None:
     if path == "-":
         print(text, flush=True)
     else:
-        with open(path, "w") as f:
-            f.write(text + "\n")
+        write_atomic(Path(path), (text + "\n").encode())   # a reader never sees half a file
 
 
 # -------------------------------------------------------------------- options
