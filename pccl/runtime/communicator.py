@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Callable, Optional
 
 import torch
@@ -15,7 +16,7 @@ from pccl.executors.plan import PlanExecutor
 from pccl.executors.torch_p2p import TorchP2PExecutor
 from pccl.ir.plan import Plan
 from pccl.ir.schedule import Schedule
-from pccl.runtime import validation
+from pccl.runtime import transports, validation
 from pccl.runtime.detect import detect, detect_torch
 from pccl.runtime.rendezvous import init_torch_distributed
 from pccl.runtime.work import SerialQueue, Work
@@ -25,13 +26,17 @@ from pccl.tuning.selection import Tuner
 
 DEFAULT_TIMEOUT = float(os.environ.get("PCCL_TIMEOUT", 300.0))
 EXECUTORS = {"mpi": ("cpp", "python"), "torch": ("torch",)}
-LEVEL_TRANSPORTS = ("mpi", "gloo")
 
 
 def _mpi_world_size() -> int:
     from mpi4py import MPI
 
     return MPI.COMM_WORLD.size
+
+
+def _thread_level_names(MPI) -> dict[int, str]:
+    return {getattr(MPI, f"THREAD_{name}"): f"MPI_THREAD_{name}"
+            for name in ("SINGLE", "FUNNELED", "SERIALIZED", "MULTIPLE")}
 
 
 def on_callers_stream(fn: Callable[[], None], like: torch.Tensor) -> Callable[[], None]:
@@ -61,7 +66,8 @@ class Communicator:
         """Topology: given, or `ranks_per_node` consecutive ranks per node (emulated nodes on
         one machine), or PCCL_RANKS_PER_NODE, or detected (MPI's shared-memory split;
         host names for torch.distributed). intra/inter: the transport of each level of the
-        two-level plans, "mpi" or "gloo" (default: this communicator's own). profile: the
+        two-level plans, "mpi", "gloo" or "nccl" (default: this communicator's own;
+        intra="nccl", inter="mpi" is the PCCL paper's design on GPUs). profile: the
         machine profile algorithm="auto" predicts with: a pccl.tuning.profiles.Profile, a built-in
         name or a file (default: PCCL_PROFILE, else "generic"); rank 0's is used by all."""
         if not (isinstance(timeout, (int, float)) and timeout > 0):
@@ -73,7 +79,8 @@ class Communicator:
             self.backend = dist.get_backend(comm)
             executor = self._check_executor(executor or "torch")
             self._executor = self._native = TorchP2PExecutor(comm, self.timeout)
-            self.devices = ("cpu",) if self.backend == "gloo" else ("cuda",)
+            self.devices = transports.devices_of(self.backend)
+            gpu_mpi = False
         else:
             # MPI and the native module load only for MPI communicators: a torch.distributed
             # run needs neither.
@@ -85,6 +92,7 @@ class Communicator:
             if not isinstance(comm, MPI.Comm):
                 raise TypeError(f"comm must be an mpi4py.MPI.Comm or a torch.distributed.ProcessGroup, "
                                 f"got {type(comm).__name__}")
+            transports.check_thread_level(MPI.Query_thread(), _thread_level_names(MPI))
             self.transport = "mpi"
             self.backend = "mpi"
             self.group, self.mpi_comm = None, comm.Dup()  # for sub-communicators and detection
@@ -94,25 +102,32 @@ class Communicator:
                 self._executor = MpiPythonExecutor(comm, self.timeout)
             else:
                 self._executor = self._native
-            self.devices = ("cpu", "cuda") if executor == "cpp" and gpu_available() else ("cpu",)
+            gpu_mpi = executor == "cpp" and gpu_available()
+            self.devices = transports.devices_of("mpi", gpu_mpi)
         self.executor = executor
         self.rank, self.size = self._native.rank, self._native.size
         self._queue = SerialQueue(f"pccl-{self.transport}")
         self.topology = self._topology(topology, ranks_per_node, nics_per_node)
-        own = "gloo" if self.transport == "torch" else "mpi"
-        self.level_transports = {"intra": intra or own, "inter": inter or own}
+        self.level_transports = {"intra": intra or self.backend, "inter": inter or self.backend}
+        level_devices = []
         for level, transport in self.level_transports.items():
-            if transport not in LEVEL_TRANSPORTS:
-                raise ValueError(f"{level} must be one of {LEVEL_TRANSPORTS}, got {transport!r}")
+            if transport not in transports.TRANSPORTS and transport != self.backend:
+                raise ValueError(f"{level} must be one of {transports.TRANSPORTS}, got {transport!r}")
             if transport == "mpi" and self.transport != "mpi":
                 raise ValueError(f"{level}='mpi' needs a Communicator built on an mpi4py communicator")
+            transports.check_available(transport, torch.cuda.is_available, dist.is_nccl_available)
+            level_devices.append(transports.devices_of(transport, gpu_mpi))
+        # The devices a two-level plan takes: those both of its levels carry.
+        self.plan_devices = tuple(d for d in level_devices[0] if d in level_devices[1])
         self.profile = profile if isinstance(profile, Profile) else self._agreed_profile(profile)
         self.tuner = Tuner(self.topology, self.profile, with_plans=self._can_build_levels())
+        self._flat_tuner = Tuner(self.topology, self.profile, with_plans=False)   # auto where plans cannot run
         self._plans: Optional[PlanExecutor] = None
 
     def _can_build_levels(self) -> bool:
-        """Gloo level communicators can only be made from a communicator over all ranks."""
-        if "gloo" not in self.level_transports.values():
+        """torch.distributed level groups (gloo, NCCL) can only be made from a communicator
+        over all ranks: creating one is collective over the whole world."""
+        if not any(map(transports.uses_torch, self.level_transports.values())):
             return True
         if self.mpi_comm is not None:
             from mpi4py import MPI
@@ -158,39 +173,43 @@ class Communicator:
 
     def split(self, groups, transport: Optional[str] = None) -> "Communicator":
         """The communicator of this rank's group in `groups`: a partition of the ranks, each
-        group listing its members in their new rank order. Over `transport` ("mpi" or
-        "gloo"; default this communicator's own), with this communicator's executor, timeout
-        and profile and its topology restricted to the group. Collective: every rank calls it
-        with the same groups, and every rank creates every group in the same order (as
+        group listing its members in their new rank order. Over `transport` ("mpi", "gloo",
+        "nccl"; default this communicator's own, so the children of an NCCL communicator
+        are NCCL communicators and a split never changes the backend silently), with this
+        communicator's executor, timeout, profile and level transports (where the child can
+        carry them) and its topology restricted to the group. Collective: every rank calls
+        it with the same groups, and every rank creates every group in the same order (as
         torch.distributed requires). Mixed transports assume torch.distributed's ranks are
         MPI.COMM_WORLD's, as they are when pccl brings torch.distributed up through MPI or the
         launcher numbers both alike."""
         groups = [list(g) for g in groups]
         if sorted(r for g in groups for r in g) != list(range(self.size)):
             raise ValueError(f"groups must hold each rank 0..{self.size - 1} exactly once, got {groups}")
-        transport = transport or ("gloo" if self.transport == "torch" else "mpi")
+        transport = transport or self.backend
+        transports.devices_of(transport)   # a known transport, or ValueError
+        transports.check_available(transport, torch.cuda.is_available, dist.is_nccl_available)
         index = next(i for i, g in enumerate(groups) if self.rank in g)
         members = groups[index]
-        topology = self.topology.restrict(members)
+        options = dict(timeout=self.timeout, topology=self.topology.restrict(members), profile=self.profile)
         if transport == "mpi":
             if self.transport != "mpi":
                 raise ValueError("an 'mpi' sub-communicator needs a Communicator built on an mpi4py communicator")
             sub = self.mpi_comm.Split(index, members.index(self.rank))
-            return Communicator(sub, executor=self.executor, timeout=self.timeout, topology=topology,
-                                profile=self.profile)
-        if transport != "gloo":
-            raise ValueError(f"transport must be 'mpi' or 'gloo', got {transport!r}")
+            return Communicator(sub, executor=self.executor, **self.level_transports, **options)
         world = self._world_ranks()
         if len(world) != (dist.get_world_size() if dist.is_initialized() else _mpi_world_size()):
             # new_group (and pccl's MPI rendezvous) are collective over all ranks.
-            raise ValueError(f"gloo sub-communicators need a parent over all ranks; this one has {len(world)}")
-        init_torch_distributed("gloo", self.timeout)
+            raise ValueError(f"{transport} sub-communicators need a parent over all ranks; this one has "
+                             f"{len(world)}")
+        init_torch_distributed(transport, self.timeout)
         mine = None
         for ranks in groups:
-            group = dist.new_group([world[r] for r in ranks], backend="gloo")
+            group = dist.new_group([world[r] for r in ranks], backend=transport)
             if self.rank in ranks:
                 mine = group
-        return Communicator(mine, timeout=self.timeout, topology=topology, profile=self.profile)
+        # A torch child cannot run MPI levels: those become its own backend.
+        levels = {level: transport if t == "mpi" else t for level, t in self.level_transports.items()}
+        return Communicator(mine, **levels, **options)
 
     def _world_ranks(self) -> list[int]:
         """The global (world) rank of each rank of this communicator."""
@@ -208,6 +227,18 @@ class Communicator:
             return spec
         validation.check_algorithm(collective, algorithm)
         return self.tuner.choose(collective, nbytes) if algorithm == "auto" else algorithm
+
+    def _resolve_for(self, collective: str, algorithm, like: torch.Tensor):
+        """resolve() for a call on `like`: auto picks among what can take its device, and a
+        plan named for a device its levels cannot carry is refused before anything is sent."""
+        device = like.device.type
+        if algorithm == "auto" and device not in self.plan_devices:
+            validation.check_algorithm(collective, algorithm)
+            return self._flat_tuner.choose(collective, like.numel() * like.element_size())
+        resolved = self.resolve(collective, algorithm, like.numel() * like.element_size())
+        if not isinstance(resolved, str):
+            transports.check_level_devices(device, self.level_transports, self.plan_devices)
+        return resolved
 
     def _check_executor(self, executor: str) -> str:
         valid = EXECUTORS[self.transport]
@@ -233,7 +264,7 @@ class Communicator:
     def _run(self, collective: str, algorithm, like: torch.Tensor, async_op: bool,
              native: Callable[[], None], scheduled: Callable[[Schedule], None],
              planned: Callable[[Plan, PlanExecutor], None]) -> Optional[Work]:
-        algorithm = self.resolve(collective, algorithm, like.numel() * like.element_size())
+        algorithm = self._resolve_for(collective, algorithm, like)
         if not isinstance(algorithm, str):
             plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec
             fn = lambda: planned(plan, self._plan_executor())  # noqa: E731
@@ -277,13 +308,19 @@ class Communicator:
 def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
          **options) -> Communicator:
     """A communicator over all ranks: MPI.COMM_WORLD ("mpi") or torch.distributed
-    ("gloo", "nccl"; initialized from the environment or through MPI if needed).
+    ("gloo", "nccl"; initialized from the environment or through MPI if needed). With
+    "nccl", select each rank's GPU first (torch.cuda.set_device), as torch.distributed asks.
     `options` are Communicator's: topology, ranks_per_node, nics_per_node, intra, inter."""
+    if transport not in transports.TRANSPORTS:
+        raise ValueError(f"transport must be one of {transports.TRANSPORTS}, got {transport!r}")
     if transport == "mpi":
+        import mpi4py
+
+        if "mpi4py.MPI" not in sys.modules:
+            mpi4py.rc.thread_level = "multiple"   # requested when MPI starts (its import), checked below
         from mpi4py import MPI
 
         return Communicator(MPI.COMM_WORLD, executor=executor, timeout=timeout, **options)
-    if transport in ("gloo", "nccl"):
-        init_torch_distributed(transport, timeout)
-        return Communicator(dist.group.WORLD, executor=executor, timeout=timeout, **options)
-    raise ValueError(f"transport must be 'mpi', 'gloo' or 'nccl', got {transport!r}")
+    transports.check_available(transport, torch.cuda.is_available, dist.is_nccl_available)
+    init_torch_distributed(transport, timeout)
+    return Communicator(dist.group.WORLD, executor=executor, timeout=timeout, **options)

@@ -144,9 +144,11 @@ def test_frontier_srun_line_and_environment():
     assert overrides(words) == {**dict(a.split("=", 1) for a in USER), "comm.ranks_per_node": "8",
                                      "train.device": "cuda", "model": "gpt_7b", "strategy": "paro-iig",
                                      "comm": "pccl"}
-    # The paper's environment, exactly pccl.core.topology.FRONTIER_ENV, plus the NIC count and threads.
+    # The paper's environment, exactly pccl.core.topology.FRONTIER_ENV, plus MPI's thread
+    # safety, the NIC count and threads.
     assert {k: v for k, v in env.items() if k in FRONTIER_ENV} == FRONTIER_ENV
-    assert set(env) - set(FRONTIER_ENV) == {"PCCL_NICS_PER_NODE", "OMP_NUM_THREADS"}
+    assert set(env) - set(FRONTIER_ENV) == {"MPICH_MAX_THREAD_SAFETY", "PCCL_NICS_PER_NODE", "OMP_NUM_THREADS"}
+    assert env["MPICH_MAX_THREAD_SAFETY"] == "multiple"
     assert env["PCCL_NICS_PER_NODE"] == str(machine["nics_per_node"])
     assert env["OMP_NUM_THREADS"] == "7"
     # Modules are shown, not loaded, in a dry run (there is no `module` here).
@@ -159,7 +161,7 @@ def test_frontier_environment_has_one_source(tmp_path):
     (tmp_path / "pccl" / "core" / "topology.py").write_text(
         "FRONTIER_ENV = {'MPICH_OFI_NIC_MAPPING': '0:0;1:1', 'ONLY_HERE': 'a b;c'}\n")
     env, _, _ = parsed(run("frontier.sbatch", SLURM_NNODES="1", REPO=str(tmp_path)))
-    assert env == {"MPICH_OFI_NIC_MAPPING": "0:0;1:1", "ONLY_HERE": "a b;c",
+    assert env == {"MPICH_OFI_NIC_MAPPING": "0:0;1:1", "ONLY_HERE": "a b;c", "MPICH_MAX_THREAD_SAFETY": "multiple",
                    "PCCL_NICS_PER_NODE": "4", "OMP_NUM_THREADS": "7"}
 
 
@@ -200,7 +202,7 @@ def test_perlmutter_srun_line_and_environment():
     o = overrides(words)
     assert (o["comm.ranks_per_node"], o["train.device"], o["comm"]) == ("4", "cuda", "torch")
     assert (o["model"], o["strategy"]) == ("gpt_1p3b", "zero3")
-    assert env == {"MPICH_GPU_SUPPORT_ENABLED": "1", "OMP_NUM_THREADS": "16",
+    assert env == {"MPICH_GPU_SUPPORT_ENABLED": "1", "MPICH_MAX_THREAD_SAFETY": "multiple", "OMP_NUM_THREADS": "16",
                    "PCCL_NICS_PER_NODE": str(machine["nics_per_node"])}
     assert any("module load" in c for c in comments)
 

@@ -1,0 +1,137 @@
+"""Transports on one rank: which backend every sub-communicator gets (recorded by a
+stand-in for dist.new_group whose "NCCL" groups are gloo groups that report NCCL), which
+tensors each transport and plan accepts, and the MPI thread level. The same decisions
+run on GPU clusters; only the device arithmetic differs."""
+import pytest
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import pccl
+from pccl.runtime import transports
+
+NAMES = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+         MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED", MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}
+
+
+@pytest.fixture(scope="module")
+def world():
+    """torch.distributed over this one process (gloo), torn down after the module."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def recorded(world, monkeypatch):
+    """Every backend new_group is asked for, in order. The groups are gloo groups; those
+    asked for as NCCL report "nccl", and this machine is made to look as if it had a GPU."""
+    asked, reported = [], {}
+    real_new_group, real_get_backend = dist.new_group, dist.get_backend
+
+    def new_group(ranks, backend=None, **kwargs):
+        asked.append(backend)
+        group = real_new_group(ranks, backend="gloo", **kwargs)
+        reported[group] = backend
+        return group
+
+    monkeypatch.setattr(dist, "new_group", new_group)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: reported.get(group) or real_get_backend(group))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    return asked
+
+
+def test_children_of_a_gloo_communicator_are_gloo(recorded):
+    parent = pccl.Communicator(dist.group.WORLD, timeout=10)
+    child = parent.split([[0]])
+    grandchild = child.split([[0]])
+    assert recorded == ["gloo", "gloo"]
+    assert (parent.backend, child.backend, grandchild.backend) == ("gloo", "gloo", "gloo")
+    assert child.devices == ("cpu",)
+
+
+def test_children_and_plan_levels_of_an_nccl_communicator_are_nccl(recorded):
+    parent = pccl.Communicator(dist.new_group([0], backend="nccl"), timeout=10)
+    assert parent.backend == "nccl" and parent.devices == ("cuda",)
+    assert parent.level_transports == {"intra": "nccl", "inter": "nccl"}
+    child = parent.split([[0]])
+    levels = parent._plan_executor().levels
+    assert recorded == ["nccl", "nccl", "nccl", "nccl"]   # the parent, its child, both plan levels
+    assert child.backend == "nccl" and child.level_transports == {"intra": "nccl", "inter": "nccl"}
+    assert {level: c.backend for level, c in levels.items()} == {"intra": "nccl", "inter": "nccl"}
+
+
+def test_an_nccl_communicator_refuses_host_tensors_before_sending(recorded):
+    comm = pccl.Communicator(dist.new_group([0], backend="nccl"), timeout=10)
+    with pytest.raises(ValueError, match=r"device cpu.*supports \('cuda',\)"):
+        comm.all_reduce(torch.ones(4))
+
+
+def test_the_papers_design_nccl_inside_mpi_across(recorded):
+    comm = pccl.Communicator(MPI.COMM_SELF, intra="nccl", inter="mpi", timeout=10)
+    assert comm.level_transports == {"intra": "nccl", "inter": "mpi"}
+    levels = comm._plan_executor().levels
+    assert (levels["intra"].backend, levels["inter"].backend) == ("nccl", "mpi")
+    child = comm.split([[0]])
+    assert child.transport == "mpi" and child.level_transports == {"intra": "nccl", "inter": "mpi"}
+    # Without a GPU build of the native module the MPI level carries host tensors only, so
+    # no device suits both levels: a plan is refused before sending, auto runs flat.
+    assert comm.plan_devices == ()
+    with pytest.raises(ValueError, match="intra='nccl', inter='mpi' takes"):
+        comm.all_gather(torch.empty(4), torch.ones(4), algorithm="hierarchical")
+    x = torch.arange(4.0)
+    comm.all_reduce(x, algorithm="auto")
+    assert torch.equal(x, torch.arange(4.0))
+
+
+def test_a_torch_child_of_an_mpi_communicator_runs_its_mpi_level_on_its_own_backend(recorded):
+    comm = pccl.Communicator(MPI.COMM_SELF, intra="nccl", inter="mpi", timeout=10)
+    child = comm.split([[0]], transport="gloo")
+    assert recorded[-1] == "gloo" and child.level_transports == {"intra": "nccl", "inter": "gloo"}
+
+
+def test_nccl_needs_a_gpu_and_says_so(world):
+    assert not torch.cuda.is_available()   # this test describes a machine without a GPU
+    with pytest.raises(ValueError, match="needs a GPU"):
+        pccl.init(transport="nccl")
+    with pytest.raises(ValueError, match="needs a GPU"):
+        pccl.Communicator(MPI.COMM_SELF, intra="nccl", timeout=10)
+    with pytest.raises(ValueError, match="needs a GPU"):
+        pccl.Communicator(MPI.COMM_SELF, timeout=10).split([[0]], transport="nccl")
+
+
+def test_unknown_transports_are_refused(world):
+    with pytest.raises(ValueError, match=r"transport must be one of \('mpi', 'gloo', 'nccl'\), got 'ucc'"):
+        pccl.init(transport="ucc")
+    with pytest.raises(ValueError, match="intra must be one of"):
+        pccl.Communicator(MPI.COMM_SELF, intra="ucc", timeout=10)
+    with pytest.raises(ValueError, match="got 'ucc'"):
+        pccl.Communicator(MPI.COMM_SELF, timeout=10).split([[0]], transport="ucc")
+
+
+@pytest.mark.parametrize("transport,gpu_mpi,devices", [
+    ("mpi", False, ("cpu",)), ("mpi", True, ("cpu", "cuda")), ("gloo", False, ("cpu",)),
+    ("nccl", False, ("cuda",)), ("cpu:gloo,cuda:nccl", False, ("cpu", "cuda")),
+])
+def test_devices_of_each_transport(transport, gpu_mpi, devices):
+    assert transports.devices_of(transport, gpu_mpi) == devices
+
+
+def test_plan_devices_are_what_both_levels_carry():
+    with pytest.raises(ValueError, match=r"intra='gloo', inter='nccl' takes \(\) tensors, got a cuda tensor"):
+        transports.check_level_devices("cuda", {"intra": "gloo", "inter": "nccl"}, ())
+    transports.check_level_devices("cuda", {"intra": "nccl", "inter": "mpi"}, ("cuda",))
+
+
+@pytest.mark.parametrize("provided", [MPI.THREAD_SINGLE, MPI.THREAD_FUNNELED, MPI.THREAD_SERIALIZED])
+def test_less_than_thread_multiple_is_refused_naming_the_setting(provided):
+    with pytest.raises(RuntimeError, match=f"needs MPI_THREAD_MULTIPLE.*provides {NAMES[provided]}"
+                                           ".*MPICH_MAX_THREAD_SAFETY=multiple"):
+        transports.check_thread_level(provided, NAMES)
+    transports.check_thread_level(MPI.THREAD_MULTIPLE, NAMES)
+
+
+def test_this_mpi_runs_at_thread_multiple():
+    pccl.init(timeout=10)
+    assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
