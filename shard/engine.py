@@ -344,7 +344,7 @@ class Engine:
                 # each optimizer shard is held by `replicas` ranks: count it once
                 squares.add_(grad[a:b].double().square().sum() / self.layout.replicas(u.strategy.os))
             self.reductions.all_reduce(None, squares.view(1), Scope.N)
-        self.reductions.submit(task).wait()
+        self.reductions.submit(task, grad, squares).wait()
         total = squares.item()
         return math.sqrt(total) if math.isfinite(total) else float("nan")
 
@@ -387,7 +387,7 @@ class Engine:
         for u, view in zip(self.units, self._os_views):
             full = torch.empty(u.flat.padded, dtype=torch.float32, device=self.device)
             self.gathers.submit(lambda u=u, view=view, full=full: self.gathers.gather(
-                None, full, view, u.strategy.os, Scope.N)).wait()
+                None, full, view, u.strategy.os, Scope.N), full).wait()
             for p, v in zip(u.flat.params, u.flat.views(full)):
                 values[id(p)] = v.to(self._dtypes[id(p)]).clone()
         if self.layout.rank != 0:
@@ -460,7 +460,7 @@ class Engine:
     def agree(self, value: int) -> int:
         """Rank 0's `value`, on every rank (a tiny all-reduce on the reduction lane)."""
         token = torch.tensor([value if self.layout.rank == 0 else 0], dtype=torch.int64, device=self.device)
-        self.reductions.submit(lambda: self.reductions.all_reduce(None, token, Scope.N)).wait()
+        self.reductions.submit(lambda: self.reductions.all_reduce(None, token, Scope.N), token).wait()
         return int(token.item())
 
     def close(self) -> None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 from pccl.analysis.traffic import sent
+from pccl.executors.streams import SideStream
 from pccl.runtime.work import SerialQueue, Work
 
 from .layout import Layout
@@ -68,19 +69,20 @@ class Ledger:
 
 
 class Handle:
-    """A queued lane task; wait() blocks until it is done (and orders the caller's GPU
-    stream after it) and counts the time spent waiting as exposed communication."""
+    """A queued lane task; wait() blocks until it is queued on the device (done, on CPU),
+    orders the caller's GPU stream after it without blocking the CPU, and counts the time
+    spent waiting as exposed communication."""
 
-    def __init__(self, work: Work, event, ledger: Ledger):
-        self._work, self._event, self._ledger = work, event, ledger
+    def __init__(self, work: Work, side: Optional[SideStream], done: list, ledger: Ledger):
+        self._work, self._side, self._done, self._ledger = work, side, done, ledger
 
     def wait(self) -> None:
         if self._work is None:
             return
         start = time.perf_counter()
         self._work.wait()
-        if self._event is not None:
-            torch.cuda.current_stream().wait_event(self._event)
+        if self._side is not None:
+            self._side.wait(self._done[0])
         self._ledger.add_exposed(time.perf_counter() - start)
         self._work = None
 
@@ -97,30 +99,25 @@ class Lane:
                 self.comms[level] = (comm.split(groups), mine)
         self.log: list | None = None   # when a list: (level, collective, numel, dtype, algorithm) of each call
         self._queue = SerialQueue(f"shard-{name}")
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._side = SideStream(torch.cuda.Stream(device)) if device.type == "cuda" else None
 
-    def submit(self, fn: Callable[[], None]) -> Handle:
+    def submit(self, fn: Callable[[], None], *buffers: torch.Tensor) -> Handle:
         """Run `fn` after everything queued before it on this lane; on GPUs on the lane's
-        stream, ordered after the caller's stream as it is now."""
-        event = None
-        if self._stream is not None:
-            ready = torch.cuda.Event()
-            ready.record()
-            event = torch.cuda.Event()
-        stream = self._stream
+        stream, ordered after the caller's stream as it is now. `buffers`: the tensors `fn`
+        reads or writes that it did not allocate itself; on GPUs each stays allocated until
+        the lane's stream is done with it (pccl.executors.streams)."""
+        side, done = self._side, []
+        ready = side.mark() if side is not None else None
 
         def task() -> None:
             start = time.perf_counter()
-            if stream is None:
+            if side is None:
                 fn()
             else:
-                with torch.cuda.stream(stream):
-                    stream.wait_event(ready)
-                    fn()
-                    event.record(stream)
+                done.append(side.run(fn, ready, buffers))
             self.ledger.add_busy(self.name, time.perf_counter() - start)
 
-        return Handle(self._queue.run(task, async_op=True), event, self.ledger)
+        return Handle(self._queue.run(task, async_op=True), side, done, self.ledger)
 
     def close(self) -> None:
         self._queue.close()

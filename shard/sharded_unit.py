@@ -79,7 +79,7 @@ class ShardedUnit:
             return
         full = torch.empty(self.flat.padded, dtype=self.compute_dtype, device=self.device)
         shard = self.params
-        self.gathering = lane.submit(lambda: lane.gather(stage, full, shard, self.strategy.p, Scope.N))
+        self.gathering = lane.submit(lambda: lane.gather(stage, full, shard, self.strategy.p, Scope.N), full, shard)
         self.full = full
 
     def ensure_gathered(self, lane: Lane, stage: str) -> bool:
@@ -140,7 +140,10 @@ class ShardedUnit:
                 self.grads = shard
             else:
                 self.grads.add_(shard)
-        return lane.submit(task)
+        # `flat` comes from the backward on the caller's stream and is dropped by the caller
+        # at once: without keeping it, its memory could go to the next unit's kernels while
+        # the lane still reduces it.
+        return lane.submit(task, flat)
 
     def finish_gradients(self, lane: Lane, out: torch.Tensor, scale: float) -> None:
         """The summed gradient of this rank's optimizer shard into `out` (fp32), times
