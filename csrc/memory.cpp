@@ -9,6 +9,7 @@
 #endif
 
 namespace pccl {
+#ifndef PCCL_GPU
 namespace {
 
 [[noreturn]] void no_gpu() {
@@ -16,6 +17,7 @@ namespace {
 }
 
 }  // namespace
+#endif
 
 // GPU work where the build has a GPU path; a clear error where it has none.
 #ifdef PCCL_GPU

@@ -1,5 +1,13 @@
 // One kernel source for CUDA and HIP: the few runtime names pccl uses, spelled once and
 // mapped to the platform's prefix (gpuMalloc is cudaMalloc or hipMalloc).
+//
+// Half-type conversions: the kernels call only names that both CUDA and every supported ROCm
+// (5.7 and later; ROCm 5.6's hip_bf16.h includes an amd_hip_bf16.h it does not ship) define,
+// with the same rounding: __half2float, __float2half_rn, __bfloat162float, __float2bfloat16.
+// ROCm's amd_hip_bf16.h has no __float2bfloat16_rn (CUDA's other spelling). The ROCm
+// releases checked are listed in docs/gpu.md, and tests/pccl/test_gpu.py keeps csrc/gpu to
+// this list. In ROCm 5.7-6.0 amd_hip_bf16.h defines its functions non-inline, so only one
+// translation unit (reduce.cu) may include this header.
 #pragma once
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(PCCL_HIP)

@@ -23,7 +23,9 @@ template <> struct Num<half_t> {
 template <> struct Num<bfloat16_t> {
   using Acc = float;
   __device__ static float load(bfloat16_t v) { return __bfloat162float(v); }
-  __device__ static bfloat16_t store(float f) { return __float2bfloat16_rn(f); }
+  // __float2bfloat16 rounds to nearest even (NaN stays NaN) in cuda_bf16.h and in every
+  // ROCm's amd_hip_bf16.h; ROCm has no __float2bfloat16_rn (see compat.h).
+  __device__ static bfloat16_t store(float f) { return __float2bfloat16(f); }
 };
 
 struct SumOp { template <typename T> __device__ static T apply(T a, T b) { return a + b; } };
