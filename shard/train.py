@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -41,27 +42,55 @@ class ConfigError(ValueError):
     """A configuration that cannot run, with what was expected."""
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name not in ("cpu", "cuda"):
+def device_type(name: str, cuda_available: Callable[[], bool] = torch.cuda.is_available) -> str:
+    """train.device as a device type: auto is cuda where torch sees a GPU (CUDA, or ROCm
+    under the same name), else cpu."""
+    if name not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train.device must be cpu, cuda or auto, got {name!r}")
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("train.device=cuda, but torch sees no GPU")
+    if name == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if name == "cuda" and not cuda_available():
+        raise ConfigError("train.device=cuda, but torch sees no GPU")
+    return name
+
+
+def _device(name: str) -> torch.device:
+    if device_type(name) == "cuda":
         local = next((int(os.environ[v]) for v in LOCAL_RANK_VARS if v in os.environ), 0)
         torch.cuda.set_device(local % torch.cuda.device_count())
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def _communicator(c, device: torch.device) -> pccl.Communicator:
-    transport = c.transport
+def comm_transport(transport: str, device: str) -> str:
+    """comm.transport with auto resolved for the training device type: torch.distributed's
+    NCCL (RCCL on ROCm) with GPUs, gloo on CPUs. mpi, gloo and nccl stay as they are."""
     if transport == "auto":
-        transport = "nccl" if device.type == "cuda" else "gloo"
+        return "nccl" if device == "cuda" else "gloo"
+    return transport
+
+
+def check_comm_device(transport: str, carries: tuple, device: str) -> None:
+    """Refuse, before any collective, a communicator that cannot carry the training
+    device type's tensors (`carries`: the Communicator's `devices`)."""
+    if device in carries:
+        return
+    if transport == "mpi":
+        fix = ("pccl's native module was built without GPU kernels: rebuild it on a GPU machine (make GPU=cuda, "
+               "docs/gpu.md), or use comm.transport=nccl (or comm=torch)")
+    else:
+        fix = "use comm.transport=auto (nccl with GPUs, gloo on CPUs)"
+    raise ConfigError(f"comm.transport={transport} carries {', '.join(carries)} tensors here, but training runs on "
+                      f"{device}; {fix}")
+
+
+def _communicator(c, device: torch.device) -> pccl.Communicator:
+    transport = comm_transport(c.transport, device.type)
     options = {k: c[k] for k in ("intra", "inter") if c.get(k) is not None}
     options.update({k: int(c[k]) for k in ("ranks_per_node", "nics_per_node") if c.get(k) is not None})
-    return pccl.init(transport, timeout=float(c.timeout), **options)
+    comm = pccl.init(transport, timeout=float(c.timeout), **options)
+    check_comm_device(transport, tuple(comm.devices), device.type)   # every rank alike, before any collective
+    return comm
 
 
 def _share(comm: pccl.Communicator, device: torch.device, text: str, width: int = 4096) -> str:
@@ -82,6 +111,14 @@ def _mean(comm: pccl.Communicator, device: torch.device, values: list[float]) ->
     return t.tolist()
 
 
+def _max(comm: pccl.Communicator, device: torch.device, values: list[float]) -> list[float]:
+    """The largest of each value over the ranks. Collective: every rank calls it, in the
+    same order as the other collectives."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    comm.all_reduce(t, op="max")
+    return t.tolist()
+
+
 def model_config(m) -> GPTConfig:
     """The preset with the fields the config sets (null keeps the preset's value)."""
     return GPTConfig.preset(m.preset, **{k: m[k] for k in MODEL_FIELDS if m.get(k) is not None})
@@ -99,18 +136,58 @@ def _precision(name: str, device: torch.device) -> str:
     return name
 
 
-def _accumulation(t, world: int) -> int:
-    per_micro = world * t.micro_batch * t.seq_len
-    if t.global_batch_tokens % per_micro:
-        raise ConfigError(f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of world size x "
-                          f"micro_batch x seq_len = {world} x {t.micro_batch} x {t.seq_len} = {per_micro}")
-    return t.global_batch_tokens // per_micro
+def global_batch(tokens: Optional[int], accumulation: int, world: int, micro_batch: int,
+                 seq_len: int) -> tuple[int, int]:
+    """(tokens per optimizer step over all ranks, micro-batches per rank per step).
+    tokens=None (train.global_batch_tokens=null): the batch grows with the world, each rank
+    running `accumulation` micro-batches per step. A number: the accumulation it needs,
+    which must be whole."""
+    per_micro = world * micro_batch * seq_len
+    if tokens is None:
+        if not (isinstance(accumulation, int) and not isinstance(accumulation, bool) and accumulation >= 1):
+            raise ConfigError(f"train.accumulation must be an integer >= 1, got {accumulation!r}")
+        return per_micro * accumulation, accumulation
+    if not (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 1):
+        raise ConfigError(f"train.global_batch_tokens must be a positive integer, or null to grow with the world "
+                          f"size, got {tokens!r}")
+    if tokens % per_micro:
+        raise ConfigError(f"train.global_batch_tokens={tokens} is not a multiple of world size x "
+                          f"micro_batch x seq_len = {world} x {micro_batch} x {seq_len} = {per_micro}")
+    return tokens, tokens // per_micro
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set: Linux's VmHWM (which _reset_peak_memory resets),
+    elsewhere ru_maxrss (the peak since the process started)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024   # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024   # bytes on macOS, KiB on Linux
 
 
 def _peak_memory_gb(device: torch.device) -> float:
+    """The peak since the last _reset_peak_memory, in GiB: on GPUs the memory torch's
+    tensors held; on CPUs the process's resident set (tensors, Python, libraries, the
+    mapped data pages it touched)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2 ** 30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20   # KiB on Linux: peak RSS
+    return _peak_rss_bytes() / 2 ** 30
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak at the current use. On CPUs this needs Linux >= 4.0
+    (/proc/self/clear_refs); where it fails the CPU figure is the peak since the start."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")   # 5: reset the peak RSS (VmHWM) only
+    except OSError:
+        pass
 
 
 def _prepare_data(d, comm: pccl.Communicator, device: torch.device, vocab: int):
@@ -125,10 +202,11 @@ def _prepare_data(d, comm: pccl.Communicator, device: torch.device, vocab: int):
     return TokenData(_share(comm, device, path))
 
 
-def _restart_interval(engine: Engine) -> float:
-    """Evaluation and checkpoints are not training: their time and traffic stay out of
-    the next interval's throughput and communication figures."""
+def _restart_interval(engine: Engine, device: torch.device) -> float:
+    """Evaluation and checkpoints are not training: their time, traffic and memory stay
+    out of the next interval's throughput, communication and peak-memory figures."""
     engine.comm_report(reset=True)
+    _reset_peak_memory(device)
     return time.perf_counter()
 
 
@@ -166,6 +244,12 @@ class Run:
     def checkpoints(self) -> Path:
         return self.out_dir / "checkpoints"
 
+    @property
+    def global_batch_tokens(self) -> int:
+        """Tokens per optimizer step, all ranks."""
+        t = self.cfg.train
+        return self.comm.size * self.accumulation * t.micro_batch * t.seq_len
+
 
 def run(cfg) -> dict:
     """Train as `cfg` says, stage by stage; returns the summary rank 0 writes to summary.json."""
@@ -193,7 +277,8 @@ def setup(cfg) -> Run:
     device = _device(t.device)
     settings = engine_config(resolved, _precision(t.precision, device))
     comm = _communicator(cfg.comm, device)
-    accumulation = _accumulation(t, comm.size)   # every rank fails alike, before any collective
+    # every rank fails alike, before any collective
+    _, accumulation = global_batch(t.global_batch_tokens, t.accumulation, comm.size, t.micro_batch, t.seq_len)
     torch.set_num_threads(t.threads or (1 if comm.size > 1 else os.cpu_count() or 1))
     torch.manual_seed(t.seed)
     out_dir = Path(_share(comm, device, str(Path(str(t.out_dir)).resolve())))
@@ -237,6 +322,7 @@ def build_engine(r: Run) -> None:
     r.engine = Engine(model, r.comm, config=r.engine_config, device=r.device if meta else None)
     r.resolved["built"] = {"model": asdict(r.model), "num_params": r.model.num_params(), "world": r.comm.size,
                            "ranks_per_node": r.comm.topology.ranks_per_node, "accumulation": r.accumulation,
+                           "global_batch_tokens": r.global_batch_tokens,
                            "precision": r.engine_config.precision, "device": str(r.device), "meta_init": meta,
                            "tokenizer_vocab": r.data.vocab_size, "data": str(r.data.directory)}
 
@@ -267,7 +353,8 @@ def start_log(r: Run, resumed: str) -> None:
     r.log.write(f"{r.model.num_params() / 1e6:.1f}M parameters, {r.meter.flops_per_token / 1e9:.3f} GFLOP/token; "
                 f"{r.comm.size} ranks ({r.comm.topology.ranks_per_node} per node), strategy "
                 f"{r.engine.strategy.name}, comm {r.cfg.comm.name} ({r.cfg.comm.algorithm}), {precision} on "
-                f"{r.device}; {r.accumulation} micro-batches of {t.micro_batch}x{t.seq_len} per rank per step; "
+                f"{r.device}; {r.accumulation} micro-batches of {t.micro_batch}x{t.seq_len} per rank per step "
+                f"({r.global_batch_tokens} tokens); "
                 f"peak: {peak_source}; {resumed}; out: {r.out_dir}")
 
 
@@ -275,7 +362,7 @@ def train_loop(r: Run) -> None:
     """Optimizer steps up to train.steps: a metrics record every log.interval steps, the
     validation loss and checkpoints when due."""
     t = r.cfg.train
-    losses, started = [], _restart_interval(r.engine)
+    losses, started = [], _restart_interval(r.engine, r.device)
     while r.step < t.steps:
         result, loss = train_step(r)
         losses.append(loss)
@@ -283,10 +370,10 @@ def train_loop(r: Run) -> None:
         evaluate_now = r.step == t.steps or (t.eval_interval and r.step % t.eval_interval == 0)
         if r.step % r.cfg.log.interval == 0 or evaluate_now:
             log_interval(r, result, losses, started, evaluate_now)
-            losses, started = [], _restart_interval(r.engine)
+            losses, started = [], _restart_interval(r.engine, r.device)
         if r.step == t.steps or (t.checkpoint_interval and r.step % t.checkpoint_interval == 0):
             save_checkpoint(r)
-            started = _restart_interval(r.engine)
+            started = _restart_interval(r.engine, r.device)
 
 
 def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
@@ -307,15 +394,17 @@ def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
 
 def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], started: float, evaluate_now: bool) -> None:
     """The record of the steps since `started`: loss (mean over ranks), throughput,
-    communication, memory, and the validation loss when due."""
+    communication, peak memory in the interval (the largest rank's), and the validation
+    loss when due."""
     local_loss = torch.stack(losses).mean().item()   # synchronizes the device
     elapsed, steps = time.perf_counter() - started, len(losses)
     loss, = _mean(r.comm, r.device, [local_loss])
+    peak_memory, = _max(r.comm, r.device, [_peak_memory_gb(r.device)])
     report = r.engine.comm_report(reset=True)
     record = {"step": r.step, "loss": loss, "lr": r.engine.lr, "grad_norm": result.grad_norm,
-              **r.meter.measure(r.cfg.train.global_batch_tokens * steps, elapsed),
+              **r.meter.measure(r.global_batch_tokens * steps, elapsed),
               "exposed_comm_s": report["exposed_s"] / steps, "comm_busy_s": sum(report["busy_s"].values()) / steps,
-              "step_time_s": elapsed / steps, "peak_memory_gb": _peak_memory_gb(r.device),
+              "step_time_s": elapsed / steps, "peak_memory_gb": peak_memory,
               "skipped": result.skipped, "loss_scale": result.loss_scale, "epoch": r.batches.epoch}
     if evaluate_now:
         r.val_loss = validate(r)

@@ -1,7 +1,8 @@
 """End to end: shard-train under mpiexec on 2 and 4 ranks (tiny model, synthetic corpus),
 ZeRO-3 and PaRO-IIG. The loss falls; strategies and world sizes that see the same global
 batch follow the same trajectory; a resumed run continues with exactly the losses of an
-uninterrupted one; a model built on the meta device trains exactly as an eager one."""
+uninterrupted one; a model built on the meta device trains exactly as an eager one; the
+default global batch (null: it grows with the world) is the explicit one it adds up to."""
 import json
 import shutil
 import subprocess
@@ -59,6 +60,17 @@ def test_loss_falls_and_outputs_are_written(tmp_path_factory, cache, ranks, stra
     assert (out / "checkpoints" / "LATEST").is_file()
 
 
+def test_default_global_batch_grows_with_the_world(tmp_path_factory, cache):
+    """train.global_batch_tokens=null on 2 ranks with accumulation 4: 2 x 4 x 4 x 32 = 1024
+    tokens, the explicit batch of the other runs, so exactly their losses."""
+    out, records = train(tmp_path_factory, cache, "zero3-2-null", 2, "zero3", "train.global_batch_tokens=null",
+                         "train.accumulation=4")
+    _, explicit = train(tmp_path_factory, cache, "zero3-2", 2, "zero3")
+    assert [r["loss"] for r in records] == [r["loss"] for r in explicit]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["accumulation"], summary["global_batch_tokens"]) == (4, 1024)
+
+
 def test_strategies_and_world_sizes_follow_one_trajectory(tmp_path_factory, cache):
     """The same global batch of the same data (the batch split differs with the world),
     so the losses differ only by summation order."""
@@ -92,6 +104,8 @@ def test_meta_device_model_trains_exactly_as_an_eager_one(tmp_path_factory, cach
 
 @pytest.mark.parametrize("override, message", [
     ("train.global_batch_tokens=1000", "not a multiple of world size"),
+    ("train.global_batch_tokens=0", "train.global_batch_tokens must be a positive integer, or null"),
+    ("train.accumulation=0 train.global_batch_tokens=null", "train.accumulation must be an integer >= 1"),
     ("model.context=16", "exceeds the model's context"),
     ("model.vocab=100", "set model.vocab >= "),
     ("strategy.name=GNN", "Principle 1"),
@@ -99,7 +113,7 @@ def test_meta_device_model_trains_exactly_as_an_eager_one(tmp_path_factory, cach
 ])
 def test_bad_configurations_fail_with_a_clear_message(tmp_path, cache, override, message):
     cmd = [sys.executable, "-m", "shard.train", f"train.out_dir={tmp_path}", f"data.cache_dir={cache}", *SMALL,
-           override]
+           *override.split()]
     run = subprocess.run(cmd, env=dict(job_env(), HYDRA_FULL_ERROR="1"), capture_output=True, text=True,
                          timeout=300, cwd=ROOT)
     assert run.returncode != 0 and message in run.stderr, run.stderr[-2000:]

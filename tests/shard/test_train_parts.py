@@ -1,6 +1,9 @@
 """The training loop's parts that need no ranks: learning-rate schedule, throughput and
-MFU, the model configuration from Hydra values, the loss plot."""
+MFU, the model configuration from Hydra values, the loss plot, and the decisions that let
+the default configuration run on any world size and device (global batch, device,
+transport, precision, peak memory), tested with stand-ins for GPUs and ranks."""
 import math
+import os
 
 import pytest
 import torch
@@ -108,3 +111,144 @@ def test_run_log_writes_jsonl_and_wandb_offline_and_trims_on_resume(tmp_path, mo
     again.close(None)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in lines] == [(1, 4.0), (2, 3.0), (3, 1.5)]
+
+
+def test_global_batch_grows_with_the_world_unless_set():
+    from shard.train import ConfigError, global_batch
+    # null: world x micro_batch x accumulation x seq_len, the accumulation as configured
+    for world in (1, 2, 8):
+        assert global_batch(None, 4, world, 8, 128) == (4096 * world, 4)
+        assert global_batch(None, 1, world, 8, 128) == (1024 * world, 1)
+    # a number: fixed, the accumulation derived from it, as before
+    assert global_batch(4096, 99, 1, 8, 128) == (4096, 4)   # train.accumulation plays no part
+    assert global_batch(4096, 4, 2, 8, 128) == (4096, 2)
+    assert global_batch(65536, 4, 8, 8, 128) == (65536, 8)
+    with pytest.raises(ConfigError, match=r"train.global_batch_tokens=4096 is not a multiple of world size x "
+                                          r"micro_batch x seq_len = 8 x 8 x 128 = 8192"):
+        global_batch(4096, 4, 8, 8, 128)
+    with pytest.raises(ConfigError, match="not a multiple of world size"):
+        global_batch(1000, 4, 1, 8, 128)
+    for bad in (0, -1024, "4096", 4096.0, True):
+        with pytest.raises(ConfigError, match="train.global_batch_tokens must be a positive integer, or null"):
+            global_batch(bad, 4, 1, 8, 128)
+    for bad in (0, -1, 2.0, None, True):
+        with pytest.raises(ConfigError, match="train.accumulation must be an integer >= 1"):
+            global_batch(None, bad, 1, 8, 128)
+
+
+def _default_config(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from shard.train import CONFIGS
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_default_configuration_runs_on_any_world_and_device():
+    from shard.train import global_batch
+    t = _default_config().train
+    assert t.global_batch_tokens is None and t.device == "auto" and t.precision == "auto"
+    # one rank: the 4096 tokens and 4 micro-batches of 8 x 128 the default had when the batch was fixed
+    assert global_batch(t.global_batch_tokens, t.accumulation, 1, t.micro_batch, t.seq_len) == (4096, 4)
+    for world in (2, 8, 64):
+        assert global_batch(t.global_batch_tokens, t.accumulation, world, t.micro_batch, t.seq_len)[1] == 4
+
+
+def test_device_auto_is_cuda_where_torch_sees_a_gpu():
+    from shard.train import ConfigError, device_type
+    gpu, none = (lambda: True), (lambda: False)
+    assert device_type("auto", gpu) == "cuda" and device_type("auto", none) == "cpu"
+    assert device_type("cpu", gpu) == "cpu" and device_type("cuda", gpu) == "cuda"
+    with pytest.raises(ConfigError, match="torch sees no GPU"):
+        device_type("cuda", none)
+    with pytest.raises(ConfigError, match="train.device must be cpu, cuda or auto"):
+        device_type("tpu", gpu)
+    assert device_type("auto") == ("cuda" if torch.cuda.is_available() else "cpu")   # the real check by default
+
+
+def test_transport_follows_the_device_and_must_carry_its_tensors():
+    from shard.train import ConfigError, check_comm_device, comm_transport
+    assert comm_transport("auto", "cuda") == "nccl" and comm_transport("auto", "cpu") == "gloo"
+    for fixed in ("mpi", "gloo", "nccl"):
+        assert comm_transport(fixed, "cuda") == fixed and comm_transport(fixed, "cpu") == fixed
+    check_comm_device("mpi", ("cpu",), "cpu")
+    check_comm_device("mpi", ("cpu", "cuda"), "cuda")   # a GPU build of the native module
+    check_comm_device("nccl", ("cuda",), "cuda")
+    with pytest.raises(ConfigError, match=r"comm.transport=mpi carries cpu tensors here, but training runs on cuda; "
+                                          r"pccl's native module was built without GPU kernels"):
+        check_comm_device("mpi", ("cpu",), "cuda")
+    with pytest.raises(ConfigError, match="use comm.transport=auto"):
+        check_comm_device("gloo", ("cpu",), "cuda")
+    with pytest.raises(ConfigError, match="carries cuda tensors here, but training runs on cpu"):
+        check_comm_device("nccl", ("cuda",), "cpu")
+    # the comm groups: torch's transport follows the device, pccl's run over MPI on both
+    assert _default_config("comm=torch").comm.transport == "auto"
+    for name in ("pccl", "native", "hierarchical", "ho_ring"):
+        assert _default_config(f"comm={name}").comm.transport == "mpi"
+
+
+def test_precision_is_bf16_on_gpus_and_the_reduce_dtype_is_configurable():
+    from omegaconf import OmegaConf
+
+    from shard.train import _precision, engine_config
+    assert _precision("auto", torch.device("cuda")) == "bf16" and _precision("auto", torch.device("cpu")) == "fp32"
+    assert _precision("fp16", torch.device("cuda")) == "fp16" and _precision("bf16", torch.device("cpu")) == "bf16"
+    for strategy in ("ddp", "zero1", "zero2", "zero3", "mics", "paro-iig", "paro-igg", "paro-nig"):
+        resolved = OmegaConf.to_container(_default_config(f"strategy={strategy}"), resolve=True)
+        assert engine_config(resolved, "bf16").reduce_dtype == "fp32", strategy   # the default: fp32 reduction
+    resolved = OmegaConf.to_container(_default_config("strategy.reduce_dtype=bf16"), resolve=True)
+    config = engine_config(resolved, "bf16")
+    assert (config.precision, config.reduce_dtype) == ("bf16", "bf16")
+
+
+class _Ranks:
+    """A stand-in communicator: this rank's tensors meet `others`, the other ranks' values
+    of each all-reduce in call order; records the ops issued."""
+
+    def __init__(self, *others):
+        self.others, self.ops = list(others), []
+
+    def all_reduce(self, t, op="sum"):
+        self.ops.append(op)
+        values = torch.stack([t, torch.tensor(self.others.pop(0), dtype=t.dtype)])
+        t.copy_({"max": values.max(0).values, "avg": values.mean(0)}[op])
+
+
+def test_max_over_ranks():
+    from shard.train import _max
+    comm = _Ranks([3.0, 0.5])
+    assert _max(comm, torch.device("cpu"), [1.0, 2.0]) == [3.0, 2.0] and comm.ops == ["max"]
+
+
+def test_interval_record_has_the_largest_ranks_peak_memory():
+    """log_interval issues the loss mean, then the peak-memory max, on every rank alike."""
+    from types import SimpleNamespace
+
+    from shard.engine import StepResult
+    from shard.train import log_interval
+    comm = _Ranks([3.0], [1000.0])   # the other rank: loss 3, peak 1000 GiB
+    logged = []
+    train = SimpleNamespace(micro_batch=8, seq_len=128, eval_interval=0)
+    r = SimpleNamespace(comm=comm, device=torch.device("cpu"), step=10, global_batch_tokens=8192,
+                        cfg=SimpleNamespace(train=train), meter=Throughput(1, 2, None),
+                        engine=SimpleNamespace(lr=1e-3, comm_report=lambda reset: {"exposed_s": 0.0, "busy_s": {}}),
+                        log=SimpleNamespace(log=logged.append), batches=SimpleNamespace(epoch=0))
+    result = StepResult(grad_norm=1.0, skipped=False, loss_scale=1.0)
+    log_interval(r, result, [torch.tensor(1.0)] * 2, 0.0, False)
+    assert comm.ops == ["avg", "max"]
+    assert logged[0]["loss"] == 2.0 and logged[0]["peak_memory_gb"] == 1000.0
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),
+                    reason="the CPU peak resets through Linux's /proc/self/clear_refs")
+def test_cpu_peak_memory_resets_per_interval():
+    from shard.train import _peak_memory_gb, _reset_peak_memory
+    cpu = torch.device("cpu")
+    _reset_peak_memory(cpu)
+    base = _peak_memory_gb(cpu)
+    block = torch.ones(64 * 2 ** 20)   # 256 MiB, touched
+    del block                          # freed: large blocks go back to the system
+    high = _peak_memory_gb(cpu)
+    assert high >= base + 0.2
+    _reset_peak_memory(cpu)
+    assert _peak_memory_gb(cpu) < high - 0.2
