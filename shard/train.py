@@ -84,9 +84,17 @@ def check_comm_device(transport: str, carries: tuple, device: str) -> None:
                       f"{device}; {fix}")
 
 
+def level_transports(intra: Optional[str], inter: Optional[str], transport: str, device: str) -> dict:
+    """comm.intra/comm.inter as Communicator options: as set, except that on GPUs over MPI
+    the intra-node level defaults to NCCL (RCCL on ROCm), the PCCL paper's design."""
+    if intra is None and transport == "mpi" and device == "cuda":
+        intra = "nccl"
+    return {k: v for k, v in (("intra", intra), ("inter", inter)) if v is not None}
+
+
 def _communicator(c, device: torch.device) -> pccl.Communicator:
     transport = comm_transport(c.transport, device.type)
-    options = {k: c[k] for k in ("intra", "inter") if c.get(k) is not None}
+    options = level_transports(c.get("intra"), c.get("inter"), transport, device.type)
     options.update({k: int(c[k]) for k in ("ranks_per_node", "nics_per_node") if c.get(k) is not None})
     comm = pccl.init(transport, timeout=float(c.timeout), **options)
     check_comm_device(transport, tuple(comm.devices), device.type)   # every rank alike, before any collective

@@ -252,3 +252,11 @@ def test_cpu_peak_memory_resets_per_interval():
     assert high >= base + 0.2
     _reset_peak_memory(cpu)
     assert _peak_memory_gb(cpu) < high - 0.2
+
+
+def test_on_gpus_over_mpi_the_intra_node_level_defaults_to_nccl():
+    from shard.train import level_transports
+    assert level_transports(None, None, "mpi", "cuda") == {"intra": "nccl"}
+    assert level_transports(None, None, "mpi", "cpu") == {}
+    assert level_transports(None, None, "nccl", "cuda") == {}
+    assert level_transports("mpi", "gloo", "mpi", "cuda") == {"intra": "mpi", "inter": "gloo"}
