@@ -3,7 +3,12 @@
 // that communicates or computes releases the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 #include <mpi4py/mpi4py.h>
+
+#if defined(OPEN_MPI) && OPEN_MPI
+#include <mpi-ext.h>  // Open MPI's MPIX_Query_cuda_support / MPIX_Query_rocm_support
+#endif
 
 #include "comm.h"
 #include "reduce.h"
@@ -28,6 +33,36 @@ MPI_Comm as_mpi_comm(nb::handle obj) {
 }
 
 void* ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+// Whether the MPI library takes device pointers of `platform` ("cuda" or "hip"), as the
+// library itself answers at run time: 1 yes, 0 no, -1 it has no way to say (then pccl falls
+// back to the library's documented switches). MPICH >= 4.0 has MPIX_GPU_query_support;
+// Open MPI has MPIX_Query_cuda_support (and MPIX_Query_rocm_support from 5.0) where it was
+// built with that extension.
+int mpi_gpu_support(const std::string& platform) {
+  if (platform != "cuda" && platform != "hip")
+    throw nb::value_error(("platform must be 'cuda' or 'hip', got '" + platform + "'").c_str());
+#if defined(MPIX_GPU_SUPPORT_CUDA) && defined(MPIX_GPU_SUPPORT_HIP)
+  int supported = 0;
+  if (MPIX_GPU_query_support(platform == "hip" ? MPIX_GPU_SUPPORT_HIP : MPIX_GPU_SUPPORT_CUDA, &supported) !=
+      MPI_SUCCESS)
+    return -1;
+  return supported ? 1 : 0;
+#else
+  // The macro says whether this Open MPI was built with the support, the call whether it
+  // is on at run time.
+  if (platform == "cuda") {
+#if defined(MPIX_CUDA_AWARE_SUPPORT)
+    return MPIX_CUDA_AWARE_SUPPORT && MPIX_Query_cuda_support() ? 1 : 0;
+#endif
+  } else {
+#if defined(MPIX_ROCM_AWARE_SUPPORT)
+    return MPIX_ROCM_AWARE_SUPPORT && MPIX_Query_rocm_support() ? 1 : 0;
+#endif
+  }
+  return -1;
+#endif
+}
 
 // The MPI the extension was compiled against, to compare with the one mpi4py loads.
 const char* compiled_mpi() {
@@ -64,6 +99,9 @@ NB_MODULE(_native, m) {
       },
       timeout);
   m.attr("compiled_mpi") = compiled_mpi();
+  m.def("mpi_gpu_support", &mpi_gpu_support, nb::arg("platform"),
+        "1 if the MPI library says it takes device pointers of platform ('cuda' or 'hip'), 0 if it says "
+        "not, -1 if it has no query");
 
   m.def("reduce", [](uintptr_t dst, uintptr_t a, uintptr_t b, int64_t n, int dtype, int op) {
     reduce(ptr(dst), ptr(a), ptr(b), n, static_cast<DType>(dtype), static_cast<Op>(op));

@@ -1,9 +1,8 @@
 """The fast path: schedules and MPI's own collectives run by the C++ executor (GIL released).
 
 CPU tensors, and GPU tensors where the build has a GPU path: local work is queued on the
-caller's current stream. With a GPU-aware MPI (PCCL_GPU_AWARE_MPI=1, or Cray MPICH with
-MPICH_GPU_SUPPORT_ENABLED=1) MPI gets device pointers; otherwise messages are staged
-through host memory.
+caller's current stream. With a GPU-aware MPI (see gpu_aware_mpi) MPI gets device
+pointers; otherwise messages are staged through host memory.
 """
 from __future__ import annotations
 
@@ -29,11 +28,20 @@ def check_same_mpi() -> None:
 check_same_mpi()
 
 
-def gpu_aware_mpi() -> bool:
-    setting = os.environ.get("PCCL_GPU_AWARE_MPI")
+def gpu_aware_mpi(env=os.environ, query=_native.mpi_gpu_support) -> bool:
+    """Whether MPI may be handed device pointers: PCCL_GPU_AWARE_MPI=1 or 0 decides where
+    set; else the library's own answer where it has a query (MPICH >= 4.0, Open MPI built
+    with its CUDA/ROCm extension); else Cray MPICH's switch, MPICH_GPU_SUPPORT_ENABLED=1.
+    Otherwise GPU buffers are staged through host memory."""
+    setting = env.get("PCCL_GPU_AWARE_MPI")
     if setting is not None:
+        if setting not in ("0", "1"):
+            raise ValueError(f"PCCL_GPU_AWARE_MPI must be 0 or 1, got {setting!r}")
         return setting == "1"
-    return os.environ.get("MPICH_GPU_SUPPORT_ENABLED") == "1"
+    answer = query("hip" if _native.gpu_platform == "hip" else "cuda")
+    if answer >= 0:
+        return bool(answer)
+    return env.get("MPICH_GPU_SUPPORT_ENABLED") == "1"
 
 
 def gpu_available() -> bool:

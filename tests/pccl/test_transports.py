@@ -135,3 +135,27 @@ def test_less_than_thread_multiple_is_refused_naming_the_setting(provided):
 def test_this_mpi_runs_at_thread_multiple():
     pccl.init(timeout=10)
     assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def test_gpu_aware_mpi_is_the_setting_else_the_librarys_answer_else_crays_switch():
+    from pccl.executors.mpi_cpp import gpu_aware_mpi
+
+    def says(answer):
+        return lambda platform: answer
+
+    assert gpu_aware_mpi({"PCCL_GPU_AWARE_MPI": "1"}, says(0)) is True
+    assert gpu_aware_mpi({"PCCL_GPU_AWARE_MPI": "0", "MPICH_GPU_SUPPORT_ENABLED": "1"}, says(1)) is False
+    assert gpu_aware_mpi({}, says(1)) is True
+    assert gpu_aware_mpi({"MPICH_GPU_SUPPORT_ENABLED": "1"}, says(0)) is False   # the library knows better
+    assert gpu_aware_mpi({"MPICH_GPU_SUPPORT_ENABLED": "1"}, says(-1)) is True   # no query: Cray's switch
+    assert gpu_aware_mpi({}, says(-1)) is False
+    with pytest.raises(ValueError, match="PCCL_GPU_AWARE_MPI must be 0 or 1, got 'yes'"):
+        gpu_aware_mpi({"PCCL_GPU_AWARE_MPI": "yes"}, says(1))
+
+
+def test_this_mpi_answers_the_gpu_query():
+    """MPICH >= 4 and Open MPI with its extension answer; the MPI wheel here has no GPU build."""
+    from pccl import _native
+    assert _native.mpi_gpu_support("cuda") in (0, -1) and _native.mpi_gpu_support("hip") in (0, -1)
+    with pytest.raises(ValueError, match="platform must be 'cuda' or 'hip'"):
+        _native.mpi_gpu_support("xpu")
