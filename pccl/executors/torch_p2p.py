@@ -1,5 +1,5 @@
-"""Schedules over torch.distributed point-to-point (batch_isend_irecv): gloo on CPU now,
-NCCL/RCCL on GPUs later; and the backend's own collectives as the baseline."""
+"""Schedules over torch.distributed point-to-point (batch_isend_irecv): gloo for host
+tensors, NCCL/RCCL for GPU tensors; and the backend's own collectives as the baseline."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -25,11 +25,15 @@ class TorchP2PExecutor(ScheduleExecutor):
         # P2POp takes global ranks (group_peer= only exists in recent torch releases).
         self.global_rank = [dist.get_global_rank(group, r) for r in range(self.size)]
         self.timeout = timedelta(seconds=timeout)
+        # NCCL's wait() orders the current stream after the collective without blocking the
+        # CPU; given a timeout it would poll on the CPU until the GPU finishes. NCCL's own
+        # watchdog applies the process group's timeout instead.
+        self.wait_timeout = None if "nccl" in dist.get_backend(group) else self.timeout
 
     def _wait(self, works, what: str) -> None:
         try:
             for w in works:
-                w.wait(self.timeout)
+                w.wait() if self.wait_timeout is None else w.wait(self.wait_timeout)
         except RuntimeError as e:
             if "timed out" in str(e).lower() or "timeout" in str(e).lower():
                 raise CollectiveTimeout(f"pccl: rank {self.rank}: {what} timed out after "

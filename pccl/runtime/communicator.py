@@ -123,6 +123,11 @@ class Communicator:
         self.tuner = Tuner(self.topology, self.profile, with_plans=self._can_build_levels())
         self._flat_tuner = Tuner(self.topology, self.profile, with_plans=False)   # auto where plans cannot run
         self._plans: Optional[PlanExecutor] = None
+        if self.tuner.plans_apply and any(map(transports.uses_torch, self.level_transports.values())):
+            # torch.distributed groups must be created in one global order on every rank:
+            # now, on the constructing thread, not at a first plan call on whichever worker
+            # thread (the engine's two lanes) gets there first.
+            self._plan_executor()
 
     def _can_build_levels(self) -> bool:
         """torch.distributed level groups (gloo, NCCL) can only be made from a communicator
@@ -207,6 +212,9 @@ class Communicator:
             group = dist.new_group([world[r] for r in ranks], backend=transport)
             if self.rank in ranks:
                 mine = group
+        # Every member takes part in the group's first operation, as torch requires of a
+        # first batch_isend_irecv on NCCL (a schedule step may leave some ranks idle).
+        dist.barrier(group=mine)
         # A torch child cannot run MPI levels: those become its own backend.
         levels = {level: transport if t == "mpi" else t for level, t in self.level_transports.items()}
         return Communicator(mine, **levels, **options)

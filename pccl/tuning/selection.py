@@ -53,12 +53,16 @@ class Tuner:
         self.topology, self.profile, self.with_plans = topology, profile, with_plans
         self._decisions: dict[tuple[str, int], str] = {}
 
+    @property
+    def plans_apply(self) -> bool:
+        """Whether the two-level plans are candidates: their levels can be built, and the
+        topology has several nodes of several ranks each."""
+        t = self.topology
+        return self.with_plans and t.is_uniform and t.num_nodes > 1 and t.ranks_per_node > 1
+
     def candidates(self, collective: str) -> tuple:
         names = algorithms_for(collective)
-        t = self.topology
-        if self.with_plans and t.is_uniform and t.num_nodes > 1 and t.ranks_per_node > 1:
-            names += PLAN_NAMES
-        return names
+        return names + PLAN_NAMES if self.plans_apply else names
 
     def predictions(self, collective: str, nbytes) -> dict:
         """Predicted seconds of every candidate, by name, for `nbytes` (a number or an array)."""

@@ -42,6 +42,29 @@ def recorded(world, monkeypatch):
     return asked
 
 
+def test_every_member_takes_part_in_a_new_groups_first_operation(recorded, monkeypatch):
+    barriers = []
+    real_barrier = dist.barrier
+    monkeypatch.setattr(dist, "barrier", lambda group=None, **kw: barriers.append(group) or real_barrier(group, **kw))
+    child = pccl.Communicator(dist.group.WORLD, timeout=10).split([[0]])
+    assert barriers == [child.group]
+
+
+@pytest.mark.parametrize("backend,timeout", [("gloo", True), ("nccl", False)])
+def test_nccl_waits_do_not_block_the_cpu_gloo_waits_time_out(recorded, backend, timeout):
+    """NCCL's wait() orders the stream; with a timeout it would poll on the CPU until done."""
+    from pccl.executors.torch_p2p import TorchP2PExecutor
+
+    class Work:
+        def wait(self, *args):
+            calls.append(args)
+
+    calls = []
+    executor = TorchP2PExecutor(dist.new_group([0], backend=backend), timeout=7)
+    executor._wait([Work()], "test")
+    assert calls == ([(executor.timeout,)] if timeout else [()])
+
+
 def test_children_of_a_gloo_communicator_are_gloo(recorded):
     parent = pccl.Communicator(dist.group.WORLD, timeout=10)
     child = parent.split([[0]])

@@ -88,6 +88,9 @@ def scenario_gloo_levels() -> None:
     different times, which must not break a peer's connections."""
     comm = pccl.init(transport="gloo", ranks_per_node=2, timeout=60)
     KEPT.append(comm)
+    # torch level groups are made with the communicator, on this thread, in one order on
+    # every rank, not at the first plan call on a worker thread
+    assert comm._plans is not None and set(comm._plans.levels) == {"intra", "inter"}
     out = torch.empty(2 * p)
     comm.all_gather(out, torch.full((2,), float(rank)), algorithm="hierarchical")
     assert torch.equal(out, torch.arange(p, dtype=torch.float32).repeat_interleave(2))
