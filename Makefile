@@ -75,6 +75,23 @@ test: lint
 test-fast: build
 	$(PY) -m pytest -q -m "not mpi and not slow" tests
 
+# make test-gpu: the GPU test suite (docs/gpu.md, "GPU test suite"). It builds the GPU kernels
+# (GPU=cuda where nvidia-smi exists, hip where rocm-smi does) and runs every test marked gpu,
+# then the GPU tests of test_gpu.py and test_streams.py, listing each skip with its reason.
+# Without a GPU it stops with an error before building or running anything.
+GPU_TESTS := tests/pccl/test_gpu.py \
+	tests/pccl/test_streams.py::test_on_a_gpu_a_delayed_side_stream_still_reads_the_callers_buffer
+.PHONY: test-gpu
+test-gpu:
+	@if [ "$(GPU)" = none ]; then echo "make test-gpu: no GPU here (neither nvidia-smi nor rocm-smi is on PATH);" \
+		"run it on a GPU machine, or name the platform with GPU=cuda or GPU=hip" >&2; exit 1; fi
+	$(MAKE) build
+	@$(PY) -c 'import sys, torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; \
+		print(f"make test-gpu: torch {torch.__version__} sees {n} GPU(s)"); \
+		sys.exit(0 if n else "make test-gpu: torch sees no GPU (a CPU-only torch, or CUDA_VISIBLE_DEVICES hides them)")'
+	$(PY) -m pytest -q -rs -m gpu tests
+	$(PY) -m pytest -q -rs $(GPU_TESTS)
+
 train: build
 	NPROC=$(TRAIN_RANKS) PYTHON=$(PY) launch/local.sh $(TRAIN)
 

@@ -1,0 +1,97 @@
+"""GPT training with the engine on GPUs, measured (worker: tests/shard/workers/run_gpu_training.py):
+
+- a torch.profiler trace of one training step of gpt_125m (ZeRO-3, bf16) on all local GPUs
+  over NCCL, exported as a Chrome trace (tmp dir, and $PCCL_GPU_TRACE_DIR when set): at
+  least one communication kernel (NCCL's, or pccl's reduction kernels) runs while a
+  compute kernel runs on the training loop's stream;
+- the MFU of gpt_1p3b on one GPU (bf16, sequences of 2048) from the model's FLOPs per token
+  and shard.throughput's peak, printed and written to mfu.json (same places); a
+  measurement, so only its sanity is asserted (0 < MFU < 1).
+
+Skipped, with the reason, without a GPU (or fewer than 2 for the trace), without NCCL in
+torch, or (MFU) on a GPU whose peak shard.throughput does not know. The trace analysis
+itself is checked everywhere, on a hand-made trace. make test-gpu runs these (docs/gpu.md,
+"GPU test suite").
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.shard.workers.run_gpu_training import overlap_summary
+from tests.support.gpu import GPUS, keep, launch_report, no_gpu_reason
+
+WORKER = "-m tests.shard.workers.run_gpu_training"
+
+_reports: dict = {}
+
+
+def kernel(name: str, start: float, dur: float, stream: int) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": start, "dur": dur,
+            "args": {"device": 0, "stream": stream}}
+
+
+def test_trace_analysis_finds_communication_under_compute():
+    """Compute on stream 7, NCCL on stream 20: the second all-gather runs under the gemm."""
+    trace = {"traceEvents": [
+        kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 100.0, 50.0, 7),
+        kernel("void at::native::vectorized_elementwise_kernel<4>", 150.0, 5.0, 7),
+        kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 60.0, 30.0, 20),
+        kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 140.0, 20.0, 20),
+        kernel("void at::native::elementwise_kernel", 10.0, 2.0, 21),   # another stream, not compute
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 500.0, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0.0, "dur": 500.0, "pid": 1, "tid": 1},
+    ]}
+    summary = overlap_summary(trace)
+    assert summary["kernels"] == 5 and summary["comm_kernels"] == 2 and summary["compute_kernels"] == 2
+    assert summary["compute_stream"] == "(0, 7)"
+    assert summary["overlapping_pairs"] == 2                    # the gemm (140-150) and the elementwise (150-155)
+    assert summary["overlap_us"] == pytest.approx(15.0)
+    assert summary["example"]["comm"].startswith("ncclDevKernel_AllGather")
+    # The same kernels one after the other: no overlap.
+    serial = {"traceEvents": [kernel("sm90_gemm", 0.0, 10.0, 7), kernel("ncclDevKernel_Send", 10.0, 5.0, 20),
+                              kernel("pccl::gpu::(anonymous namespace)::combine<float>", 15.0, 1.0, 21)]}
+    summary = overlap_summary(serial)
+    assert summary["comm_kernels"] == 2 and summary["overlapping_pairs"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_profiled_step_overlaps_communication_with_compute(tmp_path_factory):
+    reason = no_gpu_reason(2)
+    if reason:
+        pytest.skip(reason)
+    directory = tmp_path_factory.mktemp("trace")
+    report = launch_report(_reports, "trace", directory, GPUS, WORKER, "trace", str(directory), timeout=900)
+    assert "_launch" not in report, report.get("_launch")
+    assert report["world"] == GPUS and len(report["ranks"]) == GPUS
+    kept = keep(*sorted(directory.glob("trace-rank*.json")), directory / "report.json")
+    print(f"traces: {directory}" + (f", kept in {kept}" if kept else ""))
+    first = report["ranks"][0]
+    print(json.dumps({k: first[k] for k in ("comm_kernels", "compute_kernels", "overlapping_pairs", "overlap_us",
+                                            "comm_us", "example")}, indent=1))
+    if first["kernels"] == 0:
+        pytest.skip("torch.profiler recorded no GPU kernels here (is CUPTI missing?), so overlap cannot be seen")
+    assert first["comm_kernels"] > 0, f"no NCCL or pccl kernel in rank 0's trace: {first}"
+    assert first["compute_kernels"] > 0, f"no compute kernel in rank 0's trace: {first}"
+    assert first["overlapping_pairs"] > 0, f"no communication kernel ran under compute on rank 0: {first}"
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_gpt_1p3b_mfu_on_one_gpu(tmp_path_factory):
+    reason = no_gpu_reason(1)
+    if reason:
+        pytest.skip(reason)
+    directory = tmp_path_factory.mktemp("mfu")
+    report = launch_report(_reports, "mfu", directory, 1, WORKER, "mfu", str(directory), timeout=1200)
+    assert "_launch" not in report, report.get("_launch")
+    kept = keep(directory / "mfu.json")
+    print(json.dumps(report, indent=1) + f"\nwritten to {directory / 'mfu.json'}" + (f" and {kept}" if kept else ""))
+    assert all(loss == loss and 0 < loss < 20 for loss in report["losses"]), report["losses"]   # finite, sane
+    assert report["tokens_per_s"] > 0
+    if report["mfu"] is None:
+        pytest.skip(f"MFU needs the device's peak: {report['peak_source']} (tokens/s {report['tokens_per_s']:.0f})")
+    assert 0 < report["mfu"] < 1, report

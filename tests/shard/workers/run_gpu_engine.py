@@ -1,0 +1,167 @@
+"""mpiexec worker: the engine's 14 strategies on GPUs over NCCL, against single-process
+torch.optim.AdamW on one GPU, as tests/shard/workers/run_engine.py checks them on CPUs.
+
+Usage: mpiexec -n P python -m tests.shard.workers.run_gpu_engine GROUP REPORT.json
+Each rank trains on GPU (local rank) % device count with pccl.init(transport="nccl"),
+3 steps of 2 micro-batches (fp32), and rank 0 compares with the reference run on its own
+GPU; bf16 compute is compared with the fp32 reference's losses. Report (rank 0): label ->
+{"error", "loss_error"} | {"losses", "reference"} | {"exception"}.
+
+Both sides run in fp32 with attention through torch's math kernel (flash and
+memory-efficient attention off), so the two differ only by summation order, as on CPUs.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import pccl
+import shard
+from shard import Engine
+from tests.shard.engine_models import MLP, TinyTransformer, mlp_batch, mlp_loss, token_batch, token_loss
+
+warnings.simplefilter("ignore")
+world = MPI.COMM_WORLD
+_node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+torch.cuda.set_device(_node.rank % torch.cuda.device_count())   # before any NCCL group exists
+_node.Free()
+DEVICE = torch.device("cuda", torch.cuda.current_device())
+torch.backends.cuda.enable_flash_sdp(False)
+torch.backends.cuda.enable_mem_efficient_sdp(False)
+if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):   # torch >= 2.3
+    torch.backends.cuda.enable_cudnn_sdp(False)
+comm = pccl.init(transport="nccl", timeout=300)
+N, RANK = comm.size, comm.rank
+STEPS, MICRO, PER_RANK = 3, 2, 2                           # as run_engine.py
+HYPER = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)   # as run_engine.py (eps: see there)
+MODELS = {"mlp": (MLP, mlp_batch, mlp_loss), "transformer": (TinyTransformer, token_batch, token_loss)}
+# The CPU test's four runs per strategy: (model, clip, options).
+RUNS = (("mlp", None, {}), ("transformer", 0.5, {}),
+        ("mlp", 0.5, {"prefetch": 0, "activation_checkpointing": True}),
+        ("transformer", None, {"prefetch": 3, "algorithm": "native"}))
+BF16_STRATEGIES = ("NNN", "GGG", "IIG")
+
+
+def global_batch(kind: str, step: int):
+    return tuple(t.to(DEVICE) for t in MODELS[kind][1](step, N * MICRO * PER_RANK))
+
+
+def my_micro_batch(batch, j: int):
+    at = (j * N + RANK) * PER_RANK
+    return tuple(t[at:at + PER_RANK] for t in batch)
+
+
+def reference_run(kind: str, steps: int, clip):
+    """Single-process AdamW on the whole global batch each step, on this GPU."""
+    torch.manual_seed(0)
+    model = MODELS[kind][0]().to(DEVICE)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": HYPER["weight_decay"]},
+                             {"params": rest, "weight_decay": 0.0}],
+                            lr=HYPER["lr"], betas=HYPER["betas"], eps=HYPER["eps"])
+    losses = []
+    for step in range(steps):
+        x, y = global_batch(kind, step)
+        loss = MODELS[kind][2](model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def engine_run(kind: str, strategy, steps: int, group: int, clip=None, **options):
+    torch.manual_seed(0)
+    model = MODELS[kind][0]().to(DEVICE)   # the reference's initial values
+    engine = Engine(model, comm, strategy=strategy, group_size=group, grad_clip=clip, units=model.units(),
+                    min_shard_numel=0, device=DEVICE, **HYPER, **options)
+    losses = []
+    for step in range(steps):
+        batch = global_batch(kind, step)
+        total = torch.zeros(1, dtype=torch.float64, device=DEVICE)
+        for j in range(MICRO):
+            x, y = my_micro_batch(batch, j)
+            loss = MODELS[kind][2](engine(x), y)
+            engine.backward(loss)
+            total += loss.detach()
+        engine.step()
+        comm.all_reduce(total)
+        losses.append(total.item() / (N * MICRO))
+    return engine, losses
+
+
+def close(engine) -> None:
+    """Stop the lanes and free their NCCL communicators (dozens of engines run here, each
+    with its own groups), every rank in the same order once all are done with them."""
+    engine.close()
+    torch.cuda.synchronize()
+    world.Barrier()
+    for lane in (engine.gathers, engine.reductions):
+        for sub, _ in lane.comms.values():
+            if sub.group is not None:
+                try:
+                    dist.destroy_process_group(sub.group)
+                except Exception:  # noqa: BLE001 - freeing memory early is only an economy
+                    pass
+
+
+def relative_error(state: dict, reference: dict) -> float:
+    worst = 0.0
+    for k, ref in reference.items():
+        diff = (state[k].cpu().double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-12)
+        worst = max(worst, diff.item())
+    return worst
+
+
+def equivalence(group: int) -> dict:
+    report = {"_device": torch.cuda.get_device_name(DEVICE), "_world": N, "_group": group,
+              "_tf32": torch.backends.cuda.matmul.allow_tf32}
+    references = ({(kind, clip): reference_run(kind, STEPS, clip) for kind in MODELS for clip in (None, 0.5)}
+                  if RANK == 0 else {})
+    bf16_reference = reference_run("mlp", 5, None)[0] if RANK == 0 else None
+    for strategy in shard.STRATEGIES:
+        name = strategy.letters
+        for kind, clip, options in RUNS:
+            label = f"{name}/{kind}/clip={clip}/{options}"
+            try:
+                engine, losses = engine_run(kind, strategy, STEPS, group, clip, **options)
+                state = engine.full_state_dict()
+                if RANK == 0:
+                    ref_losses, ref_state = references[(kind, clip)]
+                    report[label] = {"error": relative_error(state, ref_state),
+                                     "loss_error": max(abs(a - b) / b for a, b in zip(losses, ref_losses))}
+                close(engine)
+            except Exception:  # noqa: BLE001 - reported
+                report[label] = {"exception": traceback.format_exc()}
+        if name in BF16_STRATEGIES:
+            label = f"{name}/bf16"
+            try:
+                engine, losses = engine_run("mlp", strategy, 5, group, precision="bf16")
+                if RANK == 0:
+                    report[label] = {"losses": losses, "reference": bf16_reference}
+                close(engine)
+            except Exception:  # noqa: BLE001 - reported
+                report[label] = {"exception": traceback.format_exc()}
+    return report
+
+
+def main() -> None:
+    group, out = int(sys.argv[1]), sys.argv[2]
+    report = equivalence(group)
+    torch.cuda.synchronize()
+    if RANK == 0:
+        Path(out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
