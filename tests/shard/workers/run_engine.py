@@ -19,55 +19,26 @@ import torch
 import pccl
 import shard
 from shard import Engine
-from tests.shard.engine_models import MLP, TinyTransformer, mlp_batch, mlp_loss, token_batch, token_loss
+from tests.shard import reference
+from tests.shard.engine_models import MLP, TinyTransformer, mlp_loss, token_loss
+from tests.shard.reference import HYPER, MICRO, MODELS, STEPS, relative_error
 
 torch.set_num_threads(1)
 warnings.simplefilter("ignore")
 comm = pccl.init()
 N, RANK = comm.size, comm.rank
-STEPS, MICRO, PER_RANK = 3, 2, 2        # optimizer steps, micro-batches per step, samples each
-# eps 1e-6: a gradient element that is zero up to rounding (2e-9 where others are 1e-2)
-# gets the update lr * g / (|g| + eps). With eps 1e-8 that is a sixth of lr and follows
-# the rounding, so summing the gradients in another order (sharded) moved such a weight
-# by 6e-5 and the tensor by 1.2e-5 relative; with 1e-6 the worst tensor is at 7e-7.
-HYPER = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
-MODELS = {"mlp": (MLP, mlp_batch, mlp_loss), "transformer": (TinyTransformer, token_batch, token_loss)}
-
-
-def reference_optimizer(model):
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": HYPER["weight_decay"]},
-                              {"params": rest, "weight_decay": 0.0}],
-                             lr=HYPER["lr"], betas=HYPER["betas"], eps=HYPER["eps"])
 
 
 def global_batch(kind: str, step: int, ranks: int = N, micro: int = MICRO):
-    return MODELS[kind][1](step, ranks * micro * PER_RANK)
+    return reference.global_batch(kind, step, ranks, micro)
 
 
 def my_micro_batch(batch, j: int, ranks: int = N, rank: int = RANK):
-    """Rank `rank`'s j-th micro-batch of a global batch."""
-    at = (j * ranks + rank) * PER_RANK
-    return tuple(t[at:at + PER_RANK] for t in batch)
+    return reference.my_micro_batch(batch, j, ranks, rank)
 
 
 def reference_run(kind: str, steps: int, clip, seed: int = 0):
-    """Single-process AdamW on the whole global batch each step: losses and final state."""
-    torch.manual_seed(seed)
-    model = MODELS[kind][0]()
-    opt = reference_optimizer(model)
-    losses = []
-    for step in range(steps):
-        x, y = global_batch(kind, step)
-        loss = MODELS[kind][2](model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        losses.append(loss.item())
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return reference.reference_run(kind, steps, clip, N, seed=seed)
 
 
 def engine_run(kind: str, strategy, steps: int, group: int, clip=None, **options):
@@ -93,14 +64,6 @@ def comm_sum(values: list[float]) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     comm.all_reduce(t)
     return t.tolist()
-
-
-def relative_error(state: dict, reference: dict) -> float:
-    worst = 0.0
-    for k, ref in reference.items():
-        diff = (state[k].double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-12)
-        worst = max(worst, diff.item())
-    return worst
 
 
 def equivalence(group: int) -> dict:

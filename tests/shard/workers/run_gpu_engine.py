@@ -25,7 +25,8 @@ from mpi4py import MPI
 import pccl
 import shard
 from shard import Engine
-from tests.shard.engine_models import MLP, TinyTransformer, mlp_batch, mlp_loss, token_batch, token_loss
+from tests.shard import reference
+from tests.shard.reference import HYPER, MICRO, MODELS, STEPS, relative_error
 
 warnings.simplefilter("ignore")
 world = MPI.COMM_WORLD
@@ -39,9 +40,6 @@ if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):   # torch >= 2.3
     torch.backends.cuda.enable_cudnn_sdp(False)
 comm = pccl.init(transport="nccl", timeout=300)
 N, RANK = comm.size, comm.rank
-STEPS, MICRO, PER_RANK = 3, 2, 2                           # as run_engine.py
-HYPER = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)   # as run_engine.py (eps: see there)
-MODELS = {"mlp": (MLP, mlp_batch, mlp_loss), "transformer": (TinyTransformer, token_batch, token_loss)}
 # The CPU test's four runs per strategy: (model, clip, options).
 RUNS = (("mlp", None, {}), ("transformer", 0.5, {}),
         ("mlp", 0.5, {"prefetch": 0, "activation_checkpointing": True}),
@@ -50,34 +48,16 @@ BF16_STRATEGIES = ("NNN", "GGG", "IIG")
 
 
 def global_batch(kind: str, step: int):
-    return tuple(t.to(DEVICE) for t in MODELS[kind][1](step, N * MICRO * PER_RANK))
+    return reference.global_batch(kind, step, N, device=DEVICE)
 
 
 def my_micro_batch(batch, j: int):
-    at = (j * N + RANK) * PER_RANK
-    return tuple(t[at:at + PER_RANK] for t in batch)
+    return reference.my_micro_batch(batch, j, N, RANK)
 
 
 def reference_run(kind: str, steps: int, clip):
     """Single-process AdamW on the whole global batch each step, on this GPU."""
-    torch.manual_seed(0)
-    model = MODELS[kind][0]().to(DEVICE)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": HYPER["weight_decay"]},
-                             {"params": rest, "weight_decay": 0.0}],
-                            lr=HYPER["lr"], betas=HYPER["betas"], eps=HYPER["eps"])
-    losses = []
-    for step in range(steps):
-        x, y = global_batch(kind, step)
-        loss = MODELS[kind][2](model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        if clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        losses.append(loss.item())
-    return losses, {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return reference.reference_run(kind, steps, clip, N, device=DEVICE)
 
 
 def engine_run(kind: str, strategy, steps: int, group: int, clip=None, **options):
@@ -113,14 +93,6 @@ def close(engine) -> None:
                     dist.destroy_process_group(sub.group)
                 except Exception:  # noqa: BLE001 - freeing memory early is only an economy
                     pass
-
-
-def relative_error(state: dict, reference: dict) -> float:
-    worst = 0.0
-    for k, ref in reference.items():
-        diff = (state[k].cpu().double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-12)
-        worst = max(worst, diff.item())
-    return worst
 
 
 def equivalence(group: int) -> dict:
