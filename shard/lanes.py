@@ -129,7 +129,8 @@ class Lane:
 
     def _run(self, stage: str, level: str, collective: str, full: torch.Tensor, *args) -> None:
         comm, members = self.comms[level]
-        algorithm = comm.resolve(collective, self._algorithm(collective), full.numel() * full.element_size())
+        algorithm = comm.resolve(collective, self._algorithm(collective), full.numel() * full.element_size(),
+                                 full.device.type)
         if comm.size > 1 and stage is not None:  # stage None: scalars, not counted
             self.ledger.record(stage, comm, members, collective, algorithm, full.numel(), full.element_size())
             if self.log is not None:

@@ -28,12 +28,6 @@ DEFAULT_TIMEOUT = float(os.environ.get("PCCL_TIMEOUT", 300.0))
 EXECUTORS = {"mpi": ("cpp", "python"), "torch": ("torch",)}
 
 
-def _mpi_world_size() -> int:
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.size
-
-
 def _thread_level_names(MPI) -> dict[int, str]:
     return {getattr(MPI, f"THREAD_{name}"): f"MPI_THREAD_{name}"
             for name in ("SINGLE", "FUNNELED", "SERIALIZED", "MULTIPLE")}
@@ -131,9 +125,12 @@ class Communicator:
 
     def _can_build_levels(self) -> bool:
         """torch.distributed level groups (gloo, NCCL) can only be made from a communicator
-        over all ranks: creating one is collective over the whole world."""
-        if not any(map(transports.uses_torch, self.level_transports.values())):
-            return True
+        over all ranks."""
+        return not any(map(transports.uses_torch, self.level_transports.values())) or self._spans_world()
+
+    def _spans_world(self) -> bool:
+        """Whether this communicator holds every rank, as a torch.distributed group must be
+        created from (new_group, and pccl's rendezvous through MPI, are collective over all)."""
         if self.mpi_comm is not None:
             from mpi4py import MPI
 
@@ -201,11 +198,9 @@ class Communicator:
                 raise ValueError("an 'mpi' sub-communicator needs a Communicator built on an mpi4py communicator")
             sub = self.mpi_comm.Split(index, members.index(self.rank))
             return Communicator(sub, executor=self.executor, **self.level_transports, **options)
+        if not self._spans_world():
+            raise ValueError(f"{transport} sub-communicators need a parent over all ranks; this one has {self.size}")
         world = self._world_ranks()
-        if len(world) != (dist.get_world_size() if dist.is_initialized() else _mpi_world_size()):
-            # new_group (and pccl's MPI rendezvous) are collective over all ranks.
-            raise ValueError(f"{transport} sub-communicators need a parent over all ranks; this one has "
-                             f"{len(world)}")
         init_torch_distributed(transport, self.timeout)
         mine = None
         for ranks in groups:
@@ -227,26 +222,22 @@ class Communicator:
 
         return self.mpi_comm.allgather(MPI.COMM_WORLD.rank)
 
-    def resolve(self, collective: str, algorithm, nbytes: int):
-        """What `algorithm` runs for `nbytes` (the full buffer): a flat algorithm's name,
-        "native", or a plan spec; "auto" resolved as a call would resolve it."""
+    def resolve(self, collective: str, algorithm, nbytes: int, device: str = "cpu"):
+        """What `algorithm` runs for `nbytes` (the full buffer) of `device` tensors: a flat
+        algorithm's name, "native", or a plan spec; "auto" resolved as a call would resolve
+        it, among what can take the device. A plan whose levels cannot carry the device is
+        refused before anything is sent."""
         spec = plans.spec_of(algorithm)
-        if spec is not None:
-            return spec
-        validation.check_algorithm(collective, algorithm)
-        return self.tuner.choose(collective, nbytes) if algorithm == "auto" else algorithm
-
-    def _resolve_for(self, collective: str, algorithm, like: torch.Tensor):
-        """resolve() for a call on `like`: auto picks among what can take its device, and a
-        plan named for a device its levels cannot carry is refused before anything is sent."""
-        device = like.device.type
-        if algorithm == "auto" and device not in self.plan_devices:
+        if spec is None:
             validation.check_algorithm(collective, algorithm)
-            return self._flat_tuner.choose(collective, like.numel() * like.element_size())
-        resolved = self.resolve(collective, algorithm, like.numel() * like.element_size())
-        if not isinstance(resolved, str):
-            transports.check_level_devices(device, self.level_transports, self.plan_devices)
-        return resolved
+            if algorithm != "auto":
+                return algorithm
+            tuner = self.tuner if device in self.plan_devices else self._flat_tuner
+            spec = tuner.choose(collective, nbytes)
+            if isinstance(spec, str):
+                return spec
+        transports.check_level_devices(device, self.level_transports, self.plan_devices)
+        return spec
 
     def _check_executor(self, executor: str) -> str:
         valid = EXECUTORS[self.transport]
@@ -272,7 +263,7 @@ class Communicator:
     def _run(self, collective: str, algorithm, like: torch.Tensor, async_op: bool,
              native: Callable[[], None], scheduled: Callable[[Schedule], None],
              planned: Callable[[Plan, PlanExecutor], None]) -> Optional[Work]:
-        algorithm = self._resolve_for(collective, algorithm, like)
+        algorithm = self.resolve(collective, algorithm, like.numel() * like.element_size(), like.device.type)
         if not isinstance(algorithm, str):
             plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec
             fn = lambda: planned(plan, self._plan_executor())  # noqa: E731
