@@ -14,6 +14,10 @@ STEPS, MICRO, PER_RANK = 3, 2, 2        # optimizer steps, micro-batches per ste
 # by 6e-5 and the tensor by 1.2e-5 relative; with 1e-6 the worst tensor is at 7e-7.
 HYPER = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
 MODELS = {"mlp": (MLP, mlp_batch, mlp_loss), "transformer": (TinyTransformer, token_batch, token_loss)}
+# The engine runs each strategy is compared in: (model, clip, more engine settings).
+RUNS = (("mlp", None, {}), ("transformer", 0.5, {}),
+        ("mlp", 0.5, {"prefetch": 0, "activation_checkpointing": True}),
+        ("transformer", None, {"prefetch": 3, "algorithm": "native"}))
 
 
 def reference_optimizer(model):
@@ -60,3 +64,11 @@ def relative_error(state: dict, reference: dict) -> float:
         diff = (state[k].cpu().double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-12)
         worst = max(worst, diff.item())
     return worst
+
+
+def compared(losses: list, state: dict, reference: tuple) -> dict:
+    """An engine run's losses and final state against reference_run's: the relative
+    error of the state and the largest relative loss difference."""
+    ref_losses, ref_state = reference
+    return {"error": relative_error(state, ref_state),
+            "loss_error": max(abs(a - b) / b for a, b in zip(losses, ref_losses))}

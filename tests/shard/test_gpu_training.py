@@ -56,15 +56,22 @@ def test_trace_analysis_finds_communication_under_compute():
     assert summary["comm_kernels"] == 2 and summary["overlapping_pairs"] == 0
 
 
+def launched(tmp_path_factory, scenario: str, needs: int, ranks: int, timeout: float):
+    """The worker's `scenario` on `ranks` ranks (skipped, with the reason, without `needs`
+    GPUs): its directory and its report."""
+    reason = no_gpu_reason(needs)
+    if reason:
+        pytest.skip(reason)
+    directory = tmp_path_factory.mktemp(scenario)
+    report = launch_report(_reports, scenario, directory, ranks, WORKER, scenario, str(directory), timeout=timeout)
+    assert "_launch" not in report, report.get("_launch")
+    return directory, report
+
+
 @pytest.mark.gpu
 @pytest.mark.mpi
 def test_profiled_step_overlaps_communication_with_compute(tmp_path_factory):
-    reason = no_gpu_reason(2)
-    if reason:
-        pytest.skip(reason)
-    directory = tmp_path_factory.mktemp("trace")
-    report = launch_report(_reports, "trace", directory, GPUS, WORKER, "trace", str(directory), timeout=900)
-    assert "_launch" not in report, report.get("_launch")
+    directory, report = launched(tmp_path_factory, "trace", needs=2, ranks=GPUS, timeout=900)
     assert report["world"] == GPUS and len(report["ranks"]) == GPUS
     kept = keep(*sorted(directory.glob("trace-rank*.json")), directory / "report.json")
     print(f"traces: {directory}" + (f", kept in {kept}" if kept else ""))
@@ -82,12 +89,7 @@ def test_profiled_step_overlaps_communication_with_compute(tmp_path_factory):
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_gpt_1p3b_mfu_on_one_gpu(tmp_path_factory):
-    reason = no_gpu_reason(1)
-    if reason:
-        pytest.skip(reason)
-    directory = tmp_path_factory.mktemp("mfu")
-    report = launch_report(_reports, "mfu", directory, 1, WORKER, "mfu", str(directory), timeout=1200)
-    assert "_launch" not in report, report.get("_launch")
+    directory, report = launched(tmp_path_factory, "mfu", needs=1, ranks=1, timeout=1200)
     kept = keep(directory / "mfu.json")
     print(json.dumps(report, indent=1) + f"\nwritten to {directory / 'mfu.json'}" + (f" and {kept}" if kept else ""))
     assert all(loss == loss and 0 < loss < 20 for loss in report["losses"]), report["losses"]   # finite, sane

@@ -21,7 +21,7 @@ import shard
 from shard import Engine
 from tests.shard import reference
 from tests.shard.engine_models import MLP, TinyTransformer, mlp_loss, token_loss
-from tests.shard.reference import HYPER, MICRO, MODELS, STEPS, relative_error
+from tests.shard.reference import HYPER, MICRO, MODELS, RUNS, STEPS, compared, relative_error
 
 torch.set_num_threads(1)
 warnings.simplefilter("ignore")
@@ -72,17 +72,13 @@ def equivalence(group: int) -> dict:
     bf16_reference = reference_run("mlp", 5, None)
     for strategy in shard.STRATEGIES:
         name = strategy.letters
-        for kind, clip, options in (("mlp", None, {}), ("transformer", 0.5, {}),
-                                    ("mlp", 0.5, {"prefetch": 0, "activation_checkpointing": True}),
-                                    ("transformer", None, {"prefetch": 3, "algorithm": "native"})):
+        for kind, clip, options in RUNS:
             label = f"{name}/{kind}/clip={clip}/{options}"
             try:
                 engine, losses = engine_run(kind, strategy, STEPS, group, clip, **options)
                 state = engine.full_state_dict()
                 if RANK == 0:
-                    ref_losses, ref_state = references[(kind, clip)]
-                    report[label] = {"error": relative_error(state, ref_state),
-                                     "loss_error": max(abs(a - b) / b for a, b in zip(losses, ref_losses))}
+                    report[label] = compared(losses, state, references[(kind, clip)])
                 engine.close()
             except Exception:  # noqa: BLE001 - reported
                 report[label] = {"exception": traceback.format_exc()}

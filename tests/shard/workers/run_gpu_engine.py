@@ -26,7 +26,7 @@ import pccl
 import shard
 from shard import Engine
 from tests.shard import reference
-from tests.shard.reference import HYPER, MICRO, MODELS, STEPS, relative_error
+from tests.shard.reference import HYPER, MICRO, MODELS, RUNS, STEPS, compared
 
 warnings.simplefilter("ignore")
 world = MPI.COMM_WORLD
@@ -40,10 +40,6 @@ if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):   # torch >= 2.3
     torch.backends.cuda.enable_cudnn_sdp(False)
 comm = pccl.init(transport="nccl", timeout=300)
 N, RANK = comm.size, comm.rank
-# The CPU test's four runs per strategy: (model, clip, options).
-RUNS = (("mlp", None, {}), ("transformer", 0.5, {}),
-        ("mlp", 0.5, {"prefetch": 0, "activation_checkpointing": True}),
-        ("transformer", None, {"prefetch": 3, "algorithm": "native"}))
 BF16_STRATEGIES = ("NNN", "GGG", "IIG")
 
 
@@ -109,9 +105,7 @@ def equivalence(group: int) -> dict:
                 engine, losses = engine_run(kind, strategy, STEPS, group, clip, **options)
                 state = engine.full_state_dict()
                 if RANK == 0:
-                    ref_losses, ref_state = references[(kind, clip)]
-                    report[label] = {"error": relative_error(state, ref_state),
-                                     "loss_error": max(abs(a - b) / b for a, b in zip(losses, ref_losses))}
+                    report[label] = compared(losses, state, references[(kind, clip)])
                 close(engine)
             except Exception:  # noqa: BLE001 - reported
                 report[label] = {"exception": traceback.format_exc()}
