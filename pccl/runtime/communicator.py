@@ -109,7 +109,7 @@ class Communicator:
                 raise ValueError(f"{level} must be one of {transports.TRANSPORTS}, got {transport!r}")
             if transport == "mpi" and self.transport != "mpi":
                 raise ValueError(f"{level}='mpi' needs a Communicator built on an mpi4py communicator")
-            transports.check_available(transport, torch.cuda.is_available, dist.is_nccl_available)
+            transports.check_available(transport)
             level_devices.append(transports.devices_of(transport, gpu_mpi))
         # The devices a two-level plan takes: those both of its levels carry.
         self.plan_devices = tuple(d for d in level_devices[0] if d in level_devices[1])
@@ -189,7 +189,7 @@ class Communicator:
             raise ValueError(f"groups must hold each rank 0..{self.size - 1} exactly once, got {groups}")
         transport = transport or self.backend
         transports.devices_of(transport)   # a known transport, or ValueError
-        transports.check_available(transport, torch.cuda.is_available, dist.is_nccl_available)
+        transports.check_available(transport)
         index = next(i for i, g in enumerate(groups) if self.rank in g)
         members = groups[index]
         options = dict(timeout=self.timeout, topology=self.topology.restrict(members), profile=self.profile)
@@ -320,6 +320,6 @@ def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float 
         from mpi4py import MPI
 
         return Communicator(MPI.COMM_WORLD, executor=executor, timeout=timeout, **options)
-    transports.check_available(transport, torch.cuda.is_available, dist.is_nccl_available)
+    transports.check_available(transport)
     init_torch_distributed(transport, timeout)
     return Communicator(dist.group.WORLD, executor=executor, timeout=timeout, **options)

@@ -12,7 +12,8 @@ dist.get_backend reports it; it carries the devices it names.
 """
 from __future__ import annotations
 
-from typing import Callable
+import torch
+import torch.distributed as dist
 
 TORCH_BACKENDS = ("gloo", "nccl")
 TRANSPORTS = ("mpi",) + TORCH_BACKENDS
@@ -38,14 +39,14 @@ def uses_torch(transport: str) -> bool:
     return transport != "mpi"
 
 
-def check_available(transport: str, cuda_available: Callable[[], bool], nccl_available: Callable[[], bool]) -> None:
+def check_available(transport: str) -> None:
     """Raise ValueError, before any group is created, when this machine cannot run `transport`."""
     if "nccl" not in transport:
         return
-    if not cuda_available():
+    if not torch.cuda.is_available():
         raise ValueError(f"transport {transport!r} needs a GPU (NCCL on CUDA, RCCL on ROCm) and this machine has "
                          "none visible to torch; use 'gloo' or 'mpi' for host tensors")
-    if not nccl_available():
+    if not dist.is_nccl_available():
         raise ValueError(f"transport {transport!r} needs a torch built with NCCL (or RCCL); this torch has neither")
 
 
