@@ -167,7 +167,8 @@ class Communicator:
 
     def _plan_executor(self) -> PlanExecutor:
         """The executor of two-level plans, over the intra-node and inter-node communicators
-        (created on first use: creating them is collective over this communicator)."""
+        (made with this communicator where they are torch groups, else on first use;
+        creating them is collective over this communicator)."""
         if self._plans is None:
             self._plans = PlanExecutor({level: self.split(self.topology.level_groups(level), transport)
                                         for level, transport in self.level_transports.items()})
