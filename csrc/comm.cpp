@@ -10,6 +10,9 @@
 #include <cstring>
 
 #include "reduce.h"
+#ifdef PCCL_GPU
+#include "gpu/gpu.h"
+#endif
 
 namespace pccl {
 namespace {
@@ -27,15 +30,30 @@ MPI_Comm dup_comm(MPI_Comm comm) {
   return out;
 }
 
+// The rows of one step: [begin, end).
+int64_t step_end(const int64_t* ops, int64_t rows, int64_t begin) {
+  int64_t end = begin;
+  while (end < rows && ops[end * 5] == ops[begin * 5]) ++end;
+  return end;
+}
+
 }  // namespace
 
-MpiComm::MpiComm(MPI_Comm comm, double timeout_s, bool gpu_aware)
-    : comm_(dup_comm(comm)), timeout_s_(timeout_s), gpu_aware_(gpu_aware), watchdog_(comm_, timeout_s) {
+MpiComm::MpiComm(MPI_Comm comm, double timeout_s, bool gpu_aware, Allocator allocate, bool emulate_gpu)
+    : comm_(dup_comm(comm)),
+      timeout_s_(timeout_s),
+      gpu_aware_(gpu_aware),
+      allocate_(std::move(allocate)),
+      emulate_gpu_(emulate_gpu),
+      watchdog_(comm_, timeout_s) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
 
 MpiComm::~MpiComm() {
+#ifdef PCCL_GPU
+  for (void* event : events_) gpu::event_destroy(event);
+#endif
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_NULL && !broken_) MPI_Comm_free(&comm_);
@@ -129,49 +147,34 @@ const char* MpiComm::current(char* buf, const char* source, Layout layout, size_
 }
 
 // One step at a time: receives are posted first, then sends; when all completed, the
-// received blocks are reduced (or, staged, copied) into place. On a GPU, local work is
-// queued on the caller's stream and the stream is waited for before MPI reads buffers.
+// received blocks are reduced into place. On a GPU (GPU-aware MPI), local work is queued
+// on the caller's stream and the stream is waited for before MPI reads buffers.
 void MpiComm::execute(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op,
                       const Memory& mem, const char* source) {
+  if (mem.staged) return execute_staged(ops, rows, buf, layout, dtype, op, mem, source);
   const size_t esize = elem_size(dtype);
-  const Memory host;
   auto bytes_of = [&](const int64_t* row) {
     return (layout.offset(row[3] + row[4]) - layout.offset(row[3])) * static_cast<int64_t>(esize);
   };
-  for (int64_t begin = 0; begin < rows;) {
+  for (int64_t begin = 0, end; begin < rows; begin = end) {
     const int64_t step = ops[begin * 5];
-    int64_t end = begin;
-    size_t scratch_bytes = 0, stage_bytes = 0;
-    for (; end < rows && ops[end * 5] == step; ++end) {
-      const int64_t* row = ops + end * 5;
-      if (row[1] == kRecvReduce) scratch_bytes += bytes_of(row);
-      if (mem.staged) stage_bytes += bytes_of(row);
-    }
-    char* scratch = scratch_.get(scratch_bytes, mem);
-    char* stage = stage_.get(stage_bytes, host);
-    // Where each send reads from, decided (and, staged, copied to host memory) before
-    // the stream is waited for, so no queued copy races with MPI.
+    end = step_end(ops, rows, begin);
+    size_t scratch_bytes = 0;
+    for (int64_t i = begin; i < end; ++i)
+      if (ops[i * 5 + 1] == kRecvReduce) scratch_bytes += bytes_of(ops + i * 5);
+    char* scratch = scratch_.get(scratch_bytes, mem, allocate_);
+    // Where each send reads from, decided before the stream is waited for, so no queued
+    // copy races with MPI.
     send_from_.clear();
-    for (int64_t i = begin, at = 0; i < end; ++i) {
-      const int64_t* row = ops + i * 5;
-      if (row[1] == kSend) {
-        const char* from = current(buf, source, layout, esize, row[3], row[4], mem);
-        if (mem.staged) mem.copy(stage + at, from, bytes_of(row));
-        send_from_.push_back(mem.staged ? stage + at : from);
-      }
-      at += mem.staged ? bytes_of(row) : 0;
-    }
+    for (int64_t i = begin; i < end; ++i)
+      if (ops[i * 5 + 1] == kSend) send_from_.push_back(current(buf, source, layout, esize, ops[i * 5 + 3], ops[i * 5 + 4], mem));
     mem.sync();  // GPU: the previous step's reductions and copies are done before MPI reads
-    reductions_.clear();
-    landed_.clear();
-    char* slot = stage;
+    pending_.clear();
     size_t sends = 0;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t* row = ops + i * 5;
       const int peer = static_cast<int>(row[2]);
       const int64_t first = row[3], count = row[4], bytes = bytes_of(row);
-      char* staged = slot;
-      slot += mem.staged ? bytes : 0;
       if (row[1] == kSend) {
         const char* from = send_from_[sends++];
         if (bytes > 0) post(true, const_cast<char*>(from), bytes, peer);
@@ -179,24 +182,124 @@ void MpiComm::execute(const int64_t* ops, int64_t rows, char* buf, Layout layout
       }
       if (bytes == 0) continue;  // empty blocks (count < size): neither side sends
       char* target = buf + layout.offset(first) * esize;
-      landed_.emplace_back(first, count);
-      const bool reduce = row[1] == kRecvReduce;
-      char* landing = reduce ? scratch : target;
-      if (reduce) scratch += bytes;
-      post(false, mem.staged ? staged : landing, bytes, peer);
-      if (reduce || mem.staged)
-        reductions_.push_back({target, reduce ? current(buf, source, layout, esize, first, count, mem) : nullptr,
-                               mem.staged ? staged : nullptr, landing, bytes, reduce});
+      if (row[1] == kRecvReduce) {
+        pending_.push_back({first, count, target, current(buf, source, layout, esize, first, count, mem), scratch, true});
+        post(false, scratch, bytes, peer);
+        scratch += bytes;
+      } else {
+        pending_.push_back({first, count, target, nullptr, nullptr, false});
+        post(false, target, bytes, peer);
+      }
     }
     wait_all(step);
-    for (const Pending& r : reductions_) {
-      if (r.staged != nullptr) mem.copy(r.landing, r.staged, r.bytes);
-      if (r.reduce) mem.reduce(r.dst, r.a, r.landing, r.bytes / static_cast<int64_t>(esize), dtype, op);
+    for (const Pending& r : pending_) {
+      const int64_t n = layout.offset(r.first + r.count) - layout.offset(r.first);
+      if (r.reduce) mem.reduce(r.dst, r.a, r.landing, n, dtype, op);
     }
-    if (source != nullptr)
-      for (auto [first, count] : landed_) std::fill(touched_.begin() + first, touched_.begin() + first + count, 1);
-    begin = end;
+    mark_touched(source);
   }
+}
+
+void MpiComm::mark_touched(const char* source) {
+  if (source == nullptr) return;
+  for (const Pending& r : pending_) std::fill(touched_.begin() + r.first, touched_.begin() + r.first + r.count, 1);
+}
+
+// Staged: MPI reads and writes a pinned host mirror of the buffer; the device buffer holds
+// every block's value in stream order. A block's mirror is current once copied there for a
+// send or received there (host_ok_), stale once reduced on the device. So a block received
+// in one step and forwarded in the next (all-gather) is sent from the mirror without a
+// copy or a wait. The copies of a step's receives to the device are queued and not waited
+// for: they overlap the next step's messages, the double buffering. The CPU waits on a
+// fence (an event) only where MPI needs data from the device (a send of a block computed
+// there), where a receive would overwrite host memory a queued copy still reads (reduce
+// landings alternate between two buffers, so that is the step before last), and once at
+// the end, before the host buffers can be reused.
+void MpiComm::execute_staged(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op,
+                             const Memory& mem, const char* source) {
+  const size_t esize = elem_size(dtype);
+  auto bytes_of = [&](int64_t first, int64_t count) {
+    return (layout.offset(first + count) - layout.offset(first)) * static_cast<int64_t>(esize);
+  };
+  int64_t landing_bytes = 0;  // the most any step receives to reduce
+  for (int64_t begin = 0, end; begin < rows; begin = end) {
+    end = step_end(ops, rows, begin);
+    int64_t step_bytes = 0;
+    for (int64_t i = begin; i < end; ++i)
+      if (ops[i * 5 + 1] == kRecvReduce) step_bytes += bytes_of(ops[i * 5 + 3], ops[i * 5 + 4]);
+    landing_bytes = std::max(landing_bytes, step_bytes);
+  }
+  char* mirror = mirror_.get(layout.offset(size_) * esize, mem, allocate_);
+  char* host_landings = landing_.get(2 * landing_bytes, mem, allocate_);
+  char* device_landing = scratch_.get(landing_bytes, mem, allocate_);
+  host_ok_.assign(size_, 0);
+  host_reader_.assign(size_, 0);
+  uint64_t landing_reader[2] = {0, 0};
+  Fences fences(mem, events_);
+  for (int64_t begin = 0, end, parity = 0; begin < rows; begin = end, parity ^= 1) {
+    const int64_t step = ops[begin * 5];
+    end = step_end(ops, rows, begin);
+    // Sends read the mirror: bring the blocks whose value is only on the device.
+    bool copied = false;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t* row = ops + i * 5;
+      if (row[1] != kSend) continue;
+      for (int64_t b = row[3]; b < row[3] + row[4]; ++b) {
+        if (host_ok_[b]) continue;
+        const int64_t at = layout.offset(b) * esize;
+        mem.copy(mirror + at, current(buf, source, layout, esize, b, 1, mem), bytes_of(b, 1));
+        host_ok_[b] = copied = true;
+      }
+    }
+    if (copied) fences.wait(fences.record());
+    char* landing = host_landings + parity * landing_bytes;
+    fences.wait(landing_reader[parity]);
+    pending_.clear();
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t* row = ops + i * 5;
+      const int peer = static_cast<int>(row[2]);
+      const int64_t first = row[3], count = row[4], bytes = bytes_of(first, count);
+      char* in_mirror = mirror + layout.offset(first) * esize;
+      if (bytes == 0) continue;
+      if (row[1] == kSend) {
+        post(true, in_mirror, bytes, peer);
+        continue;
+      }
+      char* target = buf + layout.offset(first) * esize;
+      if (row[1] == kRecvReduce) {
+        pending_.push_back({first, count, target, current(buf, source, layout, esize, first, count, mem), landing, true});
+        post(false, landing, bytes, peer);
+        landing += bytes;
+      } else {
+        for (int64_t b = first; b < first + count; ++b) fences.wait(host_reader_[b]);
+        pending_.push_back({first, count, target, nullptr, in_mirror, false});
+        post(false, in_mirror, bytes, peer);
+      }
+    }
+    wait_all(step);
+    // The device side of the receives, queued; the next step's messages do not wait for it.
+    char* on_device = device_landing;
+    for (const Pending& r : pending_) {
+      const int64_t bytes = bytes_of(r.first, r.count);
+      if (r.reduce) {
+        mem.copy(on_device, r.landing, bytes);
+        mem.reduce(r.dst, r.a, on_device, bytes / static_cast<int64_t>(esize), dtype, op);
+        on_device += bytes;
+      } else {
+        mem.copy(r.dst, r.landing, bytes);
+      }
+    }
+    const uint64_t copied_in = fences.record();
+    for (const Pending& r : pending_) {
+      for (int64_t b = r.first; b < r.first + r.count; ++b) {
+        host_ok_[b] = !r.reduce;
+        if (!r.reduce) host_reader_[b] = copied_in;
+      }
+      if (r.reduce) landing_reader[parity] = copied_in;
+    }
+    mark_touched(source);
+  }
+  fences.wait(fences.record());  // the host buffers are free for the next call
 }
 
 void MpiComm::all_gather(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count,
@@ -217,7 +320,7 @@ void MpiComm::reduce_scatter(const int64_t* ops, int64_t rows, void* out, const 
   mem.activate();
   const size_t bytes = count * elem_size(dtype);
   // The input stays untouched: partial results go to a cached work buffer, filled lazily.
-  char* work = work_.get(bytes * size_, mem);
+  char* work = work_.get(bytes * size_, mem, allocate_);
   touched_.assign(size_, 0);
   const char* source = static_cast<const char*>(in);
   execute(ops, rows, work, Layout(count * size_, size_), dtype, op, mem, source);

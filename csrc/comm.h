@@ -35,8 +35,10 @@ struct Layout {
 class MpiComm {
  public:
   // gpu_aware: MPI may be handed device pointers (e.g. Cray MPICH with
-  // MPICH_GPU_SUPPORT_ENABLED=1); otherwise GPU buffers are staged through host memory.
-  MpiComm(MPI_Comm comm, double timeout_s, bool gpu_aware);
+  // MPICH_GPU_SUPPORT_ENABLED=1); otherwise GPU buffers are staged through pinned host
+  // memory. allocate: where GPU and pinned workspaces come from. emulate_gpu (tests):
+  // "GPU" buffers are host memory and their stream an EmulatedStream.
+  MpiComm(MPI_Comm comm, double timeout_s, bool gpu_aware, Allocator allocate = nullptr, bool emulate_gpu = false);
   ~MpiComm();
   MpiComm(const MpiComm&) = delete;
   MpiComm& operator=(const MpiComm&) = delete;
@@ -45,7 +47,10 @@ class MpiComm {
   int size() const { return size_; }
   void set_timeout(double timeout_s);
   // Where buffers on `device` (-1: host) with the caller's `stream` live, for this MPI.
-  Memory memory(int device, void* stream) const { return Memory{device, stream, device >= 0 && !gpu_aware_}; }
+  Memory memory(int device, void* stream) {
+    return Memory{device, stream, device >= 0 && !gpu_aware_, emulate_gpu_ ? &emulated_ : nullptr};
+  }
+  const EmulatedStream::Stats& emulated_stats() const { return emulated_.stats(); }
 
   // Schedules: `ops` is the flat table of pccl.ir.schedule.Schedule.ops, `rows` x 5.
   // `count` is elements per rank (all-gather input, reduce-scatter output) or in total
@@ -68,14 +73,22 @@ class MpiComm {
   // untouched without copying it whole first).
   void execute(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op,
                const Memory& mem, const char* source = nullptr);
+  // The same for GPU buffers that MPI cannot take: messages travel through pinned host
+  // memory, a mirror of the buffer, with copies queued on the stream (see comm.cpp).
+  void execute_staged(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op,
+                      const Memory& mem, const char* source);
   const char* current(char* buf, const char* source, Layout layout, size_t esize, int64_t first, int64_t count,
                       const Memory& mem);
+  void mark_touched(const char* source);  // the pending receives' blocks now hold their values in buf
   void post(bool is_send, char* ptr, int64_t bytes, int peer);
   void wait_all(int64_t step);
   void native(const char* what, DType dtype, Op op, const std::function<int(MPI_Datatype, MPI_Op)>& call);
   // Runs a native collective on the buffers, or on host copies where MPI cannot take them.
-  void native_on(void* out, size_t out_bytes, const void* in, size_t in_bytes, DType dtype, const Memory& mem,
+  void native_on(void* out, size_t out_bytes, const void* in, size_t in_bytes, const Memory& mem,
                  const std::function<void(void*, const void*)>& run);
+  // fp16/bf16 reductions of GPU buffers: MPI moves the blocks (MPI_Alltoallv), the device
+  // reduces them; the reduced block lands at out. `layout` splits `in` over the ranks.
+  void alltoall_reduce(void* out, const void* in, Layout layout, DType dtype, Op op, const Memory& mem);
   void check_usable() const;
   void check(int err, const char* what);  // throws, and marks the communicator broken
 
@@ -83,20 +96,26 @@ class MpiComm {
   int rank_ = 0, size_ = 1;
   double timeout_s_;
   bool gpu_aware_;
+  Allocator allocate_;
+  bool emulate_gpu_;
+  EmulatedStream emulated_;
+  std::vector<void*> events_;  // GPU events for Fences, made on first use
   bool broken_ = false;
   std::mutex mu_;
   Watchdog watchdog_;
   // Cached across calls so the steady state allocates nothing.
-  Workspace work_, scratch_, stage_, host_out_, host_in_;
+  Workspace work_{Workspace::kBuffers}, scratch_{Workspace::kBuffers}, gathered_{Workspace::kBuffers};
+  Workspace mirror_{Workspace::kStaging}, landing_{Workspace::kStaging}, host_out_{Workspace::kStaging},
+      host_in_{Workspace::kStaging};
   std::vector<MPI_Request> reqs_;
   std::vector<int> req_peers_;
-  // A receive to finish after the step: staged, copy it from host memory to `landing`;
-  // to reduce, dst = op(a, landing).
-  struct Pending { char* dst; const char* a; char* staged; char* landing; int64_t bytes; bool reduce; };
-  std::vector<Pending> reductions_;
+  // A receive to finish after the step: reduce it into place, or, staged, copy it to the device.
+  struct Pending { int64_t first, count; char* dst; const char* a; char* landing; bool reduce; };
+  std::vector<Pending> pending_;
   std::vector<const char*> send_from_;                // per send of the current step
   std::vector<char> touched_;                          // per block, when execute has a source
-  std::vector<std::pair<int64_t, int64_t>> landed_;    // runs received in the current step
+  std::vector<char> host_ok_;                          // staged, per block: the mirror holds its value
+  std::vector<uint64_t> host_reader_;                  // staged, per block: fence of the copy reading its mirror
 };
 
 }  // namespace pccl

@@ -9,15 +9,13 @@
 #endif
 
 namespace pccl {
-#ifndef PCCL_GPU
 namespace {
 
-[[noreturn]] void no_gpu() {
+[[maybe_unused]] [[noreturn]] void no_gpu() {
   throw std::invalid_argument("pccl was built without GPU support; rebuild with make GPU=cuda (or hip)");
 }
 
 }  // namespace
-#endif
 
 // GPU work where the build has a GPU path; a clear error where it has none.
 #ifdef PCCL_GPU
@@ -26,40 +24,94 @@ namespace {
 #define PCCL_ON_GPU(call) no_gpu()
 #endif
 
-void Memory::activate() const { if (gpu()) PCCL_ON_GPU(gpu::set_device(device)); }
+void EmulatedStream::push(std::function<void()> work, bool is_copy) {
+  queue_.push_back(std::move(work));
+  ++(is_copy ? stats_.copies : stats_.kernels);
+}
+
+void EmulatedStream::run_until(uint64_t position) {
+  ++stats_.waits;
+  for (; done_ < position && !queue_.empty(); ++done_) {
+    queue_.front()();
+    queue_.pop_front();
+  }
+}
+
+void Memory::activate() const {
+  if (gpu() && emulated == nullptr) PCCL_ON_GPU(gpu::set_device(device));
+}
 void Memory::copy(void* dst, const void* src, size_t bytes) const {
-  gpu() ? PCCL_ON_GPU(gpu::copy(dst, src, bytes, stream)) : void(std::memcpy(dst, src, bytes));
+  if (!gpu()) return void(std::memcpy(dst, src, bytes));
+  if (emulated != nullptr) return emulated->push([=] { std::memcpy(dst, src, bytes); }, true);
+  PCCL_ON_GPU(gpu::copy(dst, src, bytes, stream));
 }
 void Memory::reduce(void* dst, const void* a, const void* b, int64_t n, DType dtype, Op op) const {
-  gpu() ? PCCL_ON_GPU(gpu::reduce(dst, a, b, n, dtype, op, stream)) : pccl::reduce(dst, a, b, n, dtype, op);
+  if (!gpu()) return pccl::reduce(dst, a, b, n, dtype, op);
+  if (emulated != nullptr) return emulated->push([=] { pccl::reduce(dst, a, b, n, dtype, op); }, false);
+  PCCL_ON_GPU(gpu::reduce(dst, a, b, n, dtype, op, stream));
 }
 void Memory::scale(void* buf, int64_t n, DType dtype, double factor) const {
-  gpu() ? PCCL_ON_GPU(gpu::scale(buf, n, dtype, factor, stream)) : pccl::scale(buf, n, dtype, factor);
+  if (!gpu()) return pccl::scale(buf, n, dtype, factor);
+  if (emulated != nullptr) return emulated->push([=] { pccl::scale(buf, n, dtype, factor); }, false);
+  PCCL_ON_GPU(gpu::scale(buf, n, dtype, factor, stream));
 }
-void Memory::sync() const { if (gpu()) PCCL_ON_GPU(gpu::sync(stream)); }
-
-char* Workspace::get(size_t bytes, const Memory& where) {
-  if (!where.gpu()) {
-    if (host_.size() < bytes) host_.resize(bytes);
-    return host_.data();
-  }
-#ifdef PCCL_GPU
-  if (device_bytes_ < bytes) {
-    where.sync();  // work queued on the old buffer must finish before it is freed
-    gpu::release(device_);
-    device_ = static_cast<char*>(gpu::alloc(bytes));
-    device_bytes_ = bytes;
-  }
-  return device_;
-#else
-  no_gpu();
-#endif
+void Memory::sync() const {
+  if (!gpu()) return;
+  if (emulated != nullptr) return emulated->run_until(emulated->queued());
+  PCCL_ON_GPU(gpu::sync(stream));
 }
 
-Workspace::~Workspace() {
+Fences::Fences(const Memory& mem, std::vector<void*>& events) : mem_(mem), events_(events) {}
+
+uint64_t Fences::record() {
+  if (!mem_.gpu()) return 0;  // host work is done when it returns
+  const uint64_t ticket = ++recorded_;
+  if (mem_.emulated != nullptr) {
+    positions_.push_back(mem_.emulated->queued());
+    return ticket;
+  }
 #ifdef PCCL_GPU
-  if (device_ != nullptr) gpu::release(device_);
+  constexpr size_t kRing = 8;  // the events of the device the communicator is used on, made once
+  while (events_.size() < kRing) events_.push_back(gpu::event_create());
+  gpu::event_record(events_[ticket % kRing], mem_.stream);
 #endif
+  return ticket;
+}
+
+void Fences::wait(uint64_t ticket) {
+  if (ticket <= completed_) return;
+  if (mem_.emulated != nullptr) {
+    mem_.emulated->run_until(positions_[ticket - 1]);
+  } else {
+    PCCL_ON_GPU(gpu::event_wait(events_[ticket % events_.size()]));  // kRing events
+  }
+  completed_ = ticket;
+}
+
+char* Workspace::get(size_t bytes, const Memory& where, const Allocator& allocate) {
+  const bool on_host = !where.gpu() || where.emulated != nullptr;
+  char* data = on_host ? host_.data() : block_ ? block_->data : nullptr;
+  if (where.gpu() && data != nullptr && stream_ != where.stream) {
+    // Queued work of another stream may still use the buffer: let it finish first.
+    Memory other = where;
+    other.stream = stream_;
+    other.sync();
+  }
+  if (bytes_ < bytes || data == nullptr) {
+    if (where.gpu() && data != nullptr) where.sync();  // queued work on the old buffer, before it is freed
+    if (on_host) {
+      host_.resize(bytes);
+      data = host_.data();
+    } else {
+      if (!allocate) throw std::invalid_argument("pccl: GPU workspaces need an allocator (pccl's Python layer passes torch's)");
+      block_.reset();
+      block_ = allocate(bytes, kind_ == kBuffers ? where.device : -1, kind_ == kStaging);
+      data = block_->data;
+    }
+    bytes_ = bytes;
+  }
+  stream_ = where.stream;
+  return data;
 }
 
 }  // namespace pccl

@@ -4,6 +4,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+
+#include <memory>
 #include <mpi4py/mpi4py.h>
 
 #if defined(OPEN_MPI) && OPEN_MPI
@@ -62,6 +64,40 @@ int mpi_gpu_support(const std::string& platform) {
   }
   return -1;
 #endif
+}
+
+// A workspace block held as the Python object that owns it (a torch tensor from the
+// allocator pccl's Python layer passes). Made and dropped with the GIL held; at
+// interpreter exit the object is left to the process's end.
+struct PythonBlock : Block {
+  nb::object owner;
+  ~PythonBlock() override {
+    if (!nb::is_alive()) {
+      owner.release();
+      return;
+    }
+    nb::gil_scoped_acquire gil;
+    owner.reset();
+  }
+};
+
+// allocate(nbytes, device, pinned) -> a tensor of at least nbytes bytes: on `device`
+// (-1: host; pinned: page-locked host memory). Called from the executor (GIL released)
+// only when a workspace grows.
+Allocator python_allocator(nb::object allocate) {
+  if (allocate.is_none()) return nullptr;
+  auto shared = std::shared_ptr<nb::object>(new nb::object(std::move(allocate)), [](nb::object* o) {
+    if (!nb::is_alive()) return void(o->release());
+    nb::gil_scoped_acquire gil;
+    delete o;
+  });
+  return [shared](size_t bytes, int device, bool pinned) -> std::unique_ptr<Block> {
+    nb::gil_scoped_acquire gil;
+    auto block = std::make_unique<PythonBlock>();
+    block->owner = (*shared)(bytes, device, pinned);
+    block->data = reinterpret_cast<char*>(nb::cast<uintptr_t>(block->owner.attr("data_ptr")()));
+    return block;
+  };
 }
 
 // The MPI the extension was compiled against, to compare with the one mpi4py loads.
@@ -124,9 +160,24 @@ NB_MODULE(_native, m) {
 
   // Collectives take the buffers' device (-1: host) and the caller's stream (0: default).
   nb::class_<MpiComm>(m, "MpiComm")
-      .def("__init__", [](MpiComm* self, nb::handle comm, double timeout, bool gpu_aware) {
-        new (self) MpiComm(as_mpi_comm(comm), timeout, gpu_aware);
-      }, nb::arg("comm"), nb::arg("timeout"), nb::arg("gpu_aware") = false)
+      .def("__init__", [](MpiComm* self, nb::handle comm, double timeout, bool gpu_aware, nb::object allocate,
+                          bool emulate_gpu) {
+        new (self) MpiComm(as_mpi_comm(comm), timeout, gpu_aware, python_allocator(allocate), emulate_gpu);
+      }, nb::arg("comm"), nb::arg("timeout"), nb::arg("gpu_aware") = false, nb::arg("allocate") = nb::none(),
+         nb::arg("emulate_gpu") = false,
+         "allocate(nbytes, device, pinned) -> tensor gives GPU and pinned workspaces; emulate_gpu (tests): "
+         "buffers passed with a device >= 0 are host memory and their stream a stand-in that runs queued work "
+         "only when waited for")
+      .def("emulated_synchronize", [](MpiComm& c) { c.memory(0, nullptr).sync(); },
+           "with emulate_gpu: run the work queued on the stand-in stream (a stream synchronize)")
+      .def_prop_ro("emulated_stats", [](const MpiComm& c) {
+        const auto& s = c.emulated_stats();
+        nb::dict d;
+        d["copies"] = s.copies;
+        d["kernels"] = s.kernels;
+        d["waits"] = s.waits;
+        return d;
+      }, "with emulate_gpu: copies and kernels queued on the stand-in stream, and the times the CPU waited for it")
       .def_prop_ro("rank", &MpiComm::rank)
       .def_prop_ro("size", &MpiComm::size)
       .def("set_timeout", &MpiComm::set_timeout)

@@ -1,9 +1,12 @@
 // The MPI library's own collectives behind pccl's API: the baseline pccl's schedules
-// are measured against. fp16 and bf16, which MPI does not know, travel as 2-byte
-// types reduced by pccl's kernels through user-defined MPI operations.
+// are measured against. fp16 and bf16, which MPI does not know, travel as 2-byte types;
+// in host memory pccl's kernels reduce them through user-defined MPI operations, and on a
+// GPU (where a user-defined operation, host code, cannot read the buffers) MPI only moves
+// them and the device reduces (alltoall_reduce).
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <vector>
 
 #include "comm.h"
 #include "reduce.h"
@@ -14,9 +17,11 @@ namespace {
 // MPI-4 libraries take 64-bit counts (the _c functions); older ones take int.
 #if MPI_VERSION >= 4
 using Count = MPI_Count;
+using Displacement = MPI_Aint;
 #define PCCL_MPI(fn) fn##_c
 #else
 using Count = int;
+using Displacement = int;
 #define PCCL_MPI(fn) fn
 #endif
 
@@ -86,32 +91,59 @@ void MpiComm::native(const char* what, DType dtype, Op op, const std::function<i
   check(err, what);
 }
 
-namespace {
-
-// Whether MPI can be handed these buffers as they are.
-bool direct(const Memory& mem, DType dtype) {
-  return !mem.gpu() || (!mem.staged && dtype != DType::F16 && dtype != DType::BF16);
-}
-
-}  // namespace
-
-// Runs `run(out, in)` on the buffers themselves, or, for GPU buffers the MPI library cannot
-// use as they are (it is not GPU-aware, or the type needs pccl's host reduction), on host
-// copies.
-void MpiComm::native_on(void* out, size_t out_bytes, const void* in, size_t in_bytes, DType dtype,
-                        const Memory& mem, const std::function<void(void*, const void*)>& run) {
-  if (direct(mem, dtype)) {
+// Runs `run(out, in)` on the buffers themselves, or, for GPU buffers that MPI cannot take
+// (it is not GPU-aware), on pinned host copies.
+void MpiComm::native_on(void* out, size_t out_bytes, const void* in, size_t in_bytes, const Memory& mem,
+                        const std::function<void(void*, const void*)>& run) {
+  if (!mem.staged) {
     mem.sync();
     run(out, in);
     return;
   }
-  const Memory host;
-  char* host_out = host_out_.get(out_bytes, host);
-  char* host_in = in == out ? host_out : host_in_.get(in_bytes, host);
+  char* host_out = host_out_.get(out_bytes, mem, allocate_);
+  char* host_in = in == out ? host_out : host_in_.get(in_bytes, mem, allocate_);
   mem.copy(host_in, in, in_bytes);
   mem.sync();
   run(host_out, host_in);
   mem.copy(out, host_out, out_bytes);
+}
+
+namespace {
+
+bool is_half(DType dtype) { return dtype == DType::F16 || dtype == DType::BF16; }
+
+// MPI's counts and displacements of a layout's blocks, one per rank.
+struct Blocks {
+  std::vector<Count> counts;
+  std::vector<Displacement> at;
+};
+Blocks blocks_of(Layout layout, int size) {
+  Blocks b{std::vector<Count>(size), std::vector<Displacement>(size)};
+  for (int r = 0; r < size; ++r) {
+    b.counts[r] = mpi_count(layout.offset(r + 1) - layout.offset(r));
+    b.at[r] = mpi_count(layout.offset(r));
+  }
+  return b;
+}
+
+}  // namespace
+
+// Every rank receives its block from all ranks (one MPI_Alltoallv, the traffic of a
+// pairwise reduce-scatter) and reduces them on the device in rank order, the same order
+// on every rank.
+void MpiComm::alltoall_reduce(void* out, const void* in, Layout layout, DType dtype, Op op, const Memory& mem) {
+  const size_t esize = elem_size(dtype);
+  const int64_t mine = layout.offset(rank_ + 1) - layout.offset(rank_);
+  char* gathered = gathered_.get(mine * size_ * esize, mem, allocate_);
+  const Blocks send = blocks_of(layout, size_), recv = blocks_of(Layout(mine * size_, size_), size_);
+  native_on(gathered, mine * size_ * esize, in, layout.offset(size_) * esize, mem, [&](void* o, const void* i) {
+    native("MPI_Alltoallv", dtype, Op::Sum, [&](MPI_Datatype type, MPI_Op) {
+      return PCCL_MPI(MPI_Alltoallv)(i, send.counts.data(), send.at.data(), type, o, recv.counts.data(),
+                                     recv.at.data(), type, comm_);
+    });
+  });
+  mem.copy(out, gathered, mine * esize);
+  for (int r = 1; r < size_; ++r) mem.reduce(out, out, gathered + r * mine * esize, mine, dtype, op);
 }
 
 void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType dtype, const Memory& mem) {
@@ -126,7 +158,7 @@ void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType 
       return PCCL_MPI(MPI_Allgather)(in_place ? MPI_IN_PLACE : i, n, type, o, n, type, comm_);
     });
   };
-  native_on(out, bytes * size_, in, bytes, dtype, mem, run);
+  native_on(out, bytes * size_, in, bytes, mem, run);
 }
 
 void MpiComm::native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op,
@@ -141,7 +173,10 @@ void MpiComm::native_reduce_scatter(void* out, const void* in, int64_t count, DT
       return PCCL_MPI(MPI_Reduce_scatter_block)(i, o, n, type, mop, comm_);
     });
   };
-  native_on(out, bytes, in, bytes * size_, dtype, mem, run);
+  if (mem.gpu() && is_half(dtype))
+    alltoall_reduce(out, in, Layout(count * size_, size_), dtype, op, mem);
+  else
+    native_on(out, bytes, in, bytes * size_, mem, run);
   if (op == Op::Avg) mem.scale(out, count, dtype, 1.0 / size_);
 }
 
@@ -149,13 +184,26 @@ void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op, co
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
   mem.activate();
-  const Count n = mpi_count(count);
-  auto run = [&](void* o, const void*) {
-    native("MPI_Allreduce", dtype, op, [&](MPI_Datatype type, MPI_Op mop) {
-      return PCCL_MPI(MPI_Allreduce)(MPI_IN_PLACE, o, n, type, mop, comm_);
+  const size_t bytes = count * elem_size(dtype);
+  if (mem.gpu() && is_half(dtype)) {
+    // Reduce-scatter by MPI_Alltoallv and the device, then MPI_Allgatherv of the blocks.
+    const Layout layout(count, size_);
+    alltoall_reduce(static_cast<char*>(buf) + layout.offset(rank_) * elem_size(dtype), buf, layout, dtype, op, mem);
+    const Blocks blocks = blocks_of(layout, size_);
+    native_on(buf, bytes, buf, bytes, mem, [&](void* o, const void*) {
+      native("MPI_Allgatherv", dtype, Op::Sum, [&](MPI_Datatype type, MPI_Op) {
+        return PCCL_MPI(MPI_Allgatherv)(MPI_IN_PLACE, 0, type, o, blocks.counts.data(), blocks.at.data(), type,
+                                        comm_);
+      });
     });
-  };
-  native_on(buf, count * elem_size(dtype), buf, count * elem_size(dtype), dtype, mem, run);
+  } else {
+    const Count n = mpi_count(count);
+    native_on(buf, bytes, buf, bytes, mem, [&](void* o, const void*) {
+      native("MPI_Allreduce", dtype, op, [&](MPI_Datatype type, MPI_Op mop) {
+        return PCCL_MPI(MPI_Allreduce)(MPI_IN_PLACE, o, n, type, mop, comm_);
+      });
+    });
+  }
   if (op == Op::Avg) mem.scale(buf, count, dtype, 1.0 / size_);
 }
 

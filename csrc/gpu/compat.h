@@ -1,5 +1,5 @@
 // One kernel source for CUDA and HIP: the few runtime names pccl uses, spelled once and
-// mapped to the platform's prefix (gpuMalloc is cudaMalloc or hipMalloc).
+// mapped to the platform's prefix (gpuMemcpyAsync is cudaMemcpyAsync or hipMemcpyAsync).
 //
 // Half-type conversions: the kernels call only names that both CUDA and every supported ROCm
 // (5.7 and later; ROCm 5.6's hip_bf16.h includes an amd_hip_bf16.h it does not ship) define,
@@ -33,6 +33,10 @@ using gpuError_t = PCCL_GPU_NAME(Error_t);
 #define gpuMemcpyAsync PCCL_GPU_NAME(MemcpyAsync)
 #define gpuMemcpyDefault PCCL_GPU_NAME(MemcpyDefault)
 #define gpuStreamSynchronize PCCL_GPU_NAME(StreamSynchronize)
-#define gpuMalloc PCCL_GPU_NAME(Malloc)
-#define gpuFree PCCL_GPU_NAME(Free)
+using gpuEvent_t = PCCL_GPU_NAME(Event_t);
+#define gpuEventCreateWithFlags PCCL_GPU_NAME(EventCreateWithFlags)
+#define gpuEventDisableTiming PCCL_GPU_NAME(EventDisableTiming)
+#define gpuEventRecord PCCL_GPU_NAME(EventRecord)
+#define gpuEventSynchronize PCCL_GPU_NAME(EventSynchronize)
+#define gpuEventDestroy PCCL_GPU_NAME(EventDestroy)
 #define gpuSetDevice PCCL_GPU_NAME(SetDevice)

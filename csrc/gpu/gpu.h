@@ -16,11 +16,14 @@ void scale(void* buf, int64_t n, DType dtype, double factor, void* stream);
 void copy(void* dst, const void* src, size_t bytes, void* stream);
 // Wait until everything queued on `stream` is done (before MPI reads device memory).
 void sync(void* stream);
+// Events, to wait for a point in a stream's queue rather than for all of it. Workspaces
+// come from torch's allocators (pccl's Python layer), not from here.
+void* event_create();
+void event_record(void* event, void* stream);
+void event_wait(void* event);
+void event_destroy(void* event);
 // Make `device` current on the calling thread (collectives may run on a worker thread).
 void set_device(int device);
-// Device memory for workspaces (release(nullptr) does nothing).
-void* alloc(size_t bytes);
-void release(void* ptr);
 // The platform the kernels were built for: "cuda" or "hip".
 const char* platform();
 

@@ -113,17 +113,21 @@ void copy(void* dst, const void* src, size_t bytes, void* stream) {
 
 void set_device(int device) { check(gpuSetDevice(device), "set device"); }
 
-void* alloc(size_t bytes) {
-  void* ptr = nullptr;
-  check(gpuMalloc(&ptr, bytes), "allocate workspace");
-  return ptr;
-}
-
-void release(void* ptr) {
-  if (ptr != nullptr) gpuFree(ptr);
-}
-
 void sync(void* stream) { check(gpuStreamSynchronize(static_cast<gpuStream_t>(stream)), "stream synchronize"); }
+
+void* event_create() {
+  gpuEvent_t event;
+  check(gpuEventCreateWithFlags(&event, gpuEventDisableTiming), "create event");
+  return event;
+}
+
+void event_record(void* event, void* stream) {
+  check(gpuEventRecord(static_cast<gpuEvent_t>(event), static_cast<gpuStream_t>(stream)), "record event");
+}
+
+void event_wait(void* event) { check(gpuEventSynchronize(static_cast<gpuEvent_t>(event)), "wait for event"); }
+
+void event_destroy(void* event) { gpuEventDestroy(static_cast<gpuEvent_t>(event)); }
 
 const char* platform() {
 #if defined(__HIP_PLATFORM_AMD__) || defined(PCCL_HIP)

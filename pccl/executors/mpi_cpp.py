@@ -2,7 +2,9 @@
 
 CPU tensors, and GPU tensors where the build has a GPU path: local work is queued on the
 caller's current stream. With a GPU-aware MPI (see gpu_aware_mpi) MPI gets device
-pointers; otherwise messages are staged through host memory.
+pointers; otherwise messages are staged through pinned host memory. The executor's GPU
+and pinned workspaces come from torch's allocators (workspace), so they are counted in
+torch's memory statistics and never cost a cudaMalloc once grown.
 """
 from __future__ import annotations
 
@@ -56,9 +58,18 @@ def placement(t: torch.Tensor) -> tuple[int, int]:
     return t.device.index, torch.cuda.current_stream(t.device).cuda_stream
 
 
+def workspace(nbytes: int, device: int, pinned: bool) -> torch.Tensor:
+    """A workspace block for the native executor: GPU memory from torch's caching allocator
+    (allocated on the calling thread's current stream, the one the executor uses), or
+    page-locked host memory from torch's pinned allocator for staging."""
+    if device >= 0:
+        return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+
+
 class MpiCppExecutor:
     def __init__(self, comm: MPI.Comm, timeout: float):
-        self.native = _native.MpiComm(comm, timeout, gpu_aware_mpi())
+        self.native = _native.MpiComm(comm, timeout, gpu_aware_mpi(), allocate=workspace)
         self.rank, self.size = self.native.rank, self.native.size
 
     def all_gather(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor) -> None:
