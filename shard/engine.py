@@ -28,7 +28,7 @@ from pccl.runtime.communicator import Communicator
 from . import checkpoint
 from .adamw import FlatAdamW
 from .config import PRECISIONS, EngineConfig, OptimizerConfig
-from .lanes import STAGES, Handle, Lane, Ledger
+from .lanes import STAGES, Handle, Lane, Ledger, shared_queue
 from .layout import Layout
 from .sharded_unit import ShardedUnit
 from .strategy import Scope, Strategy
@@ -117,8 +117,10 @@ class Engine:
         self.layout = Layout(comm.size, group, comm.rank, nested=self.strategy.uses_groups())
         self.ledger = Ledger(self.layout)
         levels = self.strategy.uses_groups()
-        self.gathers = Lane("gather", comm, self.layout, levels, config.algorithm, self.ledger, self.device)
-        self.reductions = Lane("reduce", comm, self.layout, levels, config.algorithm, self.ledger, self.device)
+        shared = shared_queue(comm, self.device)
+        self.gathers = Lane("gather", comm, self.layout, levels, config.algorithm, self.ledger, self.device, shared)
+        self.reductions = Lane("reduce", comm, self.layout, levels, config.algorithm, self.ledger, self.device,
+                               shared)
         self.scaler = LossScaler(config.precision == "fp16")
 
         self.units: list[ShardedUnit] = []
@@ -464,6 +466,7 @@ class Engine:
         return int(token.item())
 
     def close(self) -> None:
-        """Stop the communication threads (also done at interpreter exit)."""
+        """Stop the communication threads and free the lanes' communicators (NCCL ones hold
+        GPU memory): every rank calls it, after its last collective."""
         self.gathers.close()
         self.reductions.close()

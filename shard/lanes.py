@@ -69,27 +69,42 @@ class Ledger:
 
 
 class Handle:
-    """A queued lane task; wait() blocks until it is queued on the device (done, on CPU),
-    orders the caller's GPU stream after it without blocking the CPU, and counts the time
-    spent waiting as exposed communication."""
+    """A lane task; wait() blocks until it is queued on the device (done, on CPU; `work`
+    None: it already is), orders the caller's GPU stream after it without blocking the
+    CPU, and counts the time spent waiting as exposed communication."""
 
-    def __init__(self, work: Work, side: Optional[SideStream], done: list, ledger: Ledger):
+    def __init__(self, work: Optional[Work], side: Optional[SideStream], done: list, ledger: Ledger):
         self._work, self._side, self._done, self._ledger = work, side, done, ledger
+        self._waited = False
 
     def wait(self) -> None:
-        if self._work is None:
+        if self._waited:
             return
         start = time.perf_counter()
-        self._work.wait()
+        if self._work is not None:
+            self._work.wait()
         if self._side is not None:
             self._side.wait(self._done[0])
         self._ledger.add_exposed(time.perf_counter() - start)
-        self._work = None
+        self._waited = True
+
+
+def shared_queue(comm, device: torch.device) -> Optional[SerialQueue]:
+    """The one queue both lanes use where NCCL levels run under MPI (see Lane); else None."""
+    if device.type == "cuda" and comm.uses_nccl() and not comm.queues_on_device("cuda"):
+        return SerialQueue("shard-lanes")
+    return None
 
 
 class Lane:
+    """Where the lane's tasks run: on GPUs whose communicators only queue device work
+    (NCCL), on the calling thread at submission, in program order, each on the lane's
+    stream (comm.queues_on_device says why); otherwise on a worker thread, the lane's own
+    or, given `queue`, one shared with the other lane (NCCL levels under MPI: one thread
+    launches all NCCL work, so every rank launches it in the same order)."""
+
     def __init__(self, name: str, comm, layout: Layout, levels: bool, algorithm, ledger: Ledger,
-                 device: torch.device):
+                 device: torch.device, queue: Optional[SerialQueue] = None):
         self.name, self.layout, self.ledger, self.algorithm = name, layout, ledger, algorithm
         everyone = list(range(layout.world))
         self.comms = {"world": (comm.split([everyone]), everyone)}
@@ -98,8 +113,9 @@ class Lane:
                 mine = next(g for g in groups if layout.rank in g)
                 self.comms[level] = (comm.split(groups), mine)
         self.log: list | None = None   # when a list: (level, collective, numel, dtype, algorithm) of each call
-        self._queue = SerialQueue(f"shard-{name}")
+        self._queue = queue or SerialQueue(f"shard-{name}")
         self._side = SideStream(torch.cuda.Stream(device)) if device.type == "cuda" else None
+        self.inline = self._side is not None and all(c.queues_on_device("cuda") for c, _ in self.comms.values())
 
     def submit(self, fn: Callable[[], None], *buffers: torch.Tensor) -> Handle:
         """Run `fn` after everything queued before it on this lane; on GPUs on the lane's
@@ -117,10 +133,16 @@ class Lane:
                 done.append(side.run(fn, ready, buffers))
             self.ledger.add_busy(self.name, time.perf_counter() - start)
 
+        if self.inline:
+            task()
+            return Handle(None, side, done, self.ledger)
         return Handle(self._queue.run(task, async_op=True), side, done, self.ledger)
 
     def close(self) -> None:
+        """Finish the queued tasks and free the lane's communicators (every rank calls it)."""
         self._queue.close()
+        for comm, _ in self.comms.values():
+            comm.close()
 
     # Collectives, called from inside tasks.
 

@@ -15,6 +15,7 @@ import torch
 
 from pccl.executors.base import reduce_
 from pccl.executors.shuffle_triton import permute_blocks
+from pccl.executors.streams import SideStream
 from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase, Plan, Ref
 
 
@@ -59,11 +60,17 @@ def permute_(src: torch.Tensor, dst: torch.Tensor, perm: tuple[int, ...], index:
         dst[j:j + n].copy_(src[i:i + n])
 
 
+def side_stream(device: torch.device) -> SideStream:
+    return SideStream(torch.cuda.Stream(device))
+
+
 class PlanExecutor:
-    def __init__(self, levels: dict):
+    def __init__(self, levels: dict, new_side: Callable[[torch.device], SideStream] = side_stream):
         self.levels = levels          # "intra"/"inter" -> Communicator
+        self._new_side = new_side     # a side stream for a level's concurrent phases (tests: stand-ins)
         self._spaces: dict[tuple, torch.Tensor] = {}
         self._indices: dict[tuple, torch.Tensor] = {}
+        self._sides: dict[tuple, SideStream] = {}   # (level, device): its stream for concurrent phases
 
     def _space(self, name: str, numel: int, like: torch.Tensor) -> torch.Tensor:
         key = (name, like.dtype, like.device)
@@ -85,6 +92,22 @@ class PlanExecutor:
             return comm.all_gather(out, inp, algorithm=phase.algorithm, async_op=async_op)
         return comm.reduce_scatter(out, inp, op=op, algorithm=phase.algorithm, async_op=async_op)
 
+    def _start(self, phase: Phase, view: Callable[[Ref], torch.Tensor], op: str,
+               like: torch.Tensor) -> Callable[[], None]:
+        """Start `phase` alongside the step's others; return its wait. A level that only
+        queues GPU work (NCCL) runs on its own side stream, issued now on this thread in
+        phase order (the same on every rank); another runs on its level's worker thread."""
+        comm = self.levels[phase.level]
+        if not comm.queues_on_device(like.device.type):
+            return self._phase(phase, view, op, async_op=True).wait
+        key = (phase.level, like.device)
+        if key not in self._sides:
+            self._sides[key] = self._new_side(like.device)
+        side = self._sides[key]
+        done = side.run(lambda: self._phase(phase, view, op, async_op=False), side.mark(),
+                        (view(phase.input), view(phase.output)))
+        return lambda: side.wait(done)
+
     def run(self, plan: Plan, buffers: dict[str, torch.Tensor], block: int, op: str) -> None:
         """Run `plan` with its named buffers ("input"/"output" or "io"), `block` elements a block."""
         if block == 0:
@@ -102,8 +125,8 @@ class PlanExecutor:
             if isinstance(step, Phase):
                 self._phase(step, view, phase_op, async_op=False)
             elif isinstance(step, Concurrent):
-                for work in [self._phase(p, view, phase_op, async_op=True) for p in step.phases]:
-                    work.wait()
+                for wait in [self._start(p, view, phase_op, like) for p in step.phases]:
+                    wait()
             elif isinstance(step, Permute):
                 permute_(view(step.src).view(-1, block), view(step.dst).view(-1, block), step.perm,
                          lambda perm: self._index(perm, like.device))

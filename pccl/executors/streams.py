@@ -31,6 +31,24 @@ class CudaApi:
     Event = torch.cuda.Event
 
 
+class StreamWork:
+    """The handle of collective work that is already queued on the caller's current stream
+    (NCCL only enqueues): wait() orders the then-current stream after it without blocking
+    the CPU, as torch's NCCL Work does."""
+
+    def __init__(self, api=CudaApi):
+        self.api = api
+        self._done = api.Event()
+        self._done.record(api.current_stream())
+
+    def wait(self, timeout=None) -> bool:
+        self.api.current_stream().wait_event(self._done)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.query()
+
+
 class SideStream:
     def __init__(self, stream, api=CudaApi):
         self.stream, self.api = stream, api

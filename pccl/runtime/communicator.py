@@ -13,6 +13,7 @@ from pccl.algorithms import schedule
 from pccl.core.dtypes import op_code
 from pccl.core.topology import Topology, TopologyError
 from pccl.executors.plan import PlanExecutor
+from pccl.executors.streams import StreamWork
 from pccl.executors.torch_p2p import TorchP2PExecutor
 from pccl.ir.plan import Plan
 from pccl.ir.schedule import Schedule
@@ -101,6 +102,7 @@ class Communicator:
         self.executor = executor
         self.rank, self.size = self._native.rank, self._native.size
         self._queue = SerialQueue(f"pccl-{self.transport}")
+        self._owns_group = False   # a torch group made by split, destroyed by close
         self.topology = self._topology(topology, ranks_per_node, nics_per_node)
         self.level_transports = {"intra": intra or self.backend, "inter": inter or self.backend}
         level_devices = []
@@ -213,7 +215,9 @@ class Communicator:
         dist.barrier(group=mine)
         # A torch child cannot run MPI levels: those become its own backend.
         levels = {level: transport if t == "mpi" else t for level, t in self.level_transports.items()}
-        return Communicator(mine, **levels, **options)
+        child = Communicator(mine, **levels, **options)
+        child._owns_group = True
+        return child
 
     def _world_ranks(self) -> list[int]:
         """The global (world) rank of each rank of this communicator."""
@@ -273,7 +277,34 @@ class Communicator:
         else:
             sched = schedule(collective, algorithm, self.size, self.rank)
             fn = lambda: scheduled(sched)  # noqa: E731
-        return self._queue.run(on_callers_stream(fn, like), async_op)
+        return self._queue.run(on_callers_stream(fn, like), async_op,
+                               StreamWork if self.queues_on_device(like.device.type) else None)
+
+    def queues_on_device(self, device: str) -> bool:
+        """Whether collectives on `device` tensors only queue work on GPU streams (NCCL, with
+        NCCL plan levels) and return. Those are issued on the calling thread, async or not,
+        in program order: NCCL needs every rank to launch its operations on all its
+        communicators in one order (a kernel waiting for peers can block another), which
+        worker threads would not keep."""
+        return device == "cuda" and self.transport == "torch" and all(
+            "nccl" in t for t in (self.backend, *self.level_transports.values()))
+
+    def uses_nccl(self) -> bool:
+        """Whether any of its transports (its own or a plan level's) is NCCL."""
+        return any("nccl" in t for t in (self.backend, *self.level_transports.values()))
+
+    def close(self) -> None:
+        """Finish queued work and free what this communicator made: its worker thread, its
+        plan levels, and the torch group it owns (an NCCL communicator holds GPU memory
+        and a connection to every peer until destroyed). Every member calls it."""
+        self._queue.close()
+        if self._plans is not None:
+            for level in self._plans.levels.values():
+                level.close()
+            self._plans = None
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group(self.group)
+        self._owns_group = False
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, algorithm: str = "auto",
                    async_op: bool = False) -> Optional[Work]:

@@ -4,12 +4,14 @@ Every rank must run a communicator's collectives in the same order. A synchronou
 runs inline on the caller's thread when nothing is queued (no hand-off latency);
 otherwise it queues behind the pending async calls. Async calls run on one worker
 thread per communicator; the native executor releases the GIL, so they overlap with
-the caller's compute.
+the caller's compute. Work that only enqueues on a GPU stream (NCCL) runs inline even
+when async: the CPU returns at once, and NCCL needs every rank to launch its work in one
+order across all communicators, which worker threads racing each other would not keep.
 """
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 
 class Work:
@@ -38,7 +40,15 @@ class SerialQueue:
         self._last = self._pool.submit(fn)
         return self._last
 
-    def run(self, fn: Callable[[], None], async_op: bool) -> Optional[Work]:
+    def run(self, fn: Callable[[], None], async_op: bool, enqueued: Optional[Callable[[], Any]] = None):
+        """Run `fn` after what is queued. `enqueued` given: `fn` only enqueues GPU work, so it
+        runs now on this thread, and an async call returns enqueued(), its handle (a
+        pccl.executors.streams.StreamWork)."""
+        if enqueued is not None:
+            if self._last is not None:
+                self._last.result()   # threaded work queued before it comes first
+            fn()
+            return enqueued() if async_op else None
         if async_op:
             return Work(self._submit(fn))
         if self._last is not None and not self._last.done():

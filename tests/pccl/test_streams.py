@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import weakref
 
 import pytest
 import torch
 
 from pccl.executors.streams import SideStream
+from pccl.ir.plan import Concurrent
 
 
 class Buffer:
@@ -140,3 +142,76 @@ def test_on_a_gpu_a_delayed_side_stream_still_reads_the_callers_buffer():
     side.wait(done)
     torch.cuda.synchronize()
     assert torch.equal(out, expected) and scribble[0].item() == -1.0
+
+
+class Level:
+    """A plan level's communicator stand-in: records where each phase was issued."""
+
+    def __init__(self, name, queues, api, log):
+        self.name, self.queues, self.api, self.log = name, queues, api, log
+
+    def queues_on_device(self, device):
+        return self.queues
+
+    def _issue(self, collective, async_op):
+        self.log.append((self.name, collective, threading.get_ident(), self.api.current_stream().name))
+        return Done() if async_op else None
+
+    def all_gather(self, output, input, algorithm, async_op):
+        return self._issue("all_gather", async_op)
+
+    def reduce_scatter(self, output, input, op, algorithm, async_op):
+        return self._issue("reduce_scatter", async_op)
+
+
+class Done:
+    def wait(self):
+        pass
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
+def test_concurrent_nccl_phases_are_issued_in_order_on_this_thread_each_on_its_side_stream(collective, monkeypatch):
+    """HO-Ring's concurrent phases: with levels that only queue GPU work (NCCL), both are
+    issued by the calling thread in phase order (NCCL needs one launch order on every rank),
+    each on its level's side stream after the caller's work, and the caller's stream then
+    waits for both."""
+    from pccl import plans
+    from pccl.core.topology import Topology
+    from pccl.executors.plan import PlanExecutor
+
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: stream.keep(self), raising=False)
+    api, log = Api(), []
+    levels = {name: Level(name, True, api, log) for name in ("intra", "inter")}
+    sides = []
+    executor = PlanExecutor(levels, new_side=lambda device: sides.append(SideStream(Stream(f"side{len(sides)}"), api))
+                            or sides[-1])
+    plan = plans.build(plans.spec_of("ho_ring"), collective, Topology.regular(4, 2), 0)
+    n = 3
+    if collective == "all_gather":
+        executor.run(plan, {"input": torch.ones(n), "output": torch.empty(4 * n)}, n, "sum")
+    else:
+        executor.run(plan, {"input": torch.ones(4 * n), "output": torch.empty(n)}, n, "sum")
+    phases = [step for step in plan.steps if isinstance(step, Concurrent)]
+    expected = [(p.level, p.collective) for step in phases for p in step.phases]
+    concurrent = [(name, c) for name, c, _, stream in log if stream != "caller"]
+    assert phases and concurrent == expected
+    assert {thread for _, _, thread, _ in log} == {threading.get_ident()}
+    by_level = {name: stream for name, _, _, stream in log if stream != "caller"}
+    assert len(set(by_level.values())) == 2, "each level's concurrent phase on its own stream"
+    waits = len(api.caller.queue)   # the caller's stream waits once per concurrent phase
+    assert waits == len(expected)
+
+
+def test_concurrent_phases_of_blocking_levels_run_on_their_worker_threads(monkeypatch):
+    """MPI levels block the CPU: their concurrent phases go to the levels' own threads
+    (async_op=True), not to side streams."""
+    from pccl import plans
+    from pccl.core.topology import Topology
+    from pccl.executors.plan import PlanExecutor
+
+    api, log = Api(), []
+    levels = {name: Level(name, False, api, log) for name in ("intra", "inter")}
+    executor = PlanExecutor(levels, new_side=lambda device: pytest.fail("no side stream for a blocking level"))
+    plan = plans.build(plans.spec_of("ho_ring"), "all_gather", Topology.regular(4, 2), 0)
+    executor.run(plan, {"input": torch.ones(3), "output": torch.empty(12)}, 3, "sum")
+    assert log and all(stream == "caller" for *_, stream in log)

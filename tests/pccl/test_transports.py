@@ -182,3 +182,43 @@ def test_this_mpi_answers_the_gpu_query():
     assert _native.mpi_gpu_support("cuda") in (0, -1) and _native.mpi_gpu_support("hip") in (0, -1)
     with pytest.raises(ValueError, match="platform must be 'cuda' or 'hip'"):
         _native.mpi_gpu_support("xpu")
+
+
+def test_only_nccl_all_the_way_down_queues_on_the_device(recorded):
+    nccl = pccl.Communicator(dist.new_group([0], backend="nccl"), timeout=10)
+    gloo = pccl.Communicator(dist.group.WORLD, timeout=10)
+    mixed = pccl.Communicator(MPI.COMM_SELF, intra="nccl", inter="mpi", timeout=10)
+    assert nccl.queues_on_device("cuda") and not nccl.queues_on_device("cpu")
+    assert not gloo.queues_on_device("cuda") and not gloo.uses_nccl()
+    assert not mixed.queues_on_device("cuda") and mixed.uses_nccl()   # its MPI level blocks the CPU
+
+
+def test_close_destroys_the_groups_a_communicator_made_and_only_those(recorded, monkeypatch):
+    destroyed = []
+    monkeypatch.setattr(dist, "destroy_process_group", destroyed.append)
+    parent = pccl.Communicator(dist.new_group([0], backend="nccl"), timeout=10)
+    child = parent.split([[0]])
+    levels = parent._plan_executor().levels
+    parent.close()
+    assert destroyed == [levels["intra"].group, levels["inter"].group]   # not the caller's own group
+    child.close()
+    child.close()   # twice is harmless
+    assert destroyed[2:] == [child.group]
+
+
+def test_async_nccl_calls_are_issued_on_the_calling_thread(recorded, monkeypatch):
+    """NCCL only enqueues: an async call runs at once on the caller's thread (one launch
+    order on every rank) and hands back a stream handle, not a worker thread's future."""
+    import threading
+
+    from pccl.runtime import communicator
+
+    comm = pccl.Communicator(dist.new_group([0], backend="nccl"), timeout=10)
+    threads, handles = [], []
+    monkeypatch.setattr(communicator, "StreamWork", lambda: handles.append("stream") or "stream")
+    monkeypatch.setattr(comm._native, "native_all_reduce", lambda t, op: threads.append(threading.get_ident()))
+    cuda_like = torch.ones(4)
+    monkeypatch.setattr(comm, "queues_on_device", lambda device: True)
+    monkeypatch.setattr(communicator.validation, "check_tensor", lambda *args: None)
+    assert comm.all_reduce(cuda_like, algorithm="native", async_op=True) == "stream"
+    assert threads == [threading.get_ident()]
