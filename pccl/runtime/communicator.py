@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Callable, Optional
 
 import torch
@@ -19,7 +18,7 @@ from pccl.ir.plan import Plan
 from pccl.ir.schedule import Schedule
 from pccl.runtime import transports, validation
 from pccl.runtime.detect import detect, detect_torch
-from pccl.runtime.rendezvous import init_torch_distributed
+from pccl.runtime.rendezvous import init_torch_distributed, mpi_world
 from pccl.runtime.work import SerialQueue, Work
 from pccl.tuning.profiles import Profile, from_environment
 from pccl.tuning.profiles import load as load_profile
@@ -310,6 +309,7 @@ class Communicator:
                    async_op: bool = False) -> Optional[Work]:
         """Gather every rank's `input` into `output`: rank i's input lands at block i."""
         self._check_buffers(output, input, full="output")
+        output, input = output.view(-1), input.view(-1)   # executors and plans slice flat buffers
         return self._run("all_gather", algorithm, output, async_op,
                          lambda: self._native.native_all_gather(output, input),
                          lambda sched: self._executor.all_gather(sched, output, input),
@@ -320,6 +320,7 @@ class Communicator:
         """Reduce `input` over all ranks; this rank receives block `rank` in `output`."""
         self._check_buffers(output, input, full="input")
         op_code(op, input.dtype)
+        output, input = output.view(-1), input.view(-1)
         return self._run("reduce_scatter", algorithm, input, async_op,
                          lambda: self._native.native_reduce_scatter(output, input, op),
                          lambda sched: self._executor.reduce_scatter(sched, output, input, op),
@@ -330,6 +331,7 @@ class Communicator:
         """Reduce `tensor` over all ranks, in place."""
         validation.check_tensor("tensor", tensor, self.devices)
         op_code(op, tensor.dtype)
+        tensor = tensor.view(-1)
         return self._run("all_reduce", algorithm, tensor, async_op,
                          lambda: self._native.native_all_reduce(tensor, op),
                          lambda sched: self._executor.all_reduce(sched, tensor, op),
@@ -345,13 +347,7 @@ def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float 
     if transport not in transports.TRANSPORTS:
         raise ValueError(f"transport must be one of {transports.TRANSPORTS}, got {transport!r}")
     if transport == "mpi":
-        import mpi4py
-
-        if "mpi4py.MPI" not in sys.modules:
-            mpi4py.rc.thread_level = "multiple"   # requested when MPI starts (its import), checked below
-        from mpi4py import MPI
-
-        return Communicator(MPI.COMM_WORLD, executor=executor, timeout=timeout, **options)
+        return Communicator(mpi_world(), executor=executor, timeout=timeout, **options)
     transports.check_available(transport)
     init_torch_distributed(transport, timeout)
     return Communicator(dist.group.WORLD, executor=executor, timeout=timeout, **options)

@@ -9,22 +9,33 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import sys
 from datetime import timedelta
 
 import torch.distributed as dist
 
 
-def init_torch_distributed(backend: str, timeout: float) -> None:
+def mpi_world():
+    """MPI.COMM_WORLD, with MPI_THREAD_MULTIPLE requested where MPI is not started yet (its
+    import starts it; communicators check what it provides)."""
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.thread_level = "multiple"
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def init_torch_distributed(backend: str, timeout: float, pg_options=None) -> None:
     if dist.is_initialized():
         return
     span = timedelta(seconds=timeout)
     if all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
-        dist.init_process_group(backend, timeout=span)
+        dist.init_process_group(backend, timeout=span, pg_options=pg_options)
         atexit.register(shut_down, span)
         return
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+    comm = mpi_world()
     hosts = comm.allgather(socket.gethostname())
     one_host = len(set(hosts)) == 1
     if one_host:
@@ -38,7 +49,8 @@ def init_torch_distributed(backend: str, timeout: float) -> None:
     host, port = comm.bcast(address, root=0)
     if store is None:
         store = dist.TCPStore(host, port, comm.size, False, timeout=span)
-    dist.init_process_group(backend, store=store, rank=comm.rank, world_size=comm.size, timeout=span)
+    dist.init_process_group(backend, store=store, rank=comm.rank, world_size=comm.size, timeout=span,
+                            pg_options=pg_options)
     # Tear down before MPI_Finalize (mpi4py's exit hook, registered earlier, runs after this).
     atexit.register(shut_down, span)
 

@@ -17,6 +17,10 @@ def test_async_returns_before_the_transfer_ends_and_keeps_issue_order():
     run_ok(3, "async")
 
 
+def test_tensors_of_any_shape_are_flat_buffers_to_every_executor_and_plan():
+    run_ok(4, "shaped")
+
+
 def test_missing_peer_raises_timeout_on_every_executor():
     run_ok(3, "timeout")
 

@@ -46,6 +46,25 @@ def scenario_async() -> None:
         assert torch.equal(z, torch.full((7,), float(p - 1))), f"{name}: second async call wrong"
 
 
+def scenario_shaped() -> None:
+    """Tensors of any shape are flat buffers to every executor and plan: a 2-D all-gather,
+    reduce-scatter and all-reduce (4 ranks as 2 nodes of 2) against the 1-D results."""
+    for name, kwargs in EXECUTORS.items():
+        comm = pccl.init(timeout=60, ranks_per_node=2, **kwargs)
+        for algorithm in ("ring", "hierarchical", "ho_ring"):
+            x = torch.arange(12.0).view(4, 3) + 100 * rank
+            out = torch.empty(4 * p, 3)
+            comm.all_gather(out, x, algorithm=algorithm)
+            expected = torch.cat([torch.arange(12.0).view(4, 3) + 100 * r for r in range(p)])
+            assert torch.equal(out, expected), f"{name} {algorithm}: 2-D all_gather wrong"
+            got = torch.empty(4, 3)
+            comm.reduce_scatter(got, expected, algorithm=algorithm)
+            assert torch.equal(got, p * expected.view(p, 4, 3)[rank]), f"{name} {algorithm}: 2-D reduce_scatter wrong"
+            y = torch.ones(5, 3)
+            comm.all_reduce(y, algorithm=algorithm)
+            assert torch.equal(y, torch.full((5, 3), float(p))), f"{name} {algorithm}: 2-D all_reduce wrong"
+
+
 def scenario_timeout() -> None:
     for name, kwargs in EXECUTORS.items():
         comm = pccl.init(timeout=1.5, **kwargs)
