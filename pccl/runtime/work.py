@@ -27,6 +27,10 @@ class Work:
     def is_completed(self) -> bool:
         return self._future.done()
 
+    def add_done_callback(self, fn: Callable[[Optional[BaseException]], None]) -> None:
+        """Call fn(error or None) when done: on the worker thread, or now if already done."""
+        self._future.add_done_callback(lambda f: fn(f.exception()))
+
 
 class SerialQueue:
     def __init__(self, name: str):

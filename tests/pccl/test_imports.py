@@ -30,6 +30,7 @@ ALLOWED = {
     "executors": {"ir", "core", "native"},
     "runtime": {"executors", "tuning"} | BELOW_TUNING,
     "tools": {"runtime", "executors", "tuning", "native", "facade"} | BELOW_TUNING,
+    "distributed": {"runtime", "core"},
 }
 
 
