@@ -2,11 +2,11 @@
 
     import torch.distributed as dist
     import pccl.distributed
-    pccl.distributed.init_process_group()      # or dist.init_process_group("pccl") under torchrun's env
+    pccl.distributed.init_process_group()      # or, under torchrun, dist.init_process_group("pccl")
 
 after which FSDP2, DDP, DTensor and plain `dist.*` calls run their all-gathers,
-reduce-scatters and all-reduces on pccl (backend.py). Launch with mpiexec or srun: the
-backend's collectives run over MPI.
+reduce-scatters and all-reduces on pccl (backend.py): over MPI where mpiexec or srun
+launched the job, over gloo (CPU) or NCCL (CUDA) groups under torchrun.
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ if "pccl" not in dist.Backend.backend_list:
     dist.Backend.register_backend("pccl", create, extended_api=True, devices=["cpu", "cuda"])
 
 
-def init_process_group(timeout: float = 300.0, options: Optional[Options] = None) -> None:
-    """torch.distributed's default group on the pccl backend: from the environment where
-    torchrun-style variables are set, else through MPI (rank 0 opens the store)."""
-    init_torch_distributed("pccl", timeout, options)
+def init_process_group(backend: str = "pccl", timeout: float = 300.0, options: Optional[Options] = None) -> None:
+    """torch.distributed's default group (on the pccl backend unless told otherwise): from
+    the environment where torchrun's variables are set, else through MPI (rank 0 opens the
+    store), so the same script runs under torchrun, mpiexec and srun."""
+    init_torch_distributed(backend, timeout, options)
 

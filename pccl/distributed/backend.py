@@ -3,10 +3,17 @@
 torch hands out a Python subclass of ProcessGroup returned by a registered backend's
 creator as the whole group, so every `dist.*` call on it, and FSDP2's, DDP's and
 DTensor's, reaches the methods below. All-gather, reduce-scatter, all-reduce (their
-tensor, list and coalesced forms) and barrier run on a pccl Communicator over MPI (the C++
-executor, with `algorithm` from Options or PCCL_ALGO / PCCL_<COLLECTIVE>_ALGO, else
-auto); everything else is forwarded to a companion gloo backend of the same ranks (NCCL
-for CUDA tensors), made from the group's own store (FORWARDED lists it).
+tensor, list and coalesced forms) and barrier run on a pccl Communicator (`algorithm`
+from Options or PCCL_ALGO / PCCL_<COLLECTIVE>_ALGO, else auto), one per device type:
+
+- launched by mpiexec or srun (torch's ranks are MPI's): over MPI, the C++ executor, for
+  CPU tensors and, with a GPU build, CUDA tensors;
+- otherwise (torchrun), and for CUDA tensors MPI cannot take: pccl's schedules and plans
+  over a gloo group (CPU) or an NCCL group (CUDA) of the same ranks, made at the group's
+  first collective on that device.
+
+Everything else is forwarded to a companion gloo backend of the same ranks (NCCL for CUDA
+tensors) made from the group's own store (FORWARDED lists it).
 
 Why Python rather than a C++ c10d::Backend in pccl._native: the native module would have
 to link libtorch and follow its C++ ABI release by release, and c10d's Python-facing
@@ -16,6 +23,7 @@ the measured figure), small beside the megabyte collectives FSDP issues.
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -24,9 +32,12 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
+from torch.distributed import distributed_c10d as c10d
 
 from pccl.core.dtypes import DTYPES
 from pccl.core.errors import CollectiveTimeout
+from pccl.core.topology import Topology
+from pccl.runtime import transports
 from pccl.runtime.communicator import Communicator
 from pccl.runtime.rendezvous import mpi_world
 
@@ -34,9 +45,10 @@ ReduceOp = dist.ReduceOp
 # Keyed by the op's kind (a ReduceOp object in options wraps it as .op).
 OPS = {ReduceOp.SUM: "sum", ReduceOp.AVG: "avg", ReduceOp.MAX: "max", ReduceOp.MIN: "min"}
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
-# Operations pccl has no algorithm for: the companion backend runs them.
+# Operations pccl has no algorithm for: the companion backend runs them. (barrier too: it
+# also runs at interpreter exit, when pccl's worker threads may no longer start.)
 FORWARDED = ("broadcast", "reduce", "send", "recv", "recv_anysource", "alltoall", "alltoall_base", "scatter",
-             "gather")
+             "gather", "barrier")
 
 
 @dataclass
@@ -52,11 +64,14 @@ class Options:
     ranks_per_node: Optional[int] = None
     profile: Optional[str] = None
     executor: Optional[str] = None
+    transport: Optional[str] = None   # "mpi", "torch"; None: MPI where the job was launched by MPI
 
     def __post_init__(self):
         unknown = set(self.algorithms) - set(COLLECTIVES)
         if unknown:
             raise ValueError(f"algorithms names collectives {sorted(unknown)}; expected some of {COLLECTIVES}")
+        if self.transport not in (None, "mpi", "torch"):
+            raise ValueError(f"transport must be 'mpi', 'torch' or None (automatic), got {self.transport!r}")
 
     def algorithm_for(self, collective: str) -> str:
         return self.algorithms.get(collective, self.algorithm)
@@ -72,17 +87,27 @@ def op_name(op) -> str:
     return name
 
 
+def launched_by_mpi(world_size: int) -> bool:
+    """Whether MPI spans the job (mpiexec, srun): its world is torch's. Under torchrun each
+    process is an MPI world of its own (a singleton)."""
+    return mpi_world().size == world_size
+
+
 def mpi_group(global_ranks: list[int], rank: int):
     """The MPI communicator of the group's members: torch's ranks must be MPI's."""
     world = mpi_world()
-    if world.size == 1 and len(global_ranks) > 1 or world.rank != global_ranks[rank]:
+    if world.rank != global_ranks[rank]:
         raise RuntimeError(
-            f"the pccl backend runs over MPI, and torch rank {global_ranks[rank]} is MPI rank {world.rank} of "
-            f"{world.size}: start the job with mpiexec or srun so that torch's ranks are MPI's "
-            f"(pccl.distributed.init_process_group does the rendezvous through MPI)")
-    if len(global_ranks) == world.size and global_ranks == list(range(world.size)):
+            f"the pccl backend over MPI needs torch's ranks to be MPI's, and torch rank {global_ranks[rank]} is MPI "
+            f"rank {world.rank} of {world.size}: use pccl.distributed.init_process_group (the rendezvous through "
+            f"MPI) or give RANK as MPI numbers it, or Options(transport='torch')")
+    if global_ranks == list(range(world.size)):
         return world
     return world.Create_group(world.Get_group().Incl(global_ranks))
+
+
+def is_async(opts) -> bool:
+    return getattr(opts, "asyncOp", True)
 
 
 class Completion:
@@ -93,6 +118,7 @@ class Completion:
 
     def __init__(self, works, result, finish=None):
         self.future = torch.futures.Future()
+        works = [w for w in works if w is not None]   # None: a call that ran on the caller's thread
         self._result, self._finish = result, finish
         self._pending, self._error, self._lock = len(works), None, threading.Lock()
         if not works:
@@ -136,11 +162,55 @@ class ProcessGroupPccl(dist.ProcessGroup):
                             f"got {type(self.options).__name__}")
         self._store, self._timeout = store, timeout
         self._global = list(global_ranks) or list(range(size))
-        self._companions: dict[str, object] = {}
         self._group_name = self._group_desc = ""
-        self.comm = Communicator(mpi_group(self._global, rank), executor=self.options.executor,
-                                 timeout=timeout.total_seconds(), ranks_per_node=self.options.ranks_per_node,
-                                 profile=self.options.profile)
+        # The members are all here now: the gloo companion connects them (a later first
+        # forwarded call may be a send between two of them).
+        self._companions: dict[str, object] = {"cpu": dist.ProcessGroupGloo(
+            dist.PrefixStore("pccl-companion-cpu", store), rank, size, timeout)}
+        self._comms: dict[str, Communicator] = {}
+        world = dist.get_world_size() if dist.is_initialized() else size
+        self.transport = self.options.transport or ("mpi" if launched_by_mpi(world) else "torch")
+        # Emulated nodes are consecutive world ranks: a sub-group gets its members' nodes.
+        per_node = self.options.ranks_per_node or int(os.environ.get("PCCL_RANKS_PER_NODE", 0))
+        self._topology = Topology.regular(world, per_node).restrict(self._global) if per_node else None
+        if self.transport == "mpi":
+            self._comms["cpu"] = self._communicator(mpi_group(self._global, rank))
+
+    def _communicator(self, comm) -> Communicator:
+        return Communicator(comm, executor=self.options.executor if self.transport == "mpi" else None,
+                            timeout=self._timeout.total_seconds(), topology=self._topology,
+                            profile=self.options.profile)
+
+    def comm_for(self, device: torch.device) -> Communicator:
+        """The pccl communicator of `device`'s tensors (made at the first collective on that
+        device, which every member calls; Options.transport and the module docstring say which)."""
+        kind = device.type
+        if kind not in self._comms:
+            mpi = self._comms.get("cpu") if self.transport == "mpi" else None
+            if mpi is not None and kind in mpi.devices:
+                self._comms[kind] = mpi
+            elif kind in ("cpu", "cuda"):
+                self._comms[kind] = self._communicator(self._torch_group("gloo" if kind == "cpu" else "nccl"))
+            else:
+                raise ValueError(f"the pccl backend takes CPU and CUDA tensors, got a tensor on {device}")
+        return self._comms[kind]
+
+    def _torch_group(self, backend: str):
+        """A torch.distributed group of these ranks over `backend`, registered under a name
+        derived from this group's, which every member derives alike. (dist.new_group would
+        not do: made lazily by the members alone, its names can differ between them, as
+        torch numbers or hashes them from what each process has made before.)"""
+        transports.check_available(backend)
+        name = f"{self.group_name}:pccl-{backend}"
+        group, _ = c10d._new_process_group_helper(self.size(), self.rank(), self._global, backend,
+                                                  c10d._get_default_store(), name, timeout=self._timeout)
+        c10d._world.pg_group_ranks[group] = {g: r for r, g in enumerate(self._global)}
+        return group
+
+    @property
+    def comm(self) -> Communicator:
+        """The communicator of CPU tensors."""
+        return self.comm_for(torch.device("cpu"))
 
     def getBackendName(self) -> str:
         return "pccl"
@@ -162,30 +232,24 @@ class ProcessGroupPccl(dist.ProcessGroup):
         return self._group_desc
 
     def __repr__(self) -> str:
-        return f"ProcessGroupPccl(rank={self.rank()}, size={self.size()}, {self.comm.topology})"
+        return f"ProcessGroupPccl(rank={self.rank()}, size={self.size()}, transport={self.transport})"
 
     # What runs on pccl.
 
-    def _check(self, tensor: torch.Tensor) -> None:
-        if tensor.device.type not in self.comm.devices:
-            raise ValueError(
-                f"the pccl backend got a tensor on {tensor.device}, and its MPI path carries {self.comm.devices} "
-                f"here: CUDA tensors need pccl built with a GPU path (make GPU=cuda or GPU=hip); or use "
-                f"backend='nccl' for them")
+    # A call the caller waits on at once (opts.asyncOp False: dist's async_op=False) runs on
+    # this thread, as a direct pccl call does; an async one on pccl's worker thread.
 
-    def _all_gather(self, out: torch.Tensor, inp: torch.Tensor):
-        self._check(inp)
-        return self.comm.all_gather(out, inp, algorithm=self.options.algorithm_for("all_gather"), async_op=True)
+    def _all_gather(self, out: torch.Tensor, inp: torch.Tensor, opts):
+        return self.comm_for(inp.device).all_gather(out, inp, algorithm=self.options.algorithm_for("all_gather"),
+                                                    async_op=is_async(opts))
 
-    def _reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op):
-        self._check(inp)
-        return self.comm.reduce_scatter(out, inp, op=op_name(op), algorithm=self.options.algorithm_for(
-            "reduce_scatter"), async_op=True)
+    def _reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, opts):
+        return self.comm_for(inp.device).reduce_scatter(out, inp, op=op_name(opts.reduceOp), async_op=is_async(opts),
+                                                        algorithm=self.options.algorithm_for("reduce_scatter"))
 
-    def _all_reduce(self, tensor: torch.Tensor, op):
-        self._check(tensor)
-        return self.comm.all_reduce(tensor, op=op_name(op), algorithm=self.options.algorithm_for("all_reduce"),
-                                    async_op=True)
+    def _all_reduce(self, tensor: torch.Tensor, opts):
+        return self.comm_for(tensor.device).all_reduce(tensor, op=op_name(opts.reduceOp), async_op=is_async(opts),
+                                                       algorithm=self.options.algorithm_for("all_reduce"))
 
     def _carries(self, tensors) -> bool:
         """Whether pccl runs a call on these tensors: dtypes it reduces and moves (others, such
@@ -195,17 +259,17 @@ class ProcessGroupPccl(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):
         if not self._carries([input]):
             return self.companion(input.device)._allgather_base(output, input, opts)
-        return Completion([self._all_gather(output, input)], [output]).work()
+        return Completion([self._all_gather(output, input, opts)], [output]).work()
 
     def reduce_scatter_single(self, output, input, opts=None):
         if not self._carries([input]):
             return self.companion(input.device)._reduce_scatter_base(output, input, opts)
-        return Completion([self._reduce_scatter(output, input, opts.reduceOp)], [output]).work()
+        return Completion([self._reduce_scatter(output, input, opts)], [output]).work()
 
     def allreduce(self, tensors, opts=None):
         if not self._carries(tensors):
             return self.companion(tensors[0].device).allreduce(tensors, opts)
-        return Completion([self._all_reduce(t, opts.reduceOp) for t in tensors], tensors).work()
+        return Completion([self._all_reduce(t, opts) for t in tensors], tensors).work()
 
     def allgather(self, output_lists, inputs, opts=None):
         """List form: each input gathered into a contiguous buffer, then copied out."""
@@ -214,7 +278,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
         works, copies = [], []
         for outputs, inp in zip(output_lists, inputs):
             flat = torch.empty((len(outputs),) + tuple(inp.shape), dtype=inp.dtype, device=inp.device)
-            works.append(self._all_gather(flat.view(-1), inp.reshape(-1)))
+            works.append(self._all_gather(flat.view(-1), inp.reshape(-1), opts))
             copies.append((outputs, flat))
         return Completion(works, output_lists, lambda: [o.copy_(f) for outs, flat in copies
                                                        for o, f in zip(outs, flat)]).work()
@@ -226,14 +290,14 @@ class ProcessGroupPccl(dist.ProcessGroup):
         works = []
         for out, blocks in zip(outputs, input_lists):
             flat = torch.cat([b.reshape(-1) for b in blocks])
-            works.append(self._reduce_scatter(out.view(-1), flat, opts.reduceOp))
+            works.append(self._reduce_scatter(out.view(-1), flat, opts))
         return Completion(works, outputs).work()
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        return Completion([self._all_gather(o, i) for o, i in zip(outputs, inputs)], outputs).work()
+        return Completion([self._all_gather(o, i, opts) for o, i in zip(outputs, inputs)], outputs).work()
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
@@ -242,7 +306,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
         return self.allgather(output_lists, inputs, opts)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        return Completion([self._reduce_scatter(o, i, opts.reduceOp) for o, i in zip(outputs, inputs)],
+        return Completion([self._reduce_scatter(o, i, opts) for o, i in zip(outputs, inputs)],
                           outputs).work()
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
@@ -251,28 +315,22 @@ class ProcessGroupPccl(dist.ProcessGroup):
     _allgather_base = all_gather_single
     _reduce_scatter_base = reduce_scatter_single
 
-    def barrier(self, opts=None):
-        """Blocks until every member arrived (a one-element ring all-reduce, on the calling thread and flat:
-        it also runs at interpreter exit, when no worker thread may start)."""
-        self.comm.all_reduce(torch.zeros(1), algorithm="ring")
-        return Completion([], []).work()
 
     # What is forwarded.
 
     def companion(self, device: torch.device):
-        """The gloo backend (NCCL for CUDA tensors) of the same ranks, made on first use from
-        this group's store: the members make it together, on their first forwarded call."""
-        kind = "cuda" if device.type == "cuda" else "cpu"
-        if kind not in self._companions:
-            store = dist.PrefixStore(f"pccl-companion-{kind}", self._store)
-            if kind == "cuda":
-                options = dist.ProcessGroupNCCL.Options()
-                options._timeout = self._timeout
-                backend = dist.ProcessGroupNCCL(store, self.rank(), self.size(), options)
-            else:
-                backend = dist.ProcessGroupGloo(store, self.rank(), self.size(), self._timeout)
-            self._companions[kind] = backend
-        return self._companions[kind]
+        """The backend forwarded calls run on: gloo, made with the group; for CUDA tensors
+        NCCL, made from this group's store on first use (NCCL connects peers lazily, at
+        their first operation, so a first send between two members is fine)."""
+        if device.type != "cuda":
+            return self._companions["cpu"]
+        if "cuda" not in self._companions:
+            transports.check_available("nccl")
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = self._timeout
+            self._companions["cuda"] = dist.ProcessGroupNCCL(dist.PrefixStore("pccl-companion-cuda", self._store),
+                                                             self.rank(), self.size(), options)
+        return self._companions["cuda"]
 
 
 def _forward(name: str):

@@ -8,7 +8,9 @@ bucket, and every rank decides alike from the same profile and topology.
 
 PCCL_ALGO, or PCCL_<COLLECTIVE>_ALGO (e.g. PCCL_ALL_GATHER_ALGO), forces a choice, as
 NCCL_ALGO does for NCCL: a flat name, "native", "hierarchical" or "ho_ring". PCCL_ALGO is
-ignored for a collective the named algorithm does not implement.
+ignored for a collective the named algorithm does not implement, and a plan named by
+either is ignored where plans cannot run (one node; a sub-communicator whose levels
+cannot be built): auto chooses among the flat algorithms there.
 """
 from __future__ import annotations
 
@@ -73,6 +75,8 @@ class Tuner:
     def name(self, collective: str, nbytes: int) -> str:
         """The name (as the API takes it) of what auto runs for `nbytes`."""
         name = forced(collective)
+        if name in PLAN_NAMES and not self.plans_apply:
+            name = None
         if name is None:
             key = (collective, bucket(nbytes))
             if key not in self._decisions:

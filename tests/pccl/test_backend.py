@@ -4,12 +4,14 @@ it, checked against a single-process reference and against gloo in the same laun
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.support.mpirun import mpiexec
+from tests.support.mpirun import ROOT, job_env, mpiexec
 
 RUNS = ("fsdp2_fp32", "fsdp2_bf16", "ddp")
 # SGD, 3 steps: fp32 runs agree with the reference up to the order of fp32 sums. bf16
@@ -19,11 +21,19 @@ FP32 = 2e-6
 BF16_VS_REFERENCE = 5e-2
 
 
-def launch(tmp_path, ranks: int) -> dict:
+def launch(tmp_path, ranks: int, launcher: str = "mpiexec") -> dict:
     report = tmp_path / "report.json"
-    run = mpiexec(ranks, "-m tests.pccl.workers.run_backend", str(report), str(tmp_path / "dcp"), timeout=600)
+    args = ("-m tests.pccl.workers.run_backend", str(report), str(tmp_path / "dcp"))
+    if launcher == "mpiexec":
+        run = mpiexec(ranks, *args, timeout=600)
+    else:
+        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                              str(ranks), *args[0].split(), *args[1:]], env=job_env(), capture_output=True,
+                             text=True, timeout=600, cwd=ROOT)
     assert run.returncode == 0 and report.exists(), run.stdout[-3000:] + run.stderr[-3000:]
-    return json.loads(report.read_text())
+    result = json.loads(report.read_text())
+    assert result["transport"] == ("mpi" if launcher == "mpiexec" else "torch"), result["transport"]
+    return result
 
 
 def check(report: dict) -> None:
@@ -47,11 +57,20 @@ def test_fsdp2_ddp_dtensor_and_checkpoints_on_the_pccl_backend(tmp_path, ranks):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", ["hierarchical", "ho_ring"])
-def test_pccl_algo_picks_the_plan_for_torchs_collectives(tmp_path, monkeypatch, algorithm):
+def test_under_torchrun_pccls_algorithms_run_over_gloo(tmp_path):
+    """No MPI job: the backend runs pccl's schedules over a gloo group of the same ranks."""
+    check(launch(tmp_path, 3, launcher="torchrun"))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher,algorithm", [("mpiexec", "hierarchical"), ("mpiexec", "ho_ring"),
+                                                ("torchrun", "hierarchical")])
+def test_pccl_algo_picks_the_plan_for_torchs_collectives(tmp_path, monkeypatch, launcher, algorithm):
+    """4 ranks as 2 emulated nodes; the even ranks' sub-group and the 2x2 mesh's sub-meshes
+    span both nodes or one, and run flat there."""
     monkeypatch.setenv("PCCL_ALGO", algorithm)
     monkeypatch.setenv("PCCL_RANKS_PER_NODE", "2")
-    report = launch(tmp_path, 4)
+    report = launch(tmp_path, 4, launcher)
     check(report)
     plan = "HORing" if algorithm == "ho_ring" else "Hierarchical"
     assert all(plan in spec for spec in report["resolved"].values()), report["resolved"]

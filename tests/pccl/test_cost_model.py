@@ -249,3 +249,11 @@ def test_the_environment_forces_a_choice(monkeypatch):
     monkeypatch.setenv("PCCL_ALGO", "fastest")
     with pytest.raises(ValueError, match="PCCL_ALGO='fastest'"):
         tuner.choose("all_gather", MB)
+
+
+@pytest.mark.parametrize("tuner", [Tuner(Topology.regular(8, 8), PROFILE),                      # one node
+                                   Tuner(Topology.regular(16, 4), PROFILE, with_plans=False)])  # no levels
+def test_a_forced_plan_is_ignored_where_plans_cannot_run(monkeypatch, tuner):
+    monkeypatch.setenv("PCCL_ALGO", "hierarchical")
+    assert tuner.choose("all_gather", MB) in tuner.candidates("all_gather")
+    assert isinstance(tuner.choose("all_gather", MB), str)

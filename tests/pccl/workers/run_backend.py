@@ -7,6 +7,7 @@ single-process reference. Then: DTensor redistributions, every forwarded operati
 sub-group, torch.distributed.checkpoint of an FSDP2 model, and bad input. Rank 0 writes
 a JSON report to argv[1] (relative errors, checks that failed).
 Usage: mpiexec -n P python -m tests.pccl.workers.run_backend REPORT [DCP_DIR]
+   or: torchrun --standalone --nproc-per-node P -m tests.pccl.workers.run_backend REPORT [DCP_DIR]
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ pccl.distributed.init_process_group(timeout=120)
 rank, p = dist.get_rank(), dist.get_world_size()
 gloo = dist.new_group(list(range(p)), backend="gloo")
 failures: list[str] = []
-report: dict = {"backend": dist.get_backend(), "ranks": p}
+report: dict = {"backend": dist.get_backend(), "ranks": p, "transport": dist.group.WORLD.transport}
 STEPS, PER_RANK, LR = 3, 2, 0.5
 
 
