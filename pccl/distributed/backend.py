@@ -110,6 +110,14 @@ def is_async(opts) -> bool:
     return getattr(opts, "asyncOp", True)
 
 
+def on_pccl(call, *args, **kwargs):
+    """A pccl collective; its timeout, on the caller's thread, as torch's DistBackendError."""
+    try:
+        return call(*args, **kwargs)
+    except CollectiveTimeout as e:
+        raise dist.DistBackendError(str(e)) from e
+
+
 class Completion:
     """A torch Work that completes when all of pccl's `works` have (no thread waits: each
     work calls back from pccl's worker thread as it finishes), after `finish` (copies out
@@ -240,16 +248,16 @@ class ProcessGroupPccl(dist.ProcessGroup):
     # this thread, as a direct pccl call does; an async one on pccl's worker thread.
 
     def _all_gather(self, out: torch.Tensor, inp: torch.Tensor, opts):
-        return self.comm_for(inp.device).all_gather(out, inp, algorithm=self.options.algorithm_for("all_gather"),
-                                                    async_op=is_async(opts))
+        return on_pccl(self.comm_for(inp.device).all_gather, out, inp, async_op=is_async(opts),
+                       algorithm=self.options.algorithm_for("all_gather"))
 
     def _reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, opts):
-        return self.comm_for(inp.device).reduce_scatter(out, inp, op=op_name(opts.reduceOp), async_op=is_async(opts),
-                                                        algorithm=self.options.algorithm_for("reduce_scatter"))
+        return on_pccl(self.comm_for(inp.device).reduce_scatter, out, inp, op=op_name(opts.reduceOp),
+                       async_op=is_async(opts), algorithm=self.options.algorithm_for("reduce_scatter"))
 
     def _all_reduce(self, tensor: torch.Tensor, opts):
-        return self.comm_for(tensor.device).all_reduce(tensor, op=op_name(opts.reduceOp), async_op=is_async(opts),
-                                                       algorithm=self.options.algorithm_for("all_reduce"))
+        return on_pccl(self.comm_for(tensor.device).all_reduce, tensor, op=op_name(opts.reduceOp),
+                       async_op=is_async(opts), algorithm=self.options.algorithm_for("all_reduce"))
 
     def _carries(self, tensors) -> bool:
         """Whether pccl runs a call on these tensors: dtypes it reduces and moves (others, such

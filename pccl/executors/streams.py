@@ -48,6 +48,11 @@ class StreamWork:
     def is_completed(self) -> bool:
         return self._done.query()
 
+    def add_done_callback(self, fn) -> None:
+        """fn(None) now: the work is queued on the stream, and stream order completes it
+        before anything queued after it (what torch's async NCCL work promises too)."""
+        fn(None)
+
 
 class SideStream:
     def __init__(self, stream, api=CudaApi):
