@@ -31,7 +31,6 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 from torch.distributed import distributed_c10d as c10d
 
 from pccl.core.dtypes import DTYPES
@@ -156,8 +155,43 @@ class Completion:
         else:
             self.future.set_exception(error)
 
-    def work(self):
-        return _create_work_from_future(self.future)
+    def work(self) -> "FutureWork":
+        return FutureWork(self.future)
+
+
+class FutureWork(dist.Work):
+    """torch's Work over a future. (torch's own _create_work_from_future returns a Work
+    whose wait() reports success even when the future failed: a timeout would be lost.)"""
+
+    def __init__(self, future: torch.futures.Future):
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout=None) -> bool:
+        self._future.wait()   # raises the collective's error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            raise RuntimeError("the collective has not completed yet")
+        try:
+            self._future.value()
+        except Exception:   # noqa: BLE001 - failure is the answer
+            return False
+        return True
+
+    def exception(self):
+        try:
+            self._future.value()
+        except Exception as e:   # noqa: BLE001 - returned, not raised
+            return e
+        return None
 
 
 class ProcessGroupPccl(dist.ProcessGroup):

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.support.gpu import GPUS, no_gpu_reason
 from tests.support.mpirun import ROOT, job_env, mpiexec
 
 RUNS = ("fsdp2_fp32", "fsdp2_bf16", "ddp")
@@ -118,3 +119,40 @@ def test_every_forwarded_operation_goes_to_the_companion_of_its_tensors_device()
         assert getattr(pg, name)([x], "opts") == (name, ([x], "opts"))
     assert seen == ["cpu"] * len(FORWARDED)
     assert getattr(pg, "broadcast")([], "opts")[0] == "broadcast"   # no tensor: the CPU companion
+
+
+def test_a_pccl_timeout_reaches_the_waiter_as_torchs_error_after_every_work():
+    from pccl.core.errors import CollectiveTimeout
+    from pccl.distributed.backend import Completion, on_pccl
+
+    class Work:
+        def add_done_callback(self, fn):
+            self.done = fn
+
+    first, second, finished = Work(), Work(), []
+    completion = Completion([first, None, second], ["result"], finish=lambda: finished.append(True))
+    first.done(None)
+    assert not completion.future.done() and not finished, "complete before its last work"
+    second.done(None)
+    assert completion.work().wait() and completion.future.wait() == ["result"] and finished == [True]
+
+    late = Work()
+    completion = Completion([late], [])
+    late.done(CollectiveTimeout("rank 2 timed out waiting for peers 3"))
+    with pytest.raises(dist.DistBackendError, match="waiting for peers 3"):
+        completion.work().wait()
+
+    def times_out():
+        raise CollectiveTimeout("rank 0 timed out")
+    with pytest.raises(dist.DistBackendError, match="rank 0 timed out"):
+        on_pccl(times_out)
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.skipif(no_gpu_reason(2) is not None, reason=str(no_gpu_reason(2)))
+def test_fsdp2_ddp_and_dtensor_on_gpus_on_the_pccl_backend(tmp_path, monkeypatch):
+    """CUDA tensors: pccl over NCCL groups (or MPI's GPU path in a GPU build), against
+    NCCL and the single-process reference, one GPU per rank."""
+    monkeypatch.setenv("PCCL_TEST_DEVICE", "cuda")
+    check(launch(tmp_path, min(GPUS, 4)))

@@ -6,12 +6,15 @@ world and, in the same launch, on a gloo group of the same ranks; rank 0 trains 
 single-process reference. Then: DTensor redistributions, every forwarded operation, a
 sub-group, torch.distributed.checkpoint of an FSDP2 model, and bad input. Rank 0 writes
 a JSON report to argv[1] (relative errors, checks that failed).
+On GPUs (PCCL_TEST_DEVICE=cuda, one GPU per rank) the same runs on CUDA tensors, compared
+with NCCL instead of gloo (the report's "gloo" keys).
 Usage: mpiexec -n P python -m tests.pccl.workers.run_backend REPORT [DCP_DIR]
    or: torchrun --standalone --nproc-per-node P -m tests.pccl.workers.run_backend REPORT [DCP_DIR]
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -22,17 +25,28 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 import pccl.distributed
-from tests.pccl.workers.cases import make_input, reduce_reference
+from tests.pccl.workers import cases
+from tests.pccl.workers.cases import reduce_reference
 from tests.shard.engine_models import TinyTransformer, token_batch, token_loss
 from tests.shard.reference import relative_error
 
 torch.set_num_threads(1)
+DEVICE = torch.device(os.environ.get("PCCL_TEST_DEVICE", "cpu"))
+if DEVICE.type == "cuda":
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ.get("PMI_RANK", 0))) % torch.cuda.device_count())
 pccl.distributed.init_process_group(timeout=120)
 rank, p = dist.get_rank(), dist.get_world_size()
-gloo = dist.new_group(list(range(p)), backend="gloo")
+gloo = dist.new_group(list(range(p)), backend="gloo" if DEVICE.type == "cpu" else "nccl")
+torch.set_default_device(DEVICE)   # every tensor below on the device under test
 failures: list[str] = []
 report: dict = {"backend": dist.get_backend(), "ranks": p, "transport": dist.group.WORLD.transport}
 STEPS, PER_RANK, LR = 3, 2, 0.5
+
+
+def make_input(r: int, numel: int, dtype, salt: int) -> torch.Tensor:
+    """tests.pccl.workers.cases.make_input (a CPU generator's) on the device."""
+    with torch.device("cpu"):
+        return cases.make_input(r, numel, dtype, salt).to(DEVICE)
 
 
 def check(ok: bool, what: str) -> None:
@@ -42,7 +56,9 @@ def check(ok: bool, what: str) -> None:
 
 def batches():
     for step in range(STEPS):
-        x, y = token_batch(step, PER_RANK * p)
+        with torch.device("cpu"):   # the batches come from a CPU generator
+            x, y = token_batch(step, PER_RANK * p)
+        x, y = x.to(DEVICE), y.to(DEVICE)
         yield (x, y), (x[rank * PER_RANK:(rank + 1) * PER_RANK], y[rank * PER_RANK:(rank + 1) * PER_RANK])
 
 
@@ -63,7 +79,7 @@ def train(model, on_global: bool):
 
 def full_state(model) -> dict:
     """The full parameters (DTensors gathered with full_tensor, through the backend)."""
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().float().clone()
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().float().cpu().clone()
             for k, v in model.state_dict().items()}
 
 
@@ -101,7 +117,7 @@ world = dist.group.WORLD
 for collective in ("all_gather", "reduce_scatter", "all_reduce"):
     setattr(world.comm, collective, counted(world.comm, collective))
 report["resolved"] = {c: repr(world.comm.resolve(c, "auto", 1 << 20)) for c in ("all_gather", "reduce_scatter")}
-meshes = {"pccl": init_device_mesh("cpu", (p,)), "gloo": DeviceMesh.from_group(gloo, "cpu")}
+meshes = {"pccl": init_device_mesh(DEVICE.type, (p,)), "gloo": DeviceMesh.from_group(gloo, DEVICE.type)}
 bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 runs = {"fsdp2_fp32": lambda name: fsdp2(meshes[name]),
         "fsdp2_bf16": lambda name: fsdp2(meshes[name], bf16),
@@ -181,7 +197,7 @@ if rank % 2 == 0:
     check(torch.equal(t, torch.full((4,), float(len(range(0, p, 2))))), "sub-group all_reduce")
     check(evens.comm.size == len(range(0, p, 2)), "sub-group communicator size")
 if p == 4:   # a 2x2 mesh: sub-meshes are sub-groups
-    mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh2 = init_device_mesh(DEVICE.type, (2, 2), mesh_dim_names=("dp", "tp"))
     row = distribute_tensor(full, mesh2, [Replicate(), Shard(0)])
     check(torch.equal(row.full_tensor(), full), "2-D mesh full_tensor")
 
