@@ -1,0 +1,301 @@
+"""shard-compare: the same GPT training under what a user would pick instead, side by side.
+
+    shard-compare --ranks 2 --steps 3 --model tiny --runs fsdp2,zero3-native,zero3-pccl --out DIR
+
+Every run trains the same model (same initial weights), on the same batches (each rank its
+own, seeded by step and rank), on the same ranks, with AdamW of the same settings, for the
+same steps, one mpiexec launch per run:
+
+- `fsdp2`: PyTorch's `fully_shard` per transformer block and root, on gloo;
+- `fsdp2-pccl`: the same on the pccl torch.distributed backend (docs/distributed.md);
+- `deepspeed-zero3`: DeepSpeed's ZeRO stage 3 (reported as not run where DeepSpeed cannot
+  be imported, with the reason);
+- `STRATEGY-COMM`: the shard engine with a strategy (zero3, paro-iig, mics, ddp, ...) and
+  its collectives on `native` (MPI's own), `pccl` (auto), `hierarchical` or `ho_ring`.
+
+Each run reports tokens/s (the median step after warm-up), step time, the communication
+the loop waited for (the engine's ledger; null for FSDP2), bytes sent per rank, peak
+memory (the largest resident set over ranks) and the loss of every step. The first run is
+the reference: a run whose losses leave it by more than the tolerance is marked diverged
+and gets no speed-up. DIR gets compare.json, compare.md and compare.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+COMMS = {"native": "native", "pccl": "auto", "hierarchical": "hierarchical", "ho_ring": "ho_ring"}
+LR, BETAS, EPS = 1e-3, (0.9, 0.95), 1e-8
+# Losses of runs doing the same math in fp32 differ only by rounding (sums in another
+# order, another AdamW's arithmetic): well below this relative difference.
+LOSS_TOLERANCE = 1e-4
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="shard-compare", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", default="fsdp2,fsdp2-pccl,zero3-native,zero3-pccl",
+                    help="comma-separated: fsdp2, fsdp2-pccl, deepspeed-zero3, STRATEGY-COMM")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--ranks-per-node", type=int, default=None, help="emulated nodes of consecutive ranks")
+    ap.add_argument("--model", default="tiny", help="a preset of shard.models")
+    ap.add_argument("--steps", type=int, default=10, help="steps, warm-up included")
+    ap.add_argument("--warmup", type=int, default=None, help="steps left out of the timing (default: a third)")
+    ap.add_argument("--batch", type=int, default=4, help="sequences per rank and step")
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--out", default="compare-results")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)   # the run, inside its mpiexec launch
+    return ap.parse_args(argv)
+
+
+def check_run(name: str) -> None:
+    """A clear error for a run name the tool does not know, before anything launches."""
+    from shard.strategy import Strategy
+
+    if name in ("fsdp2", "fsdp2-pccl", "deepspeed-zero3"):
+        return
+    strategy, _, comm = name.rpartition("-")
+    if comm not in COMMS or not strategy:
+        raise SystemExit(f"shard-compare: unknown run {name!r}; expected fsdp2, fsdp2-pccl, deepspeed-zero3 or "
+                         f"STRATEGY-COMM with COMM one of {tuple(COMMS)}")
+    Strategy.parse(strategy)
+
+
+def batch(step: int, rank: int, args, vocab: int):
+    import torch
+
+    g = torch.Generator().manual_seed(1_000_003 * step + rank)
+    return torch.randint(0, vocab, (args.batch, args.seq + 1), generator=g)
+
+
+def worker(args: argparse.Namespace) -> dict:
+    """One run on this launch's ranks; rank 0 returns its row."""
+    import torch
+    import torch.nn.functional as F
+
+    import pccl.distributed
+    from pccl.runtime.rendezvous import mpi_world
+    from shard.models import GPT, GPTConfig
+
+    torch.set_num_threads(1)
+    world = mpi_world()
+    rank, p = world.rank, world.size
+    cfg = GPTConfig.preset(args.model, context=args.seq)
+    model = GPT(cfg, seed=0)
+    name, sent, exposed = args.worker, [0], None
+    if name.startswith("fsdp2"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        pccl.distributed.init_process_group("pccl" if name == "fsdp2-pccl" else "gloo")
+        count_fsdp2_bytes(sent, p)
+        mesh = init_device_mesh("cpu", (p,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+
+        def step(tokens):
+            loss = F.cross_entropy(model(tokens[:, :-1]).float().flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss.item()
+
+        def state():
+            full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+            return full if rank == 0 else None
+    elif name == "deepspeed-zero3":
+        raise RuntimeError("deepspeed-zero3 runs only where DeepSpeed imports (see the driver)")
+    else:
+        from shard import Engine
+        from shard.config import EngineConfig, OptimizerConfig
+
+        strategy, _, comm_name = name.rpartition("-")
+        comm = pccl.init(ranks_per_node=args.ranks_per_node, timeout=300)
+        engine = Engine(model, comm, EngineConfig(
+            strategy=strategy, algorithm=COMMS[comm_name], group_size=args.ranks_per_node or p,
+            optimizer=OptimizerConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)))
+
+        def step(tokens):
+            loss = F.cross_entropy(engine(tokens[:, :-1]).float().flatten(0, 1), tokens[:, 1:].flatten())
+            engine.backward(loss)
+            engine.step()
+            return loss.item()
+
+        def state():
+            return engine.full_state_dict()
+    warmup = args.warmup if args.warmup is not None else args.steps // 3
+    times, losses = [], []
+    for s in range(args.steps):
+        tokens = batch(s, rank, args, cfg.vocab)
+        world.Barrier()
+        start = time.perf_counter()
+        losses.append(world.allreduce(step(tokens)) / p)   # the global batch's mean loss
+        times.append(time.perf_counter() - start)
+        if s + 1 == warmup:
+            sent[0] = 0
+            if not name.startswith("fsdp2"):
+                engine.comm_report(reset=True)
+    timed = max(1, args.steps - warmup)
+    if not name.startswith("fsdp2"):
+        report = engine.comm_report()
+        exposed = report["exposed_s"] / timed
+        sent[0] = sum(report[s]["intra"] + report[s]["inter"] for s in ("forward", "backward", "update"))
+    final = state()
+    step_time = world.allreduce(statistics.median(times[warmup:] or times), op=max_op())
+    row = {"name": name, "ranks": p, "model": args.model, "params": cfg.num_params(),
+           "tokens_per_s": p * args.batch * args.seq / step_time, "step_time_s": step_time,
+           "exposed_comm_s": exposed, "sent_bytes_per_rank": world.allreduce(sent[0] / timed, op=max_op()),
+           "peak_mem_bytes": world.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                                             op=max_op()),
+           "losses": losses}
+    if rank == 0:
+        import torch
+
+        torch.save(final, Path(args.out) / f"{name}.pt")
+        return row
+    return {}
+
+
+def max_op():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def count_fsdp2_bytes(sent: list, p: int) -> None:
+    """FSDP2's collectives, counted as the bytes a ring sends per rank ((p-1)/p of the full
+    buffer): its calls go through torch.distributed's functions, wrapped here."""
+    import torch
+    import torch.distributed as dist
+
+    def counting(fn, rings: int):
+        """fn, counting `rings` passes over its largest tensor (the full buffer)."""
+        def call(*args, **kwargs):
+            tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+            sent[0] += rings * max(t.numel() * t.element_size() for t in tensors) * (p - 1) // p
+            return fn(*args, **kwargs)
+        return call
+
+    dist.all_gather_single = counting(dist.all_gather_single, 1)
+    dist.reduce_scatter_single = counting(dist.reduce_scatter_single, 1)
+    dist.all_reduce = counting(dist.all_reduce, 2)
+
+
+def launch(args: argparse.Namespace, name: str) -> dict:
+    """One run in its own mpiexec launch; its row, or a row saying why it did not run."""
+    from pccl.util.mpirun import launcher
+
+    if name == "deepspeed-zero3":
+        return {"name": name, "not_run": deepspeed_missing()}
+    cmd = [*launcher(), "-n", str(args.ranks), sys.executable, "-m", "shard.compare", f"--worker={name}",
+           f"--model={args.model}", f"--steps={args.steps}", f"--batch={args.batch}", f"--seq={args.seq}",
+           f"--out={args.out}"]
+    if args.warmup is not None:
+        cmd.append(f"--warmup={args.warmup}")
+    if args.ranks_per_node:
+        cmd.append(f"--ranks-per-node={args.ranks_per_node}")
+    run = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    rows = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    if run.returncode != 0 or not rows:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
+    return json.loads(rows[-1])
+
+
+def deepspeed_missing() -> str:
+    try:
+        import deepspeed  # noqa: F401
+    except Exception as e:   # noqa: BLE001 - the reason is the report
+        return f"DeepSpeed does not import here: {type(e).__name__}: {e}"
+    return "DeepSpeed imports, but shard-compare's DeepSpeed run is not written yet"
+
+
+def compared(rows: list[dict]) -> list[dict]:
+    """The rows with each run's largest relative loss difference from the first run's,
+    whether it diverged, and its speed-up (tokens/s over the reference's) unless it did."""
+    ran = [r for r in rows if "not_run" not in r]
+    if not ran:
+        return rows
+    reference = ran[0]
+    for r in ran:
+        gap = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], reference["losses"]))
+        r["loss_gap"] = gap
+        r["diverged"] = gap > LOSS_TOLERANCE or len(r["losses"]) != len(reference["losses"])
+        r["speedup"] = None if r["diverged"] else r["tokens_per_s"] / reference["tokens_per_s"]
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    reference = next((r["name"] for r in rows if "not_run" not in r), "-")
+    lines = [f"| run | tokens/s | step s | speed-up vs {reference} | waited for comm s | sent MB/rank | "
+             f"peak MB | loss first -> last | loss gap |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "not_run" in r:
+            lines.append(f"| {r['name']} | not run: {r['not_run']} |  |  |  |  |  |  |  |")
+            continue
+        speedup = "diverged: none reported" if r["diverged"] else f"{r['speedup']:.2f}x"
+        exposed = "-" if r["exposed_comm_s"] is None else f"{r['exposed_comm_s']:.4f}"
+        lines.append(f"| {r['name']} | {r['tokens_per_s']:.0f} | {r['step_time_s']:.4f} | {speedup} | {exposed} | "
+                     f"{r['sent_bytes_per_rank'] / 1e6:.2f} | {r['peak_mem_bytes'] / 2**20:.0f} | "
+                     f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} | {r['loss_gap']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = [r for r in rows if "not_run" not in r]
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.5))
+    drawn = bars.bar([r["name"] for r in ran], [r["tokens_per_s"] for r in ran], color="#4878d0")
+    for bar, r in zip(drawn, ran):
+        bars.annotate("diverged" if r["diverged"] else f"{r['speedup']:.2f}x",
+                      (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
+    bars.set_ylabel("tokens/s")
+    bars.set_title(f"speed-up over {ran[0]['name']} on each bar" if ran else "no run")
+    bars.tick_params(axis="x", rotation=30)
+    for r in ran:
+        curves.plot(range(1, len(r["losses"]) + 1), r["losses"], label=r["name"])
+    curves.set_xlabel("step")
+    curves.set_ylabel("loss")
+    curves.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    if args.worker:
+        row = worker(args)
+        if row:
+            print(json.dumps(row), flush=True)
+        return
+    names = [n for n in args.runs.split(",") if n]
+    for name in names:
+        check_run(name)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in names:
+        rows.append(launch(args, name))
+        print(f"{name}: " + (f"not run ({rows[-1]['not_run']})" if "not_run" in rows[-1] else
+                             f"{rows[-1]['tokens_per_s']:.0f} tokens/s"), flush=True)
+    rows = compared(rows)
+    (out / "compare.json").write_text(json.dumps({"runs": rows}, indent=1))
+    (out / "compare.md").write_text(markdown(rows))
+    plot(rows, out / "compare.png")
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""shard-compare: every run of the minimal invocation, FSDP2 against the engine's zero3 (the
+same math: the same parameters after 3 steps), the refusal to report a speed-up for a
+diverged run, and the output files."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from shard.compare import check_run, compared, markdown
+from tests.support.mpirun import ROOT, job_env
+
+
+@pytest.mark.mpi
+def test_the_minimal_invocation_reports_every_run_and_fsdp2_equals_zero3(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "shard.compare", "--ranks", "2", "--steps", "3", "--model", "tiny",
+                          "--runs", "fsdp2,zero3-native,zero3-pccl,deepspeed-zero3", "--out", str(tmp_path)],
+                         env=job_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads((tmp_path / "compare.json").read_text())["runs"]}
+    assert list(rows) == ["fsdp2", "zero3-native", "zero3-pccl", "deepspeed-zero3"]
+    assert "not_run" in rows["deepspeed-zero3"]
+    for name in ("fsdp2", "zero3-native", "zero3-pccl"):
+        r = rows[name]
+        for key in ("tokens_per_s", "step_time_s", "sent_bytes_per_rank", "peak_mem_bytes"):
+            assert r[key] > 0, (name, key, r[key])
+        assert len(r["losses"]) == 3 and not r["diverged"] and r["speedup"] > 0
+    assert rows["fsdp2"]["exposed_comm_s"] is None and rows["zero3-native"]["exposed_comm_s"] >= 0
+    # ZeRO-3 sends each parameter twice gathered and once reduce-scattered a step, (p-1)/p of
+    # it on 2 ranks: both tools count about the same bytes (FSDP2 pads differently).
+    assert rows["zero3-native"]["sent_bytes_per_rank"] == pytest.approx(rows["fsdp2"]["sent_bytes_per_rank"],
+                                                                        rel=0.05)
+    fsdp2, zero3 = torch.load(tmp_path / "fsdp2.pt"), torch.load(tmp_path / "zero3-native.pt")
+    assert fsdp2.keys() == zero3.keys()
+    for k in fsdp2:
+        assert torch.allclose(fsdp2[k], zero3[k], rtol=1e-5, atol=1e-6), k
+    assert (tmp_path / "compare.md").read_text().count("\n") == 2 + 4
+    assert (tmp_path / "compare.png").stat().st_size > 0
+
+
+def row(name, losses, tokens):
+    return {"name": name, "losses": losses, "tokens_per_s": tokens, "step_time_s": 1.0, "exposed_comm_s": None,
+            "sent_bytes_per_rank": 1, "peak_mem_bytes": 1}
+
+
+def test_a_run_whose_losses_diverge_gets_no_speedup():
+    rows = compared([row("fsdp2", [5.0, 4.0], 100.0), row("zero3-pccl", [5.0, 4.00001], 150.0),
+                     row("zero3-ring", [5.0, 4.1], 300.0), {"name": "deepspeed-zero3", "not_run": "no DeepSpeed"}])
+    assert rows[1]["speedup"] == pytest.approx(1.5) and not rows[1]["diverged"]
+    assert rows[2]["diverged"] and rows[2]["speedup"] is None
+    table = markdown(rows)
+    assert "diverged: none reported" in table and "3.00x" not in table and "not run: no DeepSpeed" in table
+
+
+def test_unknown_runs_are_refused_before_anything_launches():
+    for name in ("fsdp3", "zero3-gloo", "zero9-native"):
+        with pytest.raises((SystemExit, ValueError)):
+            check_run(name)
+    check_run("paro-iig-hierarchical")
