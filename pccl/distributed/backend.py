@@ -273,6 +273,18 @@ class ProcessGroupPccl(dist.ProcessGroup):
     def group_desc(self) -> str:
         return self._group_desc
 
+    def shutdown(self) -> None:
+        """What dist.destroy_process_group calls: pccl's worker threads end and the companion
+        backends shut down now, in order, not whenever the interpreter's exit collects them
+        (a gloo backend torn down that late can abort the process). The torch groups made
+        for pccl are torch's to destroy."""
+        for comm in {id(c): c for c in self._comms.values()}.values():
+            comm.close(groups=False)
+        self._comms.clear()
+        for backend in self._companions.values():
+            backend.shutdown()
+        self._companions.clear()
+
     def __repr__(self) -> str:
         return f"ProcessGroupPccl(rank={self.rank()}, size={self.size()}, transport={self.transport})"
 

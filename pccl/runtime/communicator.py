@@ -292,16 +292,17 @@ class Communicator:
         """Whether any of its transports (its own or a plan level's) is NCCL."""
         return any("nccl" in t for t in (self.backend, *self.level_transports.values()))
 
-    def close(self) -> None:
+    def close(self, groups: bool = True) -> None:
         """Finish queued work and free what this communicator made: its worker thread, its
-        plan levels, and the torch group it owns (an NCCL communicator holds GPU memory
-        and a connection to every peer until destroyed). Every member calls it."""
+        plan levels, and (groups) the torch group it owns (an NCCL communicator holds GPU
+        memory and a connection to every peer until destroyed; groups=False while torch
+        is destroying every group itself). Every member calls it."""
         self._queue.close()
         if self._plans is not None:
             for level in self._plans.levels.values():
-                level.close()
+                level.close(groups)
             self._plans = None
-        if self._owns_group and dist.is_initialized():
+        if groups and self._owns_group and dist.is_initialized():
             dist.destroy_process_group(self.group)
         self._owns_group = False
 
