@@ -98,5 +98,11 @@ train: build
 bench: build
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/pccl-bench -b 4K -e 4M -f 16 -n 10 -w 3
 
+# Optional: DeepSpeed, for shard-compare's deepspeed-zero3 run (its CPU accelerator on
+# gloo; no compiled ops). Not part of build: the tests do not need it.
+.PHONY: deepspeed
+deepspeed: build
+	DS_BUILD_OPS=0 $(PY) -m pip install -q "deepspeed==0.19.8"
+
 clean:
 	rm -rf build $(VENV)

@@ -8,8 +8,8 @@ same steps, one mpiexec launch per run:
 
 - `fsdp2`: PyTorch's `fully_shard` per transformer block and root, on gloo;
 - `fsdp2-pccl`: the same on the pccl torch.distributed backend (docs/distributed.md);
-- `deepspeed-zero3`: DeepSpeed's ZeRO stage 3 (reported as not run where DeepSpeed cannot
-  be imported, with the reason);
+- `deepspeed-zero3`: DeepSpeed's ZeRO stage 3 with the same AdamW as its client optimizer,
+  on gloo (reported as not run, with the reason, where DeepSpeed does not import);
 - `STRATEGY-COMM`: the shard engine with a strategy (zero3, paro-iig, mics, ddp, ...) and
   its collectives on `native` (MPI's own), `pccl` (auto), `hierarchical` or `ho_ring`.
 
@@ -112,7 +112,28 @@ def worker(args: argparse.Namespace) -> dict:
             full = {k: v.full_tensor() for k, v in model.state_dict().items()}
             return full if rank == 0 else None
     elif name == "deepspeed-zero3":
-        raise RuntimeError("deepspeed-zero3 runs only where DeepSpeed imports (see the driver)")
+        os.environ.setdefault("LOCAL_RANK", str(rank % (args.ranks_per_node or p)))   # DeepSpeed asks for it
+        pccl.distributed.init_process_group("gloo")
+        count_fsdp2_bytes(sent, p)   # before DeepSpeed takes its references to torch's functions
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
+        client = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=client, config={
+            "train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True,
+            "steps_per_print": 1 << 30})
+
+        def step(tokens):
+            loss = F.cross_entropy(engine(tokens[:, :-1]).float().flatten(0, 1), tokens[:, 1:].flatten())
+            engine.backward(loss)
+            engine.step()
+            return loss.item()
+
+        def state():
+            with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+                full = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+            return full if rank == 0 else None
     else:
         from shard import Engine
         from shard.config import EngineConfig, OptimizerConfig
@@ -131,6 +152,7 @@ def worker(args: argparse.Namespace) -> dict:
 
         def state():
             return engine.full_state_dict()
+    shard_run = not name.startswith(("fsdp2", "deepspeed"))
     warmup = args.warmup if args.warmup is not None else args.steps // 3
     times, losses = [], []
     for s in range(args.steps):
@@ -141,10 +163,10 @@ def worker(args: argparse.Namespace) -> dict:
         times.append(time.perf_counter() - start)
         if s + 1 == warmup:
             sent[0] = 0
-            if not name.startswith("fsdp2"):
+            if shard_run:
                 engine.comm_report(reset=True)
     timed = max(1, args.steps - warmup)
-    if not name.startswith("fsdp2"):
+    if shard_run:
         report = engine.comm_report()
         exposed = report["exposed_s"] / timed
         sent[0] = sum(report[s]["intra"] + report[s]["inter"] for s in ("forward", "backward", "update"))
@@ -171,8 +193,9 @@ def max_op():
 
 
 def count_fsdp2_bytes(sent: list, p: int) -> None:
-    """FSDP2's collectives, counted as the bytes a ring sends per rank ((p-1)/p of the full
-    buffer): its calls go through torch.distributed's functions, wrapped here."""
+    """FSDP2's (and DeepSpeed's) collectives, counted as the bytes a ring sends per rank
+    ((p-1)/p of the full buffer): their calls go through torch.distributed's functions,
+    wrapped here."""
     import torch
     import torch.distributed as dist
 
@@ -184,16 +207,16 @@ def count_fsdp2_bytes(sent: list, p: int) -> None:
             return fn(*args, **kwargs)
         return call
 
-    dist.all_gather_single = counting(dist.all_gather_single, 1)
-    dist.reduce_scatter_single = counting(dist.reduce_scatter_single, 1)
-    dist.all_reduce = counting(dist.all_reduce, 2)
+    for name, rings in (("all_gather_single", 1), ("all_gather_into_tensor", 1), ("reduce_scatter_single", 1),
+                        ("reduce_scatter_tensor", 1), ("all_reduce", 2)):
+        setattr(dist, name, counting(getattr(dist, name), rings))
 
 
 def launch(args: argparse.Namespace, name: str) -> dict:
     """One run in its own mpiexec launch; its row, or a row saying why it did not run."""
     from pccl.util.mpirun import launcher
 
-    if name == "deepspeed-zero3":
+    if name == "deepspeed-zero3" and deepspeed_missing():
         return {"name": name, "not_run": deepspeed_missing()}
     cmd = [*launcher(), "-n", str(args.ranks), sys.executable, "-m", "shard.compare", f"--worker={name}",
            f"--model={args.model}", f"--steps={args.steps}", f"--batch={args.batch}", f"--seq={args.seq}",
@@ -210,11 +233,12 @@ def launch(args: argparse.Namespace, name: str) -> dict:
 
 
 def deepspeed_missing() -> str:
+    """Why DeepSpeed cannot run here ("" when it can)."""
     try:
         import deepspeed  # noqa: F401
     except Exception as e:   # noqa: BLE001 - the reason is the report
         return f"DeepSpeed does not import here: {type(e).__name__}: {e}"
-    return "DeepSpeed imports, but shard-compare's DeepSpeed run is not written yet"
+    return ""
 
 
 def compared(rows: list[dict]) -> list[dict]:

@@ -22,7 +22,8 @@ def test_the_minimal_invocation_reports_every_run_and_fsdp2_equals_zero3(tmp_pat
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads((tmp_path / "compare.json").read_text())["runs"]}
     assert list(rows) == ["fsdp2", "zero3-native", "zero3-pccl", "deepspeed-zero3"]
-    assert "not_run" in rows["deepspeed-zero3"]
+    deepspeed = rows["deepspeed-zero3"]   # runs where DeepSpeed is installed (make deepspeed)
+    assert "DeepSpeed does not import" in deepspeed["not_run"] if "not_run" in deepspeed else not deepspeed["diverged"]
     for name in ("fsdp2", "zero3-native", "zero3-pccl"):
         r = rows[name]
         for key in ("tokens_per_s", "step_time_s", "sent_bytes_per_rank", "peak_mem_bytes"):
