@@ -13,6 +13,8 @@ same steps, one mpiexec launch per run:
 - `STRATEGY-COMM`: the shard engine with a strategy (zero3, paro-iig, mics, ddp, ...) and
   its collectives on `native` (MPI's own), `pccl` (auto), `hierarchical` or `ho_ring`.
 
+`--nodes 2x2 --rate 200mbit` runs every launch on emulated nodes (launch/emulate).
+
 Each run reports tokens/s (the median step after warm-up), step time, the communication
 the loop waited for (the engine's ledger; null for FSDP2), bytes sent per rank, peak
 memory (the largest resident set over ranks) and the loss of every step. The first run is
@@ -44,6 +46,10 @@ def parse(argv=None) -> argparse.Namespace:
                     help="comma-separated: fsdp2, fsdp2-pccl, deepspeed-zero3, STRATEGY-COMM")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--ranks-per-node", type=int, default=None, help="emulated nodes of consecutive ranks")
+    ap.add_argument("--nodes", type=nodes, default=None, metavar="NxM",
+                    help="N emulated nodes of M ranks (launch/emulate: network namespaces, links at --rate); "
+                         "sets --ranks and --ranks-per-node")
+    ap.add_argument("--rate", default="1gbit", help="with --nodes: each node's link, each direction (tc units)")
     ap.add_argument("--model", default="tiny", help="a preset of shard.models")
     ap.add_argument("--steps", type=int, default=10, help="steps, warm-up included")
     ap.add_argument("--warmup", type=int, default=None, help="steps left out of the timing (default: a third)")
@@ -52,6 +58,17 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="compare-results")
     ap.add_argument("--worker", help=argparse.SUPPRESS)   # the run, inside its mpiexec launch
     return ap.parse_args(argv)
+
+
+def nodes(text: str) -> tuple[int, int]:
+    """"2x4" -> (2, 4)."""
+    try:
+        n, m = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NxM (nodes x ranks per node), got {text!r}") from None
+    if n < 1 or m < 1:
+        raise argparse.ArgumentTypeError(f"nodes and ranks per node must be >= 1, got {text!r}")
+    return n, m
 
 
 def check_run(name: str) -> None:
@@ -212,19 +229,33 @@ def count_fsdp2_bytes(sent: list, p: int) -> None:
         setattr(dist, name, counting(getattr(dist, name), rings))
 
 
-def launch(args: argparse.Namespace, name: str) -> dict:
-    """One run in its own mpiexec launch; its row, or a row saying why it did not run."""
+EMULATE = Path(__file__).resolve().parents[1] / "launch" / "emulate" / "run.py"
+
+
+def launch_command(args: argparse.Namespace, name: str) -> list[str]:
+    """The command of one run: mpiexec on this machine, or launch/emulate/run.py's
+    emulated nodes (network namespaces, shaped links) with --nodes."""
     from pccl.util.mpirun import launcher
 
+    worker = [sys.executable, "-m", "shard.compare", f"--worker={name}", f"--model={args.model}",
+              f"--steps={args.steps}", f"--batch={args.batch}", f"--seq={args.seq}", f"--out={args.out}"]
+    if args.warmup is not None:
+        worker.append(f"--warmup={args.warmup}")
+    if args.ranks_per_node:
+        worker.append(f"--ranks-per-node={args.ranks_per_node}")
+    if not args.nodes:
+        return [*launcher(), "-n", str(args.ranks), *worker]
+    if not EMULATE.exists():
+        raise SystemExit(f"shard-compare: --nodes needs the repository's {EMULATE.relative_to(EMULATE.parents[2])}")
+    return [sys.executable, str(EMULATE), "--nodes", str(args.nodes[0]), "--ranks-per-node", str(args.nodes[1]),
+            "--rate", args.rate, "--", *worker]
+
+
+def launch(args: argparse.Namespace, name: str) -> dict:
+    """One run in its own launch; its row, or a row saying why it did not run."""
     if name == "deepspeed-zero3" and deepspeed_missing():
         return {"name": name, "not_run": deepspeed_missing()}
-    cmd = [*launcher(), "-n", str(args.ranks), sys.executable, "-m", "shard.compare", f"--worker={name}",
-           f"--model={args.model}", f"--steps={args.steps}", f"--batch={args.batch}", f"--seq={args.seq}",
-           f"--out={args.out}"]
-    if args.warmup is not None:
-        cmd.append(f"--warmup={args.warmup}")
-    if args.ranks_per_node:
-        cmd.append(f"--ranks-per-node={args.ranks_per_node}")
+    cmd = launch_command(args, name)
     run = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     rows = [line for line in run.stdout.splitlines() if line.startswith("{")]
     if run.returncode != 0 or not rows:
@@ -304,6 +335,8 @@ def main(argv=None) -> None:
         if row:
             print(json.dumps(row), flush=True)
         return
+    if args.nodes:
+        args.ranks, args.ranks_per_node = args.nodes[0] * args.nodes[1], args.nodes[1]
     names = [n for n in args.runs.split(",") if n]
     for name in names:
         check_run(name)

@@ -61,3 +61,17 @@ def test_unknown_runs_are_refused_before_anything_launches():
         with pytest.raises((SystemExit, ValueError)):
             check_run(name)
     check_run("paro-iig-hierarchical")
+
+
+def test_emulated_nodes_launch_through_launch_emulate():
+    from shard.compare import EMULATE, launch_command, parse
+
+    args = parse(["--nodes", "2x4", "--rate", "1gbit", "--steps", "3"])
+    args.ranks, args.ranks_per_node = 8, 4   # as main() sets them
+    cmd = launch_command(args, "zero3-pccl")
+    assert cmd[1:8] == [str(EMULATE), "--nodes", "2", "--ranks-per-node", "4", "--rate", "1gbit"]
+    assert cmd[8] == "--" and "--worker=zero3-pccl" in cmd and "--ranks-per-node=4" in cmd
+    local = launch_command(parse(["--ranks", "3"]), "fsdp2")
+    assert local[local.index("-n") + 1] == "3" and str(EMULATE) not in local
+    with pytest.raises(SystemExit):
+        parse(["--nodes", "2by4"])
