@@ -94,7 +94,6 @@ def batch(step: int, rank: int, args, vocab: int):
 def worker(args: argparse.Namespace) -> dict:
     """One run on this launch's ranks; rank 0 returns its row."""
     import torch
-    import torch.nn.functional as F
 
     import pccl.distributed
     from pccl.runtime.rendezvous import mpi_world
@@ -111,7 +110,7 @@ def worker(args: argparse.Namespace) -> dict:
         from torch.distributed.fsdp import fully_shard
 
         pccl.distributed.init_process_group("pccl" if name == "fsdp2-pccl" else "gloo")
-        count_fsdp2_bytes(sent, p)
+        count_torch_collectives(sent, p)
         mesh = init_device_mesh("cpu", (p,))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
@@ -119,7 +118,7 @@ def worker(args: argparse.Namespace) -> dict:
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
 
         def step(tokens):
-            loss = F.cross_entropy(model(tokens[:, :-1]).float().flatten(0, 1), tokens[:, 1:].flatten())
+            loss = next_token_loss(model, tokens)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
@@ -131,7 +130,7 @@ def worker(args: argparse.Namespace) -> dict:
     elif name == "deepspeed-zero3":
         os.environ.setdefault("LOCAL_RANK", str(rank % (args.ranks_per_node or p)))   # DeepSpeed asks for it
         pccl.distributed.init_process_group("gloo")
-        count_fsdp2_bytes(sent, p)   # before DeepSpeed takes its references to torch's functions
+        count_torch_collectives(sent, p)   # before DeepSpeed takes its references to torch's functions
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo")
@@ -141,11 +140,7 @@ def worker(args: argparse.Namespace) -> dict:
             "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True,
             "steps_per_print": 1 << 30})
 
-        def step(tokens):
-            loss = F.cross_entropy(engine(tokens[:, :-1]).float().flatten(0, 1), tokens[:, 1:].flatten())
-            engine.backward(loss)
-            engine.step()
-            return loss.item()
+        step = engine_step(engine)
 
         def state():
             with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
@@ -161,11 +156,7 @@ def worker(args: argparse.Namespace) -> dict:
             strategy=strategy, algorithm=COMMS[comm_name], group_size=args.ranks_per_node or p,
             optimizer=OptimizerConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)))
 
-        def step(tokens):
-            loss = F.cross_entropy(engine(tokens[:, :-1]).float().flatten(0, 1), tokens[:, 1:].flatten())
-            engine.backward(loss)
-            engine.step()
-            return loss.item()
+        step = engine_step(engine)
 
         def state():
             return engine.full_state_dict()
@@ -203,13 +194,30 @@ def worker(args: argparse.Namespace) -> dict:
     return {}
 
 
+def next_token_loss(model, tokens):
+    import torch.nn.functional as F
+
+    return F.cross_entropy(model(tokens[:, :-1]).float().flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def engine_step(engine):
+    """One training step on an engine that takes backward(loss) and step() (DeepSpeed's and
+    shard's alike); it returns this rank's loss."""
+    def step(tokens) -> float:
+        loss = next_token_loss(engine, tokens)
+        engine.backward(loss)
+        engine.step()
+        return loss.item()
+    return step
+
+
 def max_op():
     from mpi4py import MPI
 
     return MPI.MAX
 
 
-def count_fsdp2_bytes(sent: list, p: int) -> None:
+def count_torch_collectives(sent: list, p: int) -> None:
     """FSDP2's (and DeepSpeed's) collectives, counted as the bytes a ring sends per rank
     ((p-1)/p of the full buffer): their calls go through torch.distributed's functions,
     wrapped here."""
