@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -98,6 +97,7 @@ def worker(args: argparse.Namespace) -> dict:
     import pccl.distributed
     from pccl.runtime.rendezvous import mpi_world
     from shard.models import GPT, GPTConfig
+    from shard.train import peak_rss_bytes
 
     torch.set_num_threads(1)
     world = mpi_world()
@@ -183,8 +183,7 @@ def worker(args: argparse.Namespace) -> dict:
     row = {"name": name, "ranks": p, "model": args.model, "params": cfg.num_params(),
            "tokens_per_s": p * args.batch * args.seq / step_time, "step_time_s": step_time,
            "exposed_comm_s": exposed, "sent_bytes_per_rank": world.allreduce(sent[0] / timed, op=max_op()),
-           "peak_mem_bytes": world.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                                             op=max_op()),
+           "peak_mem_bytes": world.allreduce(peak_rss_bytes(), op=max_op()),
            "losses": losses}
     if rank == 0:
         import torch

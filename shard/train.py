@@ -164,7 +164,7 @@ def global_batch(tokens: Optional[int], accumulation: int, world: int, micro_bat
     return tokens, tokens // per_micro
 
 
-def _peak_rss_bytes() -> int:
+def peak_rss_bytes() -> int:
     """This process's peak resident set: Linux's VmHWM (which _reset_peak_memory resets),
     elsewhere ru_maxrss (the peak since the process started)."""
     try:
@@ -183,7 +183,7 @@ def _peak_memory_gb(device: torch.device) -> float:
     mapped data pages it touched)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2 ** 30
-    return _peak_rss_bytes() / 2 ** 30
+    return peak_rss_bytes() / 2 ** 30
 
 
 def _reset_peak_memory(device: torch.device) -> None:
