@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
@@ -32,6 +33,7 @@ from .lanes import STAGES, Handle, Lane, Ledger, shared_queue
 from .layout import Layout
 from .sharded_unit import ShardedUnit
 from .strategy import Scope, Strategy
+from .trace import StepTrace
 from .units import split_units
 
 REPLICATED = Strategy(Scope.N, Scope.N, Scope.N)
@@ -140,6 +142,7 @@ class Engine:
         self._micro_batches = 0
         self._warned_order = False
         self.gather_stats = {"needed": 0, "prefetched": 0}   # sharded units at the moment they ran
+        self._trace: Optional[StepTrace] = None
         self.steps = 0
         self.skipped_steps = 0
         for u in self.units:
@@ -225,6 +228,7 @@ class Engine:
             args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
         if self.root is not None:
             self.root.ensure_gathered(self.gathers, "forward")
+            self._mark("forward", self.root)
         out = self.model(*args, **kwargs)
         if self.root is not None and not torch.is_grad_enabled():
             self.root.release()
@@ -235,6 +239,7 @@ class Engine:
             self._forward_order.append(u)
         self._count_gather(u, u.ensure_gathered(self.gathers, "forward"))
         self._prefetch(self._forward_order, u, "forward")
+        self._mark("forward", u)
 
     def _after_forward(self, u: ShardedUnit, module, args, output) -> None:
         if torch.is_grad_enabled():
@@ -268,6 +273,8 @@ class Engine:
             raise ValueError("backward() needs a scalar loss tensor that requires grad, got "
                              f"{type(loss).__name__} {tuple(loss.shape) if torch.is_tensor(loss) else ''}")
         self._this_backward = []
+        if self.root is not None:
+            self._mark("backward", self.root)
         (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
         # Units whose gradients did not all arrive (unused parameters) and the root unit
         # reduce now, in unit order, so every rank issues the same collectives.
@@ -290,6 +297,7 @@ class Engine:
         u.pending = u.trainable
         self._count_gather(u, u.ensure_gathered(self.gathers, "backward"))
         self._prefetch(self._backward_order, u, "backward")
+        self._mark("backward", u)
         return None
 
     def _gradient_ready(self, u: ShardedUnit, param) -> None:
@@ -330,6 +338,7 @@ class Engine:
         clip = self.config.optimizer.grad_clip
         if clip is not None and norm > clip:
             grad.mul_(clip / (norm + 1e-6))   # torch.nn.utils.clip_grad_norm_'s factor
+        self._mark("update", None)
         self.optimizer.step(grad, self.lr)
         self._refresh("update")
         self.steps += 1
@@ -347,8 +356,27 @@ class Engine:
                 squares.add_(grad[a:b].double().square().sum() / self.layout.replicas(u.strategy.os))
             self.reductions.all_reduce(None, squares.view(1), Scope.N)
         self.reductions.submit(task, grad, squares).wait()
+        if squares.is_meta:   # a dry run (predict.py) has no values to clip by
+            return 0.0
         total = squares.item()
         return math.sqrt(total) if math.isfinite(total) else float("nan")
+
+    # Tracing.
+
+    @contextmanager
+    def traced(self):
+        """Record what the engine does inside the block (shard/trace.py): its computations,
+        lane tasks with their collectives, and waits, in program order."""
+        trace = StepTrace()
+        self._trace = self.gathers.trace = self.reductions.trace = trace
+        try:
+            yield trace
+        finally:
+            self._trace = self.gathers.trace = self.reductions.trace = None
+
+    def _mark(self, kind: str, u: Optional[ShardedUnit]) -> None:
+        if self._trace is not None:
+            self._trace.compute(kind, None if u is None else u.name)
 
     # Reports.
 

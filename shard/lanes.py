@@ -23,6 +23,7 @@ from pccl.runtime.work import SerialQueue, Work
 
 from .layout import Layout
 from .strategy import Scope
+from .trace import Call, StepTrace
 
 STAGES = ("forward", "backward", "update")
 
@@ -73,13 +74,17 @@ class Handle:
     None: it already is), orders the caller's GPU stream after it without blocking the
     CPU, and counts the time spent waiting as exposed communication."""
 
-    def __init__(self, work: Optional[Work], side: Optional[SideStream], done: list, ledger: Ledger):
+    def __init__(self, work: Optional[Work], side: Optional[SideStream], done: list, ledger: Ledger,
+                 traced: Optional[tuple[StepTrace, int]] = None):
         self._work, self._side, self._done, self._ledger = work, side, done, ledger
+        self._traced = traced
         self._waited = False
 
     def wait(self) -> None:
         if self._waited:
             return
+        if self._traced is not None:
+            self._traced[0].wait(self._traced[1])
         start = time.perf_counter()
         if self._work is not None:
             self._work.wait()
@@ -113,6 +118,8 @@ class Lane:
                 mine = next(g for g in groups if layout.rank in g)
                 self.comms[level] = (comm.split(groups), mine)
         self.log: list | None = None   # when a list: (level, collective, numel, dtype, algorithm) of each call
+        self.trace: Optional[StepTrace] = None   # when set: the step's events (shard/trace.py)
+        self._running = threading.local()        # .task: the traced task this thread runs now
         self._queue = queue or SerialQueue(f"shard-{name}")
         self._side = SideStream(torch.cuda.Stream(device)) if device.type == "cuda" else None
         self.inline = self._side is not None and all(c.queues_on_device("cuda") for c, _ in self.comms.values())
@@ -122,21 +129,24 @@ class Lane:
         stream, ordered after the caller's stream as it is now. `buffers`: the tensors `fn`
         reads or writes that it did not allocate itself; on GPUs each stays allocated until
         the lane's stream is done with it (pccl.executors.streams)."""
-        side, done = self._side, []
+        side, done, trace = self._side, [], self.trace
         ready = side.mark() if side is not None else None
+        traced = (trace, trace.submit(self.name)) if trace is not None else None
 
         def task() -> None:
             start = time.perf_counter()
+            self._running.task = traced[1] if traced else None
             if side is None:
                 fn()
             else:
                 done.append(side.run(fn, ready, buffers))
+            self._running.task = None
             self.ledger.add_busy(self.name, time.perf_counter() - start)
 
         if self.inline:
             task()
-            return Handle(None, side, done, self.ledger)
-        return Handle(self._queue.run(task, async_op=True), side, done, self.ledger)
+            return Handle(None, side, done, self.ledger, traced)
+        return Handle(self._queue.run(task, async_op=True), side, done, self.ledger, traced)
 
     def close(self) -> None:
         """Finish the queued tasks and free the lane's communicators (every rank calls it)."""
@@ -157,6 +167,9 @@ class Lane:
             self.ledger.record(stage, comm, members, collective, algorithm, full.numel(), full.element_size())
             if self.log is not None:
                 self.log.append((level, collective, full.numel(), full.dtype, algorithm))
+        if self.trace is not None and comm.size > 1:
+            call = Call(level, collective, full.numel() * full.element_size(), algorithm, comm)
+            self.trace.call(getattr(self._running, "task", None), call)
         getattr(comm, collective)(*args, algorithm=algorithm)
 
     def _levels(self, coarse: Scope, fine: Scope) -> list[str]:

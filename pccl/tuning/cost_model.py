@@ -92,8 +92,22 @@ def evaluated_ranks(topology: Topology, every_node: bool = False) -> tuple[int, 
     return tuple(r for node in nodes for r in topology.nodes[node])
 
 
-def group_size(topology: Topology, level: str) -> int:
+Level = Union[str, tuple]   # "world", "intra", "inter", or a partition: a tuple of groups of ranks
+
+
+def group_size(topology: Topology, level: Level) -> int:
+    if isinstance(level, tuple):
+        return len(level[0])
     return {"world": topology.size, "inter": topology.num_nodes}.get(level, len(topology.nodes[0]))
+
+
+def level_members(topology: Topology, level: Level, rank: int) -> tuple[int, ...]:
+    """The ranks of `rank`'s group on `level`, in their group order."""
+    if level == "world":
+        return tuple(range(topology.size))
+    if isinstance(level, tuple):
+        return next(g for g in level if rank in g)
+    return topology.level_ranks(level, rank)
 
 
 @lru_cache(maxsize=64)
@@ -105,10 +119,11 @@ def places(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
     return node, nic
 
 
-def group_counts(collective: str, algorithm: str, topology: Topology, level: str,
+def group_counts(collective: str, algorithm: str, topology: Topology, level: Level,
                  scale: float, natives: tuple) -> StepCounts:
     """Counts of a flat collective run by every group of `level` at once ("world": one
-    group of all ranks); `scale` converts the group schedule's blocks into caller blocks.
+    group of all ranks; a partition: any equal-sized groups, every rank evaluated, as no
+    symmetry is assumed); `scale` converts the group schedule's blocks into caller blocks.
     "native" is opaque: it is counted as the schedule `natives` names for the collective
     (the profile's native algorithms), else as the ring."""
     native = algorithm == "native"
@@ -116,11 +131,11 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: str
         algorithm = dict(natives).get(collective, "ring")
     size = group_size(topology, level)
     folded = size & (size - 1) and algorithm not in ROTATION_SYMMETRIC
-    ranks = evaluated_ranks(topology, every_node=bool(folded))
+    ranks = evaluated_ranks(topology, every_node=bool(folded) or isinstance(level, tuple))
     node, nic = places(topology)
     rows = []
     for r in ranks:
-        members = np.arange(topology.size) if level == "world" else np.array(topology.level_ranks(level, r))
+        members = np.array(level_members(topology, level, r))
         ops = schedule(collective, algorithm, len(members), int(np.flatnonzero(members == r)[0])).ops
         rows.append((ops, members))
     steps = max((int(ops[:, 0].max()) + 1 if len(ops) else 0) for ops, _ in rows)
@@ -227,3 +242,25 @@ def predict(collective: str, algorithm, topology: Topology, profile: Profile, nb
     for part in parts(collective, algorithm, topology, profile.native_algorithms):
         total = total + part_seconds(part, profile, block_bytes)
     return total if np.ndim(nbytes) else float(total[0])
+
+
+def predict_groups(collective: str, algorithm: str, topology: Topology, groups: tuple, profile: Profile, nbytes):
+    """Predicted seconds of a flat `collective` (an algorithm name or "native") run at once
+    by every group of `groups`, a partition of `topology`'s ranks into equal-sized groups
+    (tuples of ranks in group order), each on its own buffer of `nbytes`: the groups share
+    the nodes' NICs as they do when a sharded engine's inter-group communicators all run
+    together."""
+    sizes = np.atleast_1d(np.asarray(nbytes, dtype=np.float64))
+    if (sizes < 0).any():
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    if sorted(r for g in groups for r in g) != list(range(topology.size)) or len({len(g) for g in groups}) != 1:
+        raise ValueError(f"groups must be equal-sized and hold each rank 0..{topology.size - 1} once")
+    counts = _partition_counts(collective, algorithm, topology, groups, profile.native_algorithms)
+    total = counts.seconds(profile, sizes / len(groups[0]))
+    return total if np.ndim(nbytes) else float(total[0])
+
+
+@lru_cache(maxsize=64)
+def _partition_counts(collective: str, algorithm: str, topology: Topology, groups: tuple,
+                      natives: tuple) -> StepCounts:
+    return group_counts(collective, algorithm, topology, groups, 1.0, natives)

@@ -1,0 +1,189 @@
+"""The engine's step time at any scale, predicted from the engine itself.
+
+1. Trace: the engine trains one step of the real model on the meta device (no memory, no
+   values) over a dry-run communicator of the target world (pccl/runtime/dry_run.py), so
+   its actual sequence of collectives (sizes, levels, algorithms as its tuner resolves
+   them), its lane tasks, its prefetches and the points where it waits are recorded
+   (shard/trace.py). A first step runs untraced, as in training: backward prefetch follows
+   the order the previous backward took.
+2. Cost: each collective's time from the cost model on the machine profile (every group of
+   a split running at once, sharing the nodes' NICs); each unit's forward and backward time
+   from its FLOPs, counted by torch's FlopCounterMode on the meta device, over a compute
+   rate (peak x an assumed compute efficiency, or a rate measured on this machine); the
+   optimizer's time from its elements (a measured or a bandwidth-bound cost per element).
+3. Replay: the loop runs its computations one after another; a task starts when submitted
+   or when its lane is free, and lasts as long as its collectives; a wait stalls the loop
+   until the task is done (exposed communication). The step ends when the loop and both
+   lanes are done.
+
+Assumed, and said where results are printed: the two lanes' collectives do not slow each
+other down (they share links in reality), nor compute (on GPUs they do a little; on this
+machine's oversubscribed cores they do); compute runs at one rate for every unit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Optional
+
+import torch
+
+from pccl.core.topology import Topology
+from pccl.runtime.dry_run import DryRunCommunicator
+from pccl.tuning.profiles import Profile
+
+from .trace import Call, StepTrace
+
+ROOT = "<root>"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one rank computes per step."""
+
+    seq: int               # tokens per sequence
+    micro_batch: int       # sequences per micro-batch
+    micro_batches: int     # micro-batches per step (gradient accumulation)
+
+    def __post_init__(self) -> None:
+        for name in ("seq", "micro_batch", "micro_batches"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per rank and step."""
+        return self.seq * self.micro_batch * self.micro_batches
+
+
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
+def unit_flops(model: torch.nn.Module, units: list[str], micro: Workload) -> dict[str, tuple[float, float]]:
+    """{unit: (forward FLOPs, backward FLOPs)} of one micro-batch, counted by torch's
+    FlopCounterMode on a copy of the model on the meta device; the root unit gets what no
+    other unit's module counts (the head of a tied model)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    tokens = torch.zeros(micro.micro_batch, micro.seq + 1, dtype=torch.long, device="meta")
+    prefix = type(model).__name__
+
+    def counted(with_backward: bool) -> dict[str, float]:
+        with FlopCounterMode(display=False) as counter:
+            loss = next_token_loss(model(tokens[:, :-1]), tokens)
+            if with_backward:
+                loss.backward()
+        counts = counter.get_flop_counts()
+        out = {u: float(sum(counts.get(f"{prefix}.{u}", {}).values())) for u in units if u != ROOT}
+        out[ROOT] = float(sum(counts.get("Global", {}).values())) - sum(out.values())
+        return out
+
+    forward, both = counted(False), counted(True)
+    for p in model.parameters():
+        p.grad = None
+    return {u: (forward[u], both[u] - forward[u]) for u in forward}
+
+
+def trace_step(model: torch.nn.Module, comm, micro: Workload, **settings) -> tuple[StepTrace, object]:
+    """(the trace of one step, the engine) of `model` over `comm`: a dry-run communicator
+    with a model on the meta device (nothing is computed or sent), or a real one (the
+    trace the dry run must reproduce); `settings` as Engine's keywords (strategy=, ...)."""
+    from .engine import Engine
+
+    device = next(model.parameters()).device
+    meta = {"device": "meta", "init": lambda name, tensor: None} if device.type == "meta" else {}
+    engine = Engine(model, comm, **meta, **settings)
+    tokens = torch.zeros(micro.micro_batch, micro.seq + 1, dtype=torch.long, device=device)
+
+    def step() -> None:
+        for _ in range(micro.micro_batches):
+            engine.backward(next_token_loss(engine(tokens[:, :-1]), tokens))
+        engine.step()
+
+    try:
+        step()   # the backward order prefetch follows is learned here
+        with engine.traced() as trace:
+            step()
+    finally:
+        engine.close()
+    return trace, engine
+
+
+@lru_cache(maxsize=4096)
+def _call_seconds(comm, collective: str, algorithm, nbytes: int) -> float:
+    return comm.predict(collective, algorithm, nbytes)
+
+
+def call_seconds(call: Call) -> float:
+    return _call_seconds(call.comm, call.collective, call.algorithm, call.nbytes)
+
+
+def replay(trace: StepTrace, compute_seconds: Callable[[str, Optional[str]], float],
+           seconds: Callable[[Call], float] = call_seconds) -> dict:
+    """The step's time with the engine's overlap: {"step_s", "compute_s", "exposed_s",
+    "comm_s" (every collective's time, back to back), "busy_s" per lane}."""
+    clock = compute = exposed = comm = 0.0
+    free: dict[str, float] = {}
+    done: dict[int, float] = {}
+    busy: dict[str, float] = {}
+    for event in trace.events:
+        kind = event[0]
+        if kind == "compute":
+            t = compute_seconds(event[1], event[2])
+            clock, compute = clock + t, compute + t
+        elif kind == "submit":
+            task = trace.tasks[event[1]]
+            length = sum(seconds(c) for c in task.calls)
+            start = max(clock, free.get(task.lane, 0.0))
+            done[event[1]] = free[task.lane] = start + length
+            busy[task.lane] = busy.get(task.lane, 0.0) + length
+            comm += length
+        elif kind == "wait":
+            if done[event[1]] > clock:
+                exposed += done[event[1]] - clock
+                clock = done[event[1]]
+        else:   # a collective on the loop's own thread
+            t = seconds(event[1])
+            clock, exposed, comm = clock + t, exposed + t, comm + t
+    return {"step_s": max([clock, *free.values()]), "compute_s": compute, "exposed_s": exposed, "comm_s": comm,
+            "busy_s": busy}
+
+
+@dataclass(frozen=True)
+class ComputeRate:
+    """How fast one rank computes: FLOP/s for forward and backward, seconds per optimizer
+    element for the update."""
+
+    flops_per_s: float
+    update_s_per_element: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.flops_per_s > 0 or not self.update_s_per_element >= 0:
+            raise ValueError(f"a compute rate needs flops_per_s > 0 and update_s_per_element >= 0, got {self}")
+
+
+def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, micro: Workload,
+                 rate: ComputeRate, **settings) -> dict:
+    """The predicted step of `model` (meta device) on `topology`: replay() of its trace,
+    plus tokens/s over all ranks, the collectives the step ran, and the model-state bytes."""
+    from .units import split_units
+
+    if any(p.device.type != "meta" for p in model.parameters()):
+        raise ValueError("predict_step needs a model built on the meta device (with torch.device('meta'))")
+    flops = unit_flops(model, [u.name for u in split_units(model)], micro)   # before the engine takes the model
+    trace, engine = trace_step(model, DryRunCommunicator(topology, profile), micro, **settings)
+    update = rate.update_s_per_element * engine.optimizer.master.numel()
+
+    def compute_seconds(kind: str, unit: Optional[str]) -> float:
+        if kind == "update":
+            return update
+        return flops[unit][0 if kind == "forward" else 1] / rate.flops_per_s
+
+    out = replay(trace, compute_seconds)
+    out["tokens_per_s"] = topology.size * micro.tokens / out["step_s"]
+    out["collectives"] = len(trace.calls())
+    out["memory"] = {k: engine.memory_report()[k] for k in ("P", "G", "OS")}
+    return out

@@ -1,0 +1,134 @@
+"""shard-sim: the engine's training throughput predicted at scale (shard/predict.py).
+
+    shard-sim --model gpt_7b,gpt_13b --profile frontier --ranks 128:1024 --comms native,pccl,hierarchical
+
+For each model x world size x strategy x collective layer, the engine traces one step of
+the model on the meta device over a dry-run communicator of that world, and the trace is
+replayed with the cost model's collective times and compute from FLOPs at `--mfu` of the
+device's peak. The default workload is the PCCL paper's end-to-end runs (Section 5.2):
+a global batch of 4M tokens of 2048-token sequences, strong scaling, bf16.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional
+
+# the device each built-in profile describes (shard/throughput.py has their peaks)
+PROFILE_DEVICES = {"frontier": "MI250X GCD", "perlmutter": "A100", "dgx-h100": "H100 SXM"}
+# Ratios the PCCL paper measured with DeepSpeed ZeRO-3 on Frontier, PCCL over RCCL (Section 6.2)
+PAPER = {("gpt_7b", 1024): 1.60, ("gpt_13b", 1024): 1.39, ("gpt_7b", 512): 1 / 0.70, ("gpt_13b", 512): 1 / 0.84}
+DEFAULT_MFU = 0.35
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="shard-sim", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="gpt_7b,gpt_13b", help="comma-separated presets of shard.models")
+    ap.add_argument("--profile", default="frontier", help="a built-in machine profile or a profile file")
+    ap.add_argument("--ranks", default="128:1024", help="world sizes: a, a,b,c or a:b (doubling)")
+    ap.add_argument("--ranks-per-node", type=int, default=None, help="default: the profile's")
+    ap.add_argument("--strategies", default="zero3")
+    ap.add_argument("--comms", default="native,pccl,hierarchical",
+                    help="collective layers: native (the vendor's), pccl (auto), hierarchical, ho_ring")
+    ap.add_argument("--global-batch", type=float, default=4 * 2 ** 20, help="tokens per step over all ranks")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch per rank")
+    ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
+    ap.add_argument("--prefetch", type=int, default=1)
+    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                    help="compute efficiency of forward and backward alone (no communication), of the peak")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="default: the profile's device at --precision")
+    ap.add_argument("--json", help="write the rows to this file")
+    return ap.parse_args(argv)
+
+
+def peak(args, profile) -> float:
+    from .throughput import PEAK_TFLOPS
+
+    if args.peak_tflops is not None:
+        return args.peak_tflops
+    device = PROFILE_DEVICES.get(profile.name)
+    if device is None:
+        raise SystemExit(f"shard-sim: no device known for profile {profile.name!r}; pass --peak-tflops")
+    return PEAK_TFLOPS[device][args.precision]
+
+
+def workload(args, ranks: int):
+    from .predict import Workload
+
+    sequences = args.global_batch / args.seq / ranks
+    micro_batches = sequences / args.micro_batch
+    if micro_batches != int(micro_batches) or micro_batches < 1:
+        raise SystemExit(f"shard-sim: a global batch of {args.global_batch:.0f} tokens is {sequences:g} sequences of "
+                         f"{args.seq} per rank on {ranks} ranks, not a whole number of micro-batches of "
+                         f"{args.micro_batch}")
+    return Workload(args.seq, args.micro_batch, int(micro_batches))
+
+
+def simulate(args) -> list[dict]:
+    import torch
+
+    from pccl.tools.sim import doubling_range, topology_for
+    from pccl.tuning import profiles
+
+    from .compare import COMMS
+    from .models import GPT, GPTConfig
+    from .predict import ComputeRate, predict_step
+
+    profile = profiles.load(args.profile)
+    tflops = peak(args, profile)
+    rate = ComputeRate(tflops * 1e12 * args.mfu, 32 / profile.copy_bandwidth,
+                       f"{args.mfu:.0%} of {tflops} TFLOP/s; AdamW at 32 bytes per element of copy bandwidth")
+    comms = [c for c in args.comms.split(",") if c]
+    for c in comms:
+        if c not in COMMS:
+            raise SystemExit(f"shard-sim: unknown collective layer {c!r}; expected one of {tuple(COMMS)}")
+    rows = []
+    for name in args.model.split(","):
+        cfg = GPTConfig.preset(name, context=args.seq)
+        for ranks in doubling_range(args.ranks, int):
+            topology = topology_for(ranks, profile, args.ranks_per_node, None)
+            micro = workload(args, ranks)
+            for strategy in args.strategies.split(","):
+                base: Optional[float] = None
+                for comm in comms:
+                    with torch.device("meta"):
+                        model = GPT(cfg)
+                    r = predict_step(model, topology, profile, micro, rate, strategy=strategy,
+                                     algorithm=COMMS[comm], precision=args.precision, reduce_dtype=args.precision,
+                                     prefetch=args.prefetch, group_size=topology.ranks_per_node)
+                    base = r["step_s"] if comm == "native" else base
+                    row = {"model": name, "ranks": ranks, "strategy": strategy, "comm": comm,
+                           "micro_batches": micro.micro_batches, "compute_rate": rate.source,
+                           "speedup_vs_native": base / r["step_s"] if base else None,
+                           "paper_speedup": PAPER.get((name, ranks)) if profile.name == "frontier" else None,
+                           **{k: v for k, v in r.items()}}
+                    rows.append(row)
+                    print(line(row), flush=True)
+    return rows
+
+
+def line(r: dict) -> str:
+    speedup = f"{r['speedup_vs_native']:.2f}x" if r["speedup_vs_native"] else "-"
+    paper = f"  (paper, PCCL vs RCCL: {r['paper_speedup']:.2f}x)" if r["paper_speedup"] and r["comm"] != "native" \
+        else ""
+    return (f"{r['model']:8} {r['ranks']:6} {r['strategy']:8} {r['comm']:12} {r['step_s']:9.3f} {r['compute_s']:9.3f} "
+            f"{r['comm_s']:9.3f} {r['exposed_s']:9.3f} {r['tokens_per_s']:12.0f} {speedup:>8}{paper}")
+
+
+HEADER = (f"{'model':8} {'ranks':>6} {'strategy':8} {'comm':12} {'step s':>9} {'compute':>9} {'comm s':>9} "
+          f"{'exposed':>9} {'tokens/s':>12} {'vs native':>8}")
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    print(f"# predicted (shard/predict.py): compute at {args.mfu:.0%} of peak; the lanes' collectives assumed not "
+          f"to slow each other or compute\n{HEADER}", flush=True)
+    rows = simulate(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
