@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "reduce.h"
 #ifdef PCCL_GPU
@@ -93,18 +94,26 @@ void MpiComm::post(bool is_send, char* ptr, int64_t bytes, int peer) {
   }
 }
 
-// Polls instead of blocking so that a missing peer becomes a Timeout, and yields the
-// core between polls so oversubscribed ranks (several per core) still make progress.
+// Polls instead of blocking so that a missing peer becomes a Timeout. Spins (yielding the
+// core between polls) for kSpin, then naps between polls, doubling from 1 us to kMaxNap: a
+// long wait leaves the core to the threads that compute (oversubscribed ranks share cores,
+// and the engine's lanes wait while its training loop computes) at a cost of at most
+// kMaxNap on a wait that was already longer than kSpin.
 void MpiComm::wait_all(int64_t step) {
   if (reqs_.empty()) return;
   using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s_);
-  for (uint64_t polls = 0;; ++polls) {
+  constexpr auto kSpin = std::chrono::microseconds(50);
+  constexpr auto kMaxNap = std::chrono::microseconds(100);
+  const auto start = clock::now();
+  const auto deadline = start + std::chrono::duration<double>(timeout_s_);
+  auto nap = std::chrono::microseconds(1);
+  for (;;) {
     int done = 0;
     check(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE),
           "MPI_Testall");
     if (done) break;
-    if (polls % 256 == 255 && clock::now() > deadline) {
+    const auto now = clock::now();
+    if (now > deadline) {
       std::string peers;
       for (size_t i = 0; i < reqs_.size(); ++i) {
         if (reqs_[i] == MPI_REQUEST_NULL) continue;
@@ -122,7 +131,12 @@ void MpiComm::wait_all(int64_t step) {
                     std::to_string(step) + " waiting for peers" + peers.substr(0, peers.size() - 1) +
                     " (did every rank call the same collective?)");
     }
-    sched_yield();
+    if (now - start < kSpin) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, kMaxNap);
+    }
   }
   reqs_.clear();
   req_peers_.clear();

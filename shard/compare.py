@@ -14,6 +14,11 @@ same steps, one mpiexec launch per run:
   its collectives on `native` (MPI's own), `pccl` (auto), `hierarchical` or `ho_ring`.
 
 `--nodes 2x2 --rate 200mbit` runs every launch on emulated nodes (launch/emulate).
+`--micro K` accumulates K micro-batches of `--batch` sequences per step (FSDP2 and
+DeepSpeed as their users would: a reduction per micro-batch). `--width/--layers/--heads/
+--vocab` resize the preset. `--predict PROFILE` adds, for every engine run, the step time
+shard/predict.py predicts from that machine profile and a compute time measured here (one
+more launch, computing alone), and the error against the measurement.
 
 Each run reports tokens/s (the median step after warm-up), step time, the communication
 the loop waited for (the engine's ledger; null for FSDP2), bytes sent per rank, peak
@@ -50,11 +55,17 @@ def parse(argv=None) -> argparse.Namespace:
                          "sets --ranks and --ranks-per-node")
     ap.add_argument("--rate", default="1gbit", help="with --nodes: each node's link, each direction (tc units)")
     ap.add_argument("--model", default="tiny", help="a preset of shard.models")
+    for field in ("width", "layers", "heads", "vocab"):
+        ap.add_argument(f"--{field}", type=int, default=None, help=f"the preset's {field}, overridden")
     ap.add_argument("--steps", type=int, default=10, help="steps, warm-up included")
     ap.add_argument("--warmup", type=int, default=None, help="steps left out of the timing (default: a third)")
-    ap.add_argument("--batch", type=int, default=4, help="sequences per rank and step")
+    ap.add_argument("--batch", type=int, default=4, help="sequences per rank and micro-batch")
+    ap.add_argument("--micro", type=int, default=1, help="micro-batches per step (gradient accumulation)")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--out", default="compare-results")
+    ap.add_argument("--predict", metavar="PROFILE", default=None,
+                    help="also predict each engine run's step (shard/predict.py) with this machine profile and "
+                         "the compute time measured here by a compute-only launch")
     ap.add_argument("--worker", help=argparse.SUPPRESS)   # the run, inside its mpiexec launch
     return ap.parse_args(argv)
 
@@ -83,11 +94,19 @@ def check_run(name: str) -> None:
     Strategy.parse(strategy)
 
 
+def model_config(args):
+    from shard.models import GPTConfig
+
+    overrides = {k: getattr(args, k) for k in ("width", "layers", "heads", "vocab") if getattr(args, k) is not None}
+    return GPTConfig.preset(args.model, context=args.seq, **overrides)
+
+
 def batch(step: int, rank: int, args, vocab: int):
+    """This rank's micro-batches of a step: (micro, batch, seq + 1) tokens."""
     import torch
 
     g = torch.Generator().manual_seed(1_000_003 * step + rank)
-    return torch.randint(0, vocab, (args.batch, args.seq + 1), generator=g)
+    return torch.randint(0, vocab, (args.micro, args.batch, args.seq + 1), generator=g)
 
 
 def worker(args: argparse.Namespace) -> dict:
@@ -96,15 +115,17 @@ def worker(args: argparse.Namespace) -> dict:
 
     import pccl.distributed
     from pccl.runtime.rendezvous import mpi_world
-    from shard.models import GPT, GPTConfig
+    from shard.models import GPT
     from shard.train import peak_rss_bytes
 
     torch.set_num_threads(1)
     world = mpi_world()
     rank, p = world.rank, world.size
-    cfg = GPTConfig.preset(args.model, context=args.seq)
+    cfg = model_config(args)
     model = GPT(cfg, seed=0)
     name, sent, exposed = args.worker, [0], None
+    if name == "compute":
+        return compute_only(args, model, world)
     if name.startswith("fsdp2"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -117,12 +138,15 @@ def worker(args: argparse.Namespace) -> dict:
         fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
 
-        def step(tokens):
-            loss = next_token_loss(model, tokens)
-            loss.backward()
+        def step(micro_batches):
+            losses = []
+            for tokens in micro_batches:
+                loss = next_token_loss(model, tokens)
+                (loss / len(micro_batches)).backward()
+                losses.append(loss.item())
             optimizer.step()
             optimizer.zero_grad()
-            return loss.item()
+            return sum(losses) / len(losses)
 
         def state():
             full = {k: v.full_tensor() for k, v in model.state_dict().items()}
@@ -136,11 +160,11 @@ def worker(args: argparse.Namespace) -> dict:
         deepspeed.init_distributed(dist_backend="gloo")
         client = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
         engine, *_ = deepspeed.initialize(model=model, optimizer=client, config={
-            "train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
+            "train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": args.micro,
             "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True,
             "steps_per_print": 1 << 30})
 
-        step = engine_step(engine)
+        step = engine_step(engine, step_every_micro_batch=True)   # DeepSpeed updates at the last one
 
         def state():
             with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
@@ -156,7 +180,7 @@ def worker(args: argparse.Namespace) -> dict:
             strategy=strategy, algorithm=COMMS[comm_name], group_size=args.ranks_per_node or p,
             optimizer=OptimizerConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)))
 
-        step = engine_step(engine)
+        step = engine_step(engine, step_every_micro_batch=False)
 
         def state():
             return engine.full_state_dict()
@@ -178,13 +202,18 @@ def worker(args: argparse.Namespace) -> dict:
         report = engine.comm_report()
         exposed = report["exposed_s"] / timed
         sent[0] = sum(report[s]["intra"] + report[s]["inter"] for s in ("forward", "backward", "update"))
+        state_bytes = {k: engine.memory_report()[k] for k in ("P", "G", "OS")}
+        table2 = engine.strategy.memory_per_rank(cfg.num_params(), p, engine.layout.group, param_bytes=4,
+                                                 grad_bytes=4, state_bytes=12)
     final = state()
     step_time = world.allreduce(statistics.median(times[warmup:] or times), op=max_op())
     row = {"name": name, "ranks": p, "model": args.model, "params": cfg.num_params(),
-           "tokens_per_s": p * args.batch * args.seq / step_time, "step_time_s": step_time,
+           "tokens_per_s": p * args.micro * args.batch * args.seq / step_time, "step_time_s": step_time,
            "exposed_comm_s": exposed, "sent_bytes_per_rank": world.allreduce(sent[0] / timed, op=max_op()),
            "peak_mem_bytes": world.allreduce(peak_rss_bytes(), op=max_op()),
            "losses": losses}
+    if shard_run:   # model-state bytes per rank, the engine's (padded) and PaRO's Table 2 (fp32 training)
+        row["state_bytes"], row["table2_bytes"] = state_bytes, table2
     if rank == 0:
         import torch
 
@@ -193,20 +222,57 @@ def worker(args: argparse.Namespace) -> dict:
     return {}
 
 
+def compute_only(args, model, world) -> dict:
+    """What the predictor's compute rate is measured from: forward and backward of one
+    micro-batch, and AdamW over the model's elements, on every rank at once (the same
+    launch, so the same cores shared) with no communication; medians after warm-up of the
+    slowest rank's time."""
+    import torch
+
+    from shard.adamw import FlatAdamW
+
+    tokens = batch(0, world.rank, args, model.cfg.vocab)[0]
+    params = [p for p in model.parameters()]
+    master = torch.cat([p.detach().flatten() for p in params])
+    optimizer, grad = FlatAdamW(master, [(0, master.numel())], BETAS, EPS, 0.0), torch.ones_like(master)
+    times: dict[str, list] = {"fb": [], "update": []}
+    for _ in range(max(3, args.steps)):
+        world.Barrier()
+        start = time.perf_counter()
+        next_token_loss(model, tokens).backward()
+        times["fb"].append(world.allreduce(time.perf_counter() - start, op=max_op()))
+        model.zero_grad(set_to_none=True)
+        world.Barrier()
+        start = time.perf_counter()
+        optimizer.step(grad.fill_(1e-3), LR)
+        times["update"].append(world.allreduce(time.perf_counter() - start, op=max_op()))
+    skip = len(times["fb"]) // 3
+    if world.rank != 0:
+        return {}
+    return {"name": "compute", "ranks": world.size, "fb_s": statistics.median(times["fb"][skip:]),
+            "update_s_per_element": statistics.median(times["update"][skip:]) / master.numel()}
+
+
 def next_token_loss(model, tokens):
     import torch.nn.functional as F
 
     return F.cross_entropy(model(tokens[:, :-1]).float().flatten(0, 1), tokens[:, 1:].flatten())
 
 
-def engine_step(engine):
-    """One training step on an engine that takes backward(loss) and step() (DeepSpeed's and
-    shard's alike); it returns this rank's loss."""
-    def step(tokens) -> float:
-        loss = next_token_loss(engine, tokens)
-        engine.backward(loss)
-        engine.step()
-        return loss.item()
+def engine_step(engine, step_every_micro_batch: bool):
+    """One training step on an engine that takes backward(loss) per micro-batch and step()
+    (DeepSpeed's, every micro-batch; shard's, once); it returns this rank's mean loss."""
+    def step(micro_batches) -> float:
+        losses = []
+        for tokens in micro_batches:
+            loss = next_token_loss(engine, tokens)
+            engine.backward(loss)
+            if step_every_micro_batch:
+                engine.step()
+            losses.append(loss.item())
+        if not step_every_micro_batch:
+            engine.step()
+        return sum(losses) / len(losses)
     return step
 
 
@@ -245,7 +311,9 @@ def launch_command(args: argparse.Namespace, name: str) -> list[str]:
     from pccl.util.mpirun import launcher
 
     worker = [sys.executable, "-m", "shard.compare", f"--worker={name}", f"--model={args.model}",
-              f"--steps={args.steps}", f"--batch={args.batch}", f"--seq={args.seq}", f"--out={args.out}"]
+              f"--steps={args.steps}", f"--batch={args.batch}", f"--micro={args.micro}", f"--seq={args.seq}",
+              f"--out={args.out}"]
+    worker += [f"--{k}={getattr(args, k)}" for k in ("width", "layers", "heads", "vocab") if getattr(args, k)]
     if args.warmup is not None:
         worker.append(f"--warmup={args.warmup}")
     if args.ranks_per_node:
@@ -294,19 +362,56 @@ def compared(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def predicted(args, rows: list[dict], probe: dict) -> None:
+    """Each engine run's step predicted (shard/predict.py) from `args.predict`'s profile and
+    the compute rate `probe` measured: predicted_* fields and the error against the
+    measurement, in place."""
+    import torch
+
+    from pccl.core.topology import Topology
+    from pccl.tuning import profiles
+    from shard.models import GPT
+    from shard.predict import ComputeRate, Workload, micro_batch_flops, predict_step
+
+    profile = profiles.load(args.predict)
+    cfg = model_config(args)
+    with torch.device("meta"):
+        flops = micro_batch_flops(GPT(cfg), Workload(args.seq, args.batch, 1))
+    rate = ComputeRate(flops / probe["fb_s"], probe["update_s_per_element"], "measured by a compute-only launch")
+    topology = Topology.regular(args.ranks, args.ranks_per_node or args.ranks)
+    for r in rows:
+        if "not_run" in r or r["name"].startswith(("fsdp2", "deepspeed")):
+            continue
+        strategy, _, comm = r["name"].rpartition("-")
+        with torch.device("meta"):
+            model = GPT(cfg)
+        p = predict_step(model, topology, profile, Workload(args.seq, args.batch, args.micro), rate,
+                         shared_cores=True, strategy=strategy, algorithm=COMMS[comm],
+                         group_size=topology.ranks_per_node)   # CPU ranks: cores compute and drive MPI
+        r.update(predicted_step_s=p["step_s"], predicted_tokens_per_s=p["tokens_per_s"],
+                 predicted_exposed_s=p["exposed_s"], predicted_compute_s=p["compute_s"],
+                 predicted_comm_s=p["comm_s"], prediction_error=p["step_s"] / r["step_time_s"] - 1,
+                 predicted_with=profile.name)
+
+
 def markdown(rows: list[dict]) -> str:
     reference = next((r["name"] for r in rows if "not_run" not in r), "-")
     lines = [f"| run | tokens/s | step s | speed-up vs {reference} | waited for comm s | sent MB/rank | "
-             f"peak MB | loss first -> last | loss gap |", "|---|---|---|---|---|---|---|---|---|"]
+             f"peak MB | model state MB/rank (Table 2) | loss first -> last | loss gap | predicted step s (error) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "not_run" in r:
-            lines.append(f"| {r['name']} | not run: {r['not_run']} |  |  |  |  |  |  |  |")
+            lines.append(f"| {r['name']} | not run: {r['not_run']} |  |  |  |  |  |  |  |  |  |")
             continue
         speedup = "diverged: none reported" if r["diverged"] else f"{r['speedup']:.2f}x"
         exposed = "-" if r["exposed_comm_s"] is None else f"{r['exposed_comm_s']:.4f}"
+        state = "-" if "state_bytes" not in r else \
+            f"{sum(r['state_bytes'].values()) / 1e6:.2f} ({sum(r['table2_bytes'].values()) / 1e6:.2f})"
+        guess = "-" if "predicted_step_s" not in r else \
+            f"{r['predicted_step_s']:.4f} ({r['prediction_error']:+.0%})"
         lines.append(f"| {r['name']} | {r['tokens_per_s']:.0f} | {r['step_time_s']:.4f} | {speedup} | {exposed} | "
-                     f"{r['sent_bytes_per_rank'] / 1e6:.2f} | {r['peak_mem_bytes'] / 2**20:.0f} | "
-                     f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} | {r['loss_gap']:.1e} |")
+                     f"{r['sent_bytes_per_rank'] / 1e6:.2f} | {r['peak_mem_bytes'] / 2**20:.0f} | {state} | "
+                     f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} | {r['loss_gap']:.1e} | {guess} |")
     return "\n".join(lines) + "\n"
 
 
@@ -355,6 +460,11 @@ def main(argv=None) -> None:
         print(f"{name}: " + (f"not run ({rows[-1]['not_run']})" if "not_run" in rows[-1] else
                              f"{rows[-1]['tokens_per_s']:.0f} tokens/s"), flush=True)
     rows = compared(rows)
+    if args.predict:
+        probe = launch(args, "compute")
+        predicted(args, rows, probe)
+        print(f"compute only: {probe['fb_s']:.4f} s forward+backward per micro-batch; AdamW "
+              f"{probe['update_s_per_element'] * 1e9:.2f} ns per element", flush=True)
     (out / "compare.json").write_text(json.dumps({"runs": rows}, indent=1))
     (out / "compare.md").write_text(markdown(rows))
     plot(rows, out / "compare.png")

@@ -12,13 +12,13 @@
    rate (peak x an assumed compute efficiency, or a rate measured on this machine); the
    optimizer's time from its elements (a measured or a bandwidth-bound cost per element).
 3. Replay: the loop runs its computations one after another; a task starts when submitted
-   or when its lane is free, and lasts as long as its collectives; a wait stalls the loop
-   until the task is done (exposed communication). The step ends when the loop and both
-   lanes are done.
+   or when its lane is free, and needs its collectives' time of network; lanes busy at
+   the same time share the network evenly; a wait stalls the loop until the task is done
+   (exposed communication). The step ends when the loop and both lanes are done.
 
-Assumed, and said where results are printed: the two lanes' collectives do not slow each
-other down (they share links in reality), nor compute (on GPUs they do a little; on this
-machine's oversubscribed cores they do); compute runs at one rate for every unit.
+Assumed, and said where results are printed: communication does not slow computation (on
+GPUs it does a little; on this machine's oversubscribed cores, where ranks' threads share
+cores, it does more), and compute runs at one rate for every unit.
 """
 from __future__ import annotations
 
@@ -86,6 +86,13 @@ def unit_flops(model: torch.nn.Module, units: list[str], micro: Workload) -> dic
     return {u: (forward[u], both[u] - forward[u]) for u in forward}
 
 
+def micro_batch_flops(model: torch.nn.Module, micro: Workload) -> float:
+    """Forward and backward FLOPs of one micro-batch of `model` (on the meta device)."""
+    from .units import split_units
+
+    return sum(f + b for f, b in unit_flops(model, [u.name for u in split_units(model)], micro).values())
+
+
 def trace_step(model: torch.nn.Module, comm, micro: Workload, **settings) -> tuple[StepTrace, object]:
     """(the trace of one step, the engine) of `model` over `comm`: a dry-run communicator
     with a model on the meta device (nothing is computed or sent), or a real one (the
@@ -121,34 +128,84 @@ def call_seconds(call: Call) -> float:
 
 
 def replay(trace: StepTrace, compute_seconds: Callable[[str, Optional[str]], float],
-           seconds: Callable[[Call], float] = call_seconds) -> dict:
+           seconds: Callable[[Call], float] = call_seconds, shared_cores: bool = False) -> dict:
     """The step's time with the engine's overlap: {"step_s", "compute_s", "exposed_s",
-    "comm_s" (every collective's time, back to back), "busy_s" per lane}."""
+    "comm_s" (every collective's time, back to back), "busy_s" per lane}.
+
+    Each lane runs its tasks in order; lanes busy at the same time share the network
+    evenly (k busy lanes each progress at 1/k of their own speed), as the engine's two
+    lanes share a node's links. A collective the loop issues itself is a task it waits for.
+    shared_cores: computation shares that one resource with communication, as on CPU ranks,
+    whose cores both compute and drive MPI's progress (on GPUs, NICs and copy engines move
+    data while the SMs compute: False)."""
+    lanes = _Lanes()
     clock = compute = exposed = comm = 0.0
-    free: dict[str, float] = {}
-    done: dict[int, float] = {}
     busy: dict[str, float] = {}
-    for event in trace.events:
+    for index, event in enumerate(trace.events):
         kind = event[0]
         if kind == "compute":
             t = compute_seconds(event[1], event[2])
-            clock, compute = clock + t, compute + t
-        elif kind == "submit":
-            task = trace.tasks[event[1]]
-            length = sum(seconds(c) for c in task.calls)
-            start = max(clock, free.get(task.lane, 0.0))
-            done[event[1]] = free[task.lane] = start + length
-            busy[task.lane] = busy.get(task.lane, 0.0) + length
-            comm += length
-        elif kind == "wait":
-            if done[event[1]] > clock:
-                exposed += done[event[1]] - clock
-                clock = done[event[1]]
-        else:   # a collective on the loop's own thread
-            t = seconds(event[1])
-            clock, exposed, comm = clock + t, exposed + t, comm + t
-    return {"step_s": max([clock, *free.values()]), "compute_s": compute, "exposed_s": exposed, "comm_s": comm,
-            "busy_s": busy}
+            compute += t
+            if not shared_cores:
+                clock = lanes.run(clock, clock + t)
+                continue
+            lanes.submit("compute", ("compute", index), t)
+            clock = lanes.run(clock, float("inf"), until=("compute", index))
+            continue
+        if kind == "wait":
+            task = event[1]
+        else:
+            task, lane = (event[1], trace.tasks[event[1]].lane) if kind == "submit" else (("loop", index), "loop")
+            length = sum(seconds(c) for c in trace.tasks[event[1]].calls) if kind == "submit" else seconds(event[1])
+            busy[lane], comm = busy.get(lane, 0.0) + length, comm + length
+            lanes.submit(lane, task, length)
+            if kind == "submit":
+                continue
+        end = lanes.run(clock, float("inf"), until=task)
+        exposed, clock = exposed + end - clock, end
+    end = lanes.run(clock, float("inf"))
+    busy.pop("loop", None)
+    return {"step_s": end, "compute_s": compute, "exposed_s": exposed, "comm_s": comm, "busy_s": busy}
+
+
+class _Lanes:
+    """Queues of (task, seconds of work left), the heads of all queues progressing at once
+    at an even share of the network (processor sharing)."""
+
+    EPS = 1e-15
+
+    def __init__(self) -> None:
+        self.queues: dict[str, list] = {}
+        self.done: set = set()
+
+    def submit(self, lane: str, task, seconds: float) -> None:
+        self.queues.setdefault(lane, []).append([task, seconds])
+        self._retire()
+
+    def _retire(self) -> None:
+        for queue in self.queues.values():
+            while queue and queue[0][1] <= self.EPS:
+                self.done.add(queue.pop(0)[0])
+
+    def run(self, now: float, to: float, until=None) -> float:
+        """Progress from `now` to `to`, or until `until` is done, or (to = inf) until every
+        queue is empty; returns the time reached."""
+        while until is None or until not in self.done:
+            heads = [q[0] for q in self.queues.values() if q]
+            if not heads:
+                return now if to == float("inf") else to
+            share = len(heads)
+            step = min(h[1] for h in heads) * share   # until the first head finishes
+            if now + step >= to:
+                for h in heads:
+                    h[1] -= (to - now) / share
+                self._retire()
+                return to
+            now += step
+            for h in heads:
+                h[1] -= step / share
+            self._retire()
+        return now
 
 
 @dataclass(frozen=True)
@@ -166,9 +223,10 @@ class ComputeRate:
 
 
 def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, micro: Workload,
-                 rate: ComputeRate, **settings) -> dict:
-    """The predicted step of `model` (meta device) on `topology`: replay() of its trace,
-    plus tokens/s over all ranks, the collectives the step ran, and the model-state bytes."""
+                 rate: ComputeRate, shared_cores: bool = False, **settings) -> dict:
+    """The predicted step of `model` (meta device) on `topology`: replay() of its trace
+    (shared_cores as there), plus tokens/s over all ranks, the collectives the step ran,
+    and the model-state bytes."""
     from .units import split_units
 
     if any(p.device.type != "meta" for p in model.parameters()):
@@ -182,7 +240,7 @@ def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, m
             return update
         return flops[unit][0 if kind == "forward" else 1] / rate.flops_per_s
 
-    out = replay(trace, compute_seconds)
+    out = replay(trace, compute_seconds, shared_cores=shared_cores)
     out["tokens_per_s"] = topology.size * micro.tokens / out["step_s"]
     out["collectives"] = len(trace.calls())
     out["memory"] = {k: engine.memory_report()[k] for k in ("P", "G", "OS")}

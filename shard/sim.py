@@ -123,8 +123,8 @@ HEADER = (f"{'model':8} {'ranks':>6} {'strategy':8} {'comm':12} {'step s':>9} {'
 
 def main(argv=None) -> None:
     args = parse(argv)
-    print(f"# predicted (shard/predict.py): compute at {args.mfu:.0%} of peak; the lanes' collectives assumed not "
-          f"to slow each other or compute\n{HEADER}", flush=True)
+    print(f"# predicted (shard/predict.py): compute at {args.mfu:.0%} of peak; the lanes share the network; "
+          f"communication assumed not to slow compute\n{HEADER}", flush=True)
     rows = simulate(args)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))

@@ -14,6 +14,7 @@ from pccl.core.errors import CollectiveTimeout
 from pccl.executors.base import ScheduleExecutor
 
 TAG = 7002
+SPIN, NAP, MAX_NAP = 50e-6, 1e-6, 100e-6   # seconds: yield first, then naps doubling to the cap
 
 
 def as_bytes(t: torch.Tensor):
@@ -34,10 +35,13 @@ class MpiPythonExecutor(ScheduleExecutor):
             raise RuntimeError("pccl: this communicator timed out earlier; create a new communicator")
         reqs = [self.comm.Irecv([as_bytes(t), MPI.BYTE], source=peer, tag=TAG) for peer, t in recvs]
         reqs += [self.comm.Isend([as_bytes(t), MPI.BYTE], dest=peer, tag=TAG) for peer, t in sends]
-        deadline = time.monotonic() + self.timeout
-        # Poll and yield, so oversubscribed ranks progress and a missing peer times out.
+        start = time.monotonic()
+        deadline, nap = start + self.timeout, NAP
+        # Poll, so a missing peer times out; yield for SPIN, then nap between polls (as
+        # csrc/comm.cpp's wait_all), leaving the core to computing threads.
         while not MPI.Request.Testall(reqs):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 for r in reqs:
                     if r != MPI.REQUEST_NULL:
                         r.Cancel()
@@ -47,4 +51,8 @@ class MpiPythonExecutor(ScheduleExecutor):
                 raise CollectiveTimeout(
                     f"pccl: rank {self.rank} timed out after {self.timeout} s at step {step} "
                     f"waiting for peers {peers} (did every rank call the same collective?)")
-            os.sched_yield()
+            if now - start < SPIN:
+                os.sched_yield()
+            else:
+                time.sleep(nap)
+                nap = min(2 * nap, MAX_NAP)

@@ -67,17 +67,38 @@ def test_two_unit_step_matches_the_hand_computed_timeline():
     assert result["busy_s"] == pytest.approx({"gather": 4 * MS, "reduce": 2 * MS + norm}, rel=1e-9)
 
 
-def test_no_prefetch_exposes_every_gather():
+def test_on_shared_cores_computation_and_communication_take_turns():
+    with torch.device("meta"):
+        model = TwoUnits()
+    trace, _ = trace_step(model, DryRunCommunicator(Topology.regular(2, 2), HAND), Workload(8, 1, 1),
+                          strategy="zero3", algorithm="ring", prefetch=1)
+    result = replay(trace, lambda kind, unit: {"forward": 0.5, "backward": 1.0, "update": 0.2}[kind] * MS,
+                    shared_cores=True)
+    # By hand, in ms: embed's gather 0-1 (waited); head's prefetch and embed's forward share
+    # the cores from 1: the forward ends at 2, the gather at 2.5 (waited 0.5); head computes
+    # 2.5-3; its backward gather 3-4 (waited); embed's prefetch and head's backward share
+    # 4-6; head's reduce-scatter and embed's backward share 6-8; embed's reduce-scatter 8-9
+    # (waited). Nothing overlaps: the step is all compute plus all communication.
+    norm = 2 * 4 / BANDWIDTH
+    assert result["step_s"] == pytest.approx(9.2 * MS + norm, rel=1e-9)
+    assert result["step_s"] == pytest.approx(result["compute_s"] + result["comm_s"], rel=1e-12)
+    assert result["exposed_s"] == pytest.approx(3.5 * MS + norm, rel=1e-9)
+
+
+def test_without_prefetch_every_gather_waits_and_busy_lanes_share_the_network():
     with torch.device("meta"):
         model = TwoUnits()
     trace, _ = trace_step(model, DryRunCommunicator(Topology.regular(2, 2), HAND), Workload(8, 1, 1),
                           strategy="zero3", algorithm="ring", prefetch=0)
     result = replay(trace, lambda kind, unit: {"forward": 0.5, "backward": 1.0, "update": 0.2}[kind] * MS)
-    # gathers 4 x 1 ms, all waited for; the first reduce-scatter overlaps embed's backward
-    # gather and compute (2 ms), the second is waited for (1 ms)
+    # By hand, in ms: forward gathers 0-1 and 1.5-2.5, both waited for; backward: head
+    # gathered 3-4 (waited), computes 4-5; from 5 its reduce-scatter and embed's gather run
+    # together, each at half speed, both ending at 7 (waited: 2); embed computes 7-8, its
+    # reduce-scatter 8-9 is waited for (1); the norm, AdamW 0.2.
     norm = 2 * 4 / BANDWIDTH
-    assert result["exposed_s"] == pytest.approx(5 * MS + norm, rel=1e-9)
-    assert result["step_s"] == pytest.approx(8.2 * MS + norm, rel=1e-9)
+    assert result["exposed_s"] == pytest.approx(6 * MS + norm, rel=1e-9)
+    assert result["step_s"] == pytest.approx(9.2 * MS + norm, rel=1e-9)
+    assert result["comm_s"] == pytest.approx(6 * MS + norm, rel=1e-9)
 
 
 def test_concurrent_groups_share_the_nic_and_one_group_is_the_plain_prediction():
