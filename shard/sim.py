@@ -19,6 +19,8 @@ from typing import Optional
 PROFILE_DEVICES = {"frontier": "MI250X GCD", "perlmutter": "A100", "dgx-h100": "H100 SXM"}
 # Ratios the PCCL paper measured with DeepSpeed ZeRO-3 on Frontier, PCCL over RCCL (Section 6.2)
 PAPER = {("gpt_7b", 1024): 1.60, ("gpt_13b", 1024): 1.39, ("gpt_7b", 512): 1 / 0.70, ("gpt_13b", 512): 1 / 0.84}
+# Compute efficiency of forward and backward alone: an assumption of the order of the 32-38%
+# of peak measured for 22B-1T GPT training on Frontier (Dash et al., arXiv:2312.12705)
 DEFAULT_MFU = 0.35
 
 
