@@ -42,6 +42,30 @@ def test_the_minimal_invocation_reports_every_run_and_fsdp2_equals_zero3(tmp_pat
     assert (tmp_path / "compare.png").stat().st_size > 0
 
 
+@pytest.mark.mpi
+def test_micro_batches_paro_iig_and_the_predictor(tmp_path):
+    """Two micro-batches a step: FSDP2 (a reduction per micro-batch) and the engine's
+    PaRO-IIG (in the group per micro-batch, across groups once) do the same math; the
+    engine's model state is PaRO's Table 2 (plus padding); --predict adds a prediction."""
+    run = subprocess.run([sys.executable, "-m", "shard.compare", "--ranks", "2", "--ranks-per-node", "1",
+                          "--steps", "3", "--micro", "2", "--batch", "2", "--seq", "32", "--width", "64",
+                          "--runs", "fsdp2,paro-iig-native", "--predict", "emulated-1gbit", "--out", str(tmp_path)],
+                         env=job_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads((tmp_path / "compare.json").read_text())["runs"]}
+    fsdp2, iig = rows["fsdp2"], rows["paro-iig-native"]
+    assert not iig["diverged"] and iig["loss_gap"] < 1e-6
+    assert iig["tokens_per_s"] == pytest.approx(2 * 2 * 2 * 32 / iig["step_time_s"])
+    for part in ("P", "G", "OS"):
+        assert iig["table2_bytes"][part] <= iig["state_bytes"][part] <= iig["table2_bytes"][part] * 1.01 + 64
+    assert "predicted_step_s" not in fsdp2 and iig["predicted_step_s"] > 0
+    assert iig["prediction_error"] == pytest.approx(iig["predicted_step_s"] / iig["step_time_s"] - 1)
+    first, second = torch.load(tmp_path / "fsdp2.pt"), torch.load(tmp_path / "paro-iig-native.pt")
+    for k in first:
+        assert torch.allclose(first[k], second[k], rtol=1e-5, atol=1e-6), k
+    assert "compute only:" in run.stdout
+
+
 def row(name, losses, tokens):
     return {"name": name, "losses": losses, "tokens_per_s": tokens, "step_time_s": 1.0, "exposed_comm_s": None,
             "sent_bytes_per_rank": 1, "peak_mem_bytes": 1}
@@ -75,3 +99,15 @@ def test_emulated_nodes_launch_through_launch_emulate():
     assert local[local.index("-n") + 1] == "3" and str(EMULATE) not in local
     with pytest.raises(SystemExit):
         parse(["--nodes", "2by4"])
+
+
+def test_several_launches_report_the_median_one(monkeypatch):
+    from shard import compare
+
+    speeds = iter([300.0, 100.0, 200.0])
+    monkeypatch.setattr(compare, "launch", lambda args, name: {"name": name, "tokens_per_s": next(speeds)})
+    args = compare.parse(["--launches", "3"])
+    assert compare.median_launch(args, "zero3-pccl") == {
+        "name": "zero3-pccl", "tokens_per_s": 200.0, "launches_tokens_per_s": [100.0, 200.0, 300.0]}
+    monkeypatch.setattr(compare, "launch", lambda args, name: {"name": name, "not_run": "no DeepSpeed"})
+    assert compare.median_launch(args, "deepspeed-zero3") == {"name": "deepspeed-zero3", "not_run": "no DeepSpeed"}
