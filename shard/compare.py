@@ -118,6 +118,7 @@ def worker(args: argparse.Namespace) -> dict:
     import pccl.distributed
     from pccl.runtime.rendezvous import mpi_world
     from shard.models import GPT
+    from shard.predict import next_token_loss
     from shard.train import peak_rss_bytes
 
     torch.set_num_threads(1)
@@ -234,6 +235,7 @@ def compute_only(args, model, world) -> dict:
     import torch
 
     from shard.adamw import FlatAdamW
+    from shard.predict import next_token_loss
 
     tokens = batch(0, world.rank, args, model.cfg.vocab)[0]
     params = [p for p in model.parameters()]
@@ -257,15 +259,11 @@ def compute_only(args, model, world) -> dict:
             "update_s_per_element": statistics.median(times["update"][skip:]) / master.numel()}
 
 
-def next_token_loss(model, tokens):
-    import torch.nn.functional as F
-
-    return F.cross_entropy(model(tokens[:, :-1]).float().flatten(0, 1), tokens[:, 1:].flatten())
-
-
 def engine_step(engine, step_every_micro_batch: bool):
     """One training step on an engine that takes backward(loss) per micro-batch and step()
     (DeepSpeed's, every micro-batch; shard's, once); it returns this rank's mean loss."""
+    from shard.predict import next_token_loss
+
     def step(micro_batches) -> float:
         losses = []
         for tokens in micro_batches:

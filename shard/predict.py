@@ -17,8 +17,8 @@
    (exposed communication). The step ends when the loop and both lanes are done.
 
 Assumed, and said where results are printed: communication does not slow computation (on
-GPUs it does a little; on this machine's oversubscribed cores, where ranks' threads share
-cores, it does more), and compute runs at one rate for every unit.
+GPUs it does a little), unless `shared_cores` says the two share one resource (CPU ranks,
+whose cores both compute and drive MPI's progress); compute runs at one rate for every unit.
 """
 from __future__ import annotations
 
@@ -57,14 +57,15 @@ class Workload:
         return self.seq * self.micro_batch * self.micro_batches
 
 
-def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+def next_token_loss(model, tokens: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of predicting tokens[:, 1:] from tokens[:, :-1]."""
+    return torch.nn.functional.cross_entropy(model(tokens[:, :-1]).float().flatten(0, 1), tokens[:, 1:].flatten())
 
 
 def unit_flops(model: torch.nn.Module, units: list[str], micro: Workload) -> dict[str, tuple[float, float]]:
-    """{unit: (forward FLOPs, backward FLOPs)} of one micro-batch, counted by torch's
-    FlopCounterMode on a copy of the model on the meta device; the root unit gets what no
-    other unit's module counts (the head of a tied model)."""
+    """{unit: (forward FLOPs, backward FLOPs)} of one micro-batch of `model` (on the meta
+    device), counted by torch's FlopCounterMode; the root unit gets what no other unit's
+    module counts (the head of a tied model)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     tokens = torch.zeros(micro.micro_batch, micro.seq + 1, dtype=torch.long, device="meta")
@@ -72,7 +73,7 @@ def unit_flops(model: torch.nn.Module, units: list[str], micro: Workload) -> dic
 
     def counted(with_backward: bool) -> dict[str, float]:
         with FlopCounterMode(display=False) as counter:
-            loss = next_token_loss(model(tokens[:, :-1]), tokens)
+            loss = next_token_loss(model, tokens)
             if with_backward:
                 loss.backward()
         counts = counter.get_flop_counts()
@@ -106,7 +107,7 @@ def trace_step(model: torch.nn.Module, comm, micro: Workload, **settings) -> tup
 
     def step() -> None:
         for _ in range(micro.micro_batches):
-            engine.backward(next_token_loss(engine(tokens[:, :-1]), tokens))
+            engine.backward(next_token_loss(engine, tokens))
         engine.step()
 
     try:
