@@ -51,7 +51,7 @@ else
 	$(PY) -m pip install -q "$(MPI)" "mpi4py>=4.0"
 endif
 	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest "ruff==0.17.6" \
-		"hydra-core>=1.3" "datasets>=2.14" "sentencepiece>=0.1.99" tqdm matplotlib wandb
+		"hydra-core>=1.3" "datasets>=2.14" "sentencepiece>=0.1.99" tqdm matplotlib wandb "zfpy>=1.0"
 	# GPU torch builds bring their own Triton (pytorch-triton-rocm on AMD); elsewhere it is
 	# installed so the tests run the shuffle kernel in Triton's interpreter.
 	$(PY) -c 'import triton' 2>/dev/null || $(if $(HAS_GPU),true,$(PY) -m pip install -q "triton==3.9.0")

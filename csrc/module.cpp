@@ -13,6 +13,7 @@
 #endif
 
 #include "comm.h"
+#include "quantize.h"
 #include "reduce.h"
 #ifdef PCCL_GPU
 #include "gpu/gpu.h"
@@ -145,6 +146,14 @@ NB_MODULE(_native, m) {
   m.def("scale", [](uintptr_t buf, int64_t n, int dtype, double factor) {
     scale(ptr(buf), n, static_cast<DType>(dtype), factor);
   }, nb::call_guard<nb::gil_scoped_release>(), "buf[i] *= factor for n elements");
+  m.attr("int8_group") = kGroup;
+  m.def("int8_encoded_bytes", &int8_encoded_bytes, "bytes of the int8 encoding of n values");
+  m.def("int8_encode", [](uintptr_t dst, uintptr_t src, int64_t n, int dtype) {
+    int8_encode(ptr(dst), ptr(src), n, static_cast<DType>(dtype));
+  }, nb::call_guard<nb::gil_scoped_release>(), "block-wise absmax int8 encoding of n values (quantize.h)");
+  m.def("int8_decode", [](uintptr_t dst, uintptr_t src, int64_t n, int dtype, int op) {
+    int8_decode(ptr(dst), ptr(src), n, static_cast<DType>(dtype), op);
+  }, nb::call_guard<nb::gil_scoped_release>(), "decode n values; op -1 overwrites dst, else dst = op(dst, decoded)");
 
 #ifdef PCCL_GPU
   m.attr("gpu_platform") = gpu::platform();

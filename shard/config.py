@@ -16,6 +16,8 @@ from typing import Optional, Union
 
 import torch
 
+from pccl.compression.codecs import codec
+
 from .strategy import Strategy, StrategyError
 from .units import MIN_SHARD_NUMEL
 
@@ -78,6 +80,12 @@ class EngineConfig:
     min_shard_numel: int = MIN_SHARD_NUMEL   # smaller units stay replicated (DDP-like)
     algorithm: Union[str, dict] = "auto"   # pccl algorithm of every collective, or a dict per collective name
     activation_checkpointing: bool = False
+    # Codecs (pccl.compression.codecs: int8, bf16, fp16, zfp:RATE) of the parameter
+    # all-gathers (those of forward and backward, ZeRO++'s qwZ, and the one that refreshes
+    # the parameter shards from the optimizer's after each update) and of the gradient
+    # reductions (qgZ); None: exact. Master weights and optimizer state are never compressed.
+    compress_params: Optional[str] = None
+    compress_grads: Optional[str] = None
     optimizer: OptimizerConfig = OptimizerConfig()
 
     def __post_init__(self) -> None:
@@ -96,6 +104,11 @@ class EngineConfig:
                              f"collective name, got {self.algorithm!r}")
         if not isinstance(self.activation_checkpointing, bool):
             raise ValueError(f"activation_checkpointing must be True or False, got {self.activation_checkpointing!r}")
+        for name in ("compress_params", "compress_grads"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a codec name (int8, bf16, fp16, zfp:RATE) or None, got {value!r}")
+            codec(value)   # an unknown name fails here, with the names it knows
         if not isinstance(self.optimizer, OptimizerConfig):
             raise ValueError(f"optimizer must be an OptimizerConfig, got {type(self.optimizer).__name__}")
 

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._pytree import tree_flatten, tree_map
 
+from pccl.compression.codecs import codec
 from pccl.runtime.communicator import Communicator
 
 from . import checkpoint
@@ -125,11 +126,16 @@ class Engine:
                                shared)
         self.scaler = LossScaler(config.precision == "fp16")
 
+        codecs = {kind: codec(name) for kind, name in (("params", config.compress_params),
+                                                        ("grads", config.compress_grads)) if name}
+        for kind, dtype in (("params", self.compute_dtype), ("grads", self.reduce_dtype)):
+            if kind in codecs:
+                codecs[kind].check(dtype)   # e.g. bf16 of bf16 parameters: nothing to compress
         self.units: list[ShardedUnit] = []
         for unit in cut:
             chosen = self.strategy if unit.numel >= config.min_shard_numel else REPLICATED
             self.units.append(ShardedUnit(unit, chosen, self.layout, self.compute_dtype, self.reduce_dtype,
-                                          self.device))
+                                          self.device, codecs))
         self.root = self.units[0] if self.units[0].name == "<root>" else None
         self._dtypes = {id(p): p.dtype for u in self.units for p in u.flat.params}
         self._init_optimizer(config.optimizer, decay, init)

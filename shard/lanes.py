@@ -41,13 +41,17 @@ class Ledger:
         self._cache: dict = {}
 
     def record(self, stage: str, comm, members: list[int], collective: str, algorithm, count: int,
-               itemsize: int) -> None:
-        key = (id(comm), collective, repr(algorithm), count, itemsize)
+               dtype: torch.dtype, codec=None) -> None:
+        """Count a collective's bytes; with a codec, as its encodings (the schedule's bytes
+        times the codec's size ratio)."""
+        key = (id(comm), collective, repr(algorithm), count, dtype, repr(codec))
         split = self._cache.get(key)
         if split is None:
             split = {"intra": 0, "inter": 0}
+            itemsize = dtype.itemsize
+            ratio = 1.0 if codec is None or not count else codec.encoded_nbytes(count, dtype) / (count * itemsize)
             for peer, nbytes in sent(collective, algorithm, comm.topology, comm.rank, count, itemsize).items():
-                split["intra" if self.layout.same_group(members[peer]) else "inter"] += nbytes
+                split["intra" if self.layout.same_group(members[peer]) else "inter"] += round(nbytes * ratio)
             self._cache[key] = split
         with self._lock:
             for kind, nbytes in split.items():
@@ -159,18 +163,19 @@ class Lane:
     def _algorithm(self, collective: str):
         return self.algorithm.get(collective, "auto") if isinstance(self.algorithm, dict) else self.algorithm
 
-    def _run(self, stage: str, level: str, collective: str, full: torch.Tensor, *args) -> None:
+    def _run(self, stage: str, level: str, collective: str, full: torch.Tensor, *args, codec=None) -> None:
         comm, members = self.comms[level]
         algorithm = comm.resolve(collective, self._algorithm(collective), full.numel() * full.element_size(),
                                  full.device.type)
         if comm.size > 1 and stage is not None:  # stage None: scalars, not counted
-            self.ledger.record(stage, comm, members, collective, algorithm, full.numel(), full.element_size())
+            self.ledger.record(stage, comm, members, collective, algorithm, full.numel(), full.dtype, codec)
             if self.log is not None:
                 self.log.append((level, collective, full.numel(), full.dtype, algorithm))
         if self.trace is not None and comm.size > 1:
             call = Call(level, collective, full.numel() * full.element_size(), algorithm, comm)
             self.trace.call(getattr(self._running, "task", None), call)
-        getattr(comm, collective)(*args, algorithm=algorithm)
+        # "none", not None: the engine's own settings decide, never PCCL_COMPRESSION
+        getattr(comm, collective)(*args, algorithm=algorithm, compression=codec or "none")
 
     def _levels(self, coarse: Scope, fine: Scope) -> list[str]:
         """The communicators that take a buffer from scope `coarse` to the finer `fine`."""
@@ -181,9 +186,10 @@ class Lane:
         return {(Scope.N, Scope.I): ["group"], (Scope.I, Scope.G): ["cross"],
                 (Scope.N, Scope.G): ["group", "cross"]}[(coarse, fine)]
 
-    def gather(self, stage: str, dst: torch.Tensor, src: torch.Tensor, shard: Scope, to: Scope) -> None:
+    def gather(self, stage: str, dst: torch.Tensor, src: torch.Tensor, shard: Scope, to: Scope,
+               codec=None) -> None:
         """All-gather `src` (this rank's `shard`-scope piece) into `dst` (its `to`-scope
-        piece), through the nested scopes outward."""
+        piece), through the nested scopes outward; `codec`: blocks travel compressed."""
         levels = self._levels(to, shard)
         if not levels:
             dst.copy_(src)
@@ -192,11 +198,12 @@ class Lane:
             outer = self.comms[levels[0]][0]
             size = dst.numel() // outer.size
             block = dst[outer.rank * size:(outer.rank + 1) * size]
-            self._run(stage, levels[1], "all_gather", block, block, src)
+            self._run(stage, levels[1], "all_gather", block, block, src, codec=codec)
             src = block
-        self._run(stage, levels[0], "all_gather", dst, dst, src)
+        self._run(stage, levels[0], "all_gather", dst, dst, src, codec=codec)
 
-    def reduce_scatter(self, stage: str, dst: torch.Tensor, src: torch.Tensor, full: Scope, to: Scope) -> None:
+    def reduce_scatter(self, stage: str, dst: torch.Tensor, src: torch.Tensor, full: Scope, to: Scope,
+                       codec=None) -> None:
         """Sum `src` (this rank's `full`-scope piece) over the ranks sharing it, leaving this
         rank's `to`-scope piece in `dst`, through the nested scopes inward."""
         levels = self._levels(full, to)
@@ -207,11 +214,11 @@ class Lane:
             comm = self.comms[level][0]
             out = dst if level == levels[-1] else torch.empty(src.numel() // comm.size, dtype=src.dtype,
                                                              device=src.device)
-            self._run(stage, level, "reduce_scatter", src, out, src)
+            self._run(stage, level, "reduce_scatter", src, out, src, codec=codec)
             src = out
 
-    def all_reduce(self, stage: str, tensor: torch.Tensor, scope: Scope) -> None:
+    def all_reduce(self, stage: str, tensor: torch.Tensor, scope: Scope, codec=None) -> None:
         """Sum `tensor`, this rank's `scope`-scope piece, over the ranks holding the same piece."""
         level = {Scope.N: "world", Scope.I: "cross"}.get(scope)
         if level is not None:
-            self._run(stage, level, "all_reduce", tensor, tensor)
+            self._run(stage, level, "all_reduce", tensor, tensor, codec=codec)

@@ -24,8 +24,11 @@ from .units import Unit
 
 class ShardedUnit:
     def __init__(self, unit: Unit, strategy: Strategy, layout: Layout, compute_dtype: torch.dtype,
-                 reduce_dtype: torch.dtype, device: torch.device):
+                 reduce_dtype: torch.dtype, device: torch.device, codecs: Optional[dict] = None):
+        """codecs: {"params": codec, "grads": codec} of the parameter gathers and the
+        gradient reductions (pccl.compression.codecs; absent: exact)."""
         self.unit, self.strategy, self.layout = unit, strategy, layout
+        self.codecs = codecs or {}
         self.name = unit.name
         self.flat = FlatParams(unit.params, layout.world)
         self.compute_dtype, self.reduce_dtype, self.device = compute_dtype, reduce_dtype, device
@@ -69,7 +72,8 @@ class ShardedUnit:
     def refresh(self, lane: Lane, stage: str, master: torch.Tensor) -> None:
         """The parameter shard from the updated master weights (PaRO Figures 1-3: a copy
         when P and OS share a scope, else an all-gather from OS out to P)."""
-        lane.gather(stage, self.params, master.to(self.compute_dtype), self.strategy.os, self.strategy.p)
+        lane.gather(stage, self.params, master.to(self.compute_dtype), self.strategy.os, self.strategy.p,
+                    self.codecs.get("params"))
         if not self.sharded_params:
             self.flat.bind(self.params)
 
@@ -79,7 +83,9 @@ class ShardedUnit:
             return
         full = torch.empty(self.flat.padded, dtype=self.compute_dtype, device=self.device)
         shard = self.params
-        self.gathering = lane.submit(lambda: lane.gather(stage, full, shard, self.strategy.p, Scope.N), full, shard)
+        codec = self.codecs.get("params")
+        self.gathering = lane.submit(lambda: lane.gather(stage, full, shard, self.strategy.p, Scope.N, codec), full,
+                                     shard)
         self.full = full
 
     def ensure_gathered(self, lane: Lane, stage: str) -> bool:
@@ -135,7 +141,7 @@ class ShardedUnit:
                 shard = flat
             else:
                 shard = torch.empty(self._numel(g), dtype=flat.dtype, device=flat.device)
-                lane.reduce_scatter("backward", shard, flat, Scope.N, g)
+                lane.reduce_scatter("backward", shard, flat, Scope.N, g, self.codecs.get("grads"))
             if self.grads is None:
                 self.grads = shard
             else:
@@ -155,9 +161,9 @@ class ShardedUnit:
         self.grads = None
         if g == Scope.I and os == Scope.G:   # the inter-group reduce-scatter
             shard = torch.empty(self._numel(os), dtype=grads.dtype, device=grads.device)
-            lane.reduce_scatter("update", shard, grads, Scope.I, Scope.G)
+            lane.reduce_scatter("update", shard, grads, Scope.I, Scope.G, self.codecs.get("grads"))
         else:
-            lane.all_reduce("update", grads, g)
+            lane.all_reduce("update", grads, g, self.codecs.get("grads"))
             start, end = self.layout.span(os, self.flat.padded)
             offset = self.layout.span(g, self.flat.padded)[0]
             shard = grads[start - offset:end - offset]

@@ -301,10 +301,13 @@ def setup(cfg) -> Run:
 
 def engine_config(resolved: dict, precision: str) -> EngineConfig:
     """The engine's settings from the resolved configuration: the strategy group (its name
-    is the strategy), the optimizer group's AdamW fields, comm.algorithm and `precision`."""
+    is the strategy), the optimizer group's AdamW fields, comm.algorithm, comm.compression
+    and `precision`."""
     strategy, optim = dict(resolved["strategy"]), resolved["optim"]
+    compression = resolved["comm"].get("compression") or {}
     return EngineConfig(strategy=strategy.pop("name"), **strategy, precision=precision,
-                        algorithm=resolved["comm"]["algorithm"],
+                        algorithm=resolved["comm"]["algorithm"], compress_params=compression.get("params"),
+                        compress_grads=compression.get("grads"),
                         optimizer=OptimizerConfig(**{f.name: optim[f.name] for f in fields(OptimizerConfig)}))
 
 

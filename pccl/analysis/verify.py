@@ -14,6 +14,7 @@ from collections import defaultdict, deque
 import numpy as np
 
 from pccl.algorithms import schedule
+from pccl.ir.compressed import compress
 from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase
 from pccl.ir.schedule import Kind, Schedule
 from pccl.plans import build
@@ -61,11 +62,45 @@ def check_step(sched: Schedule, index: int) -> None:
         raise ScheduleError(f"{where}: blocks {sorted(copied & sent)} are sent and overwritten in one step")
 
 
-def simulate(schedules: list[Schedule]) -> list[np.ndarray]:
-    """Execute all ranks' schedules symbolically; return each rank's final provenance."""
+class Provenance:
+    """What the simulation carries: each rank's (blocks x ranks) contribution counts."""
+
+    def __init__(self, schedules: list[Schedule]):
+        self.schedules = schedules
+        self.state = initial_state(schedules[0].collective, len(schedules))
+
+    def begin(self, r: int, index: int) -> None:
+        """Rank r enters step `index`."""
+
+    def payload(self, r: int, index: int, t) -> object:
+        """What rank r's send `t` carries."""
+        payload = self.state[r][list(t.blocks)].copy()
+        sched = self.schedules[r]
+        if sched.collective == "all_gather" and not payload.any(axis=1).all():
+            raise ScheduleError(f"{sched.algorithm} all_gather p={sched.size}: rank {r} step {index} sends blocks it "
+                                f"does not hold")
+        return payload
+
+    def land(self, r: int, index: int, received: list) -> None:
+        """Rank r's step `index` completes with these (transfer, payload) receives."""
+        for t, payload in received:
+            idx = list(t.blocks)
+            if t.kind == Kind.RECV:
+                self.state[r][idx] = payload
+            else:
+                self.state[r][idx] += payload
+
+    def finish(self) -> list[np.ndarray]:
+        return self.state
+
+
+def simulate(schedules: list[Schedule], model=None) -> list[np.ndarray]:
+    """Execute all ranks' schedules symbolically, messages matched as MPI matches them;
+    return each rank's final provenance. `model`: what the messages carry and how they
+    land (default: Provenance; verify_compressed's carries encodings)."""
     p = len(schedules)
     collective = schedules[0].collective
-    state = initial_state(collective, p)
+    model = model or Provenance(schedules)
     pos = [0] * p
     unmatched = [0] * p
     received: list[list] = [[] for _ in range(p)]
@@ -97,13 +132,10 @@ def simulate(schedules: list[Schedule]) -> list[np.ndarray]:
         unmatched[r] = len(step)
         if not step:
             ready.append(r)
+        model.begin(r, pos[r])
         for t in step:
             if t.kind == Kind.SEND:
-                payload = state[r][list(t.blocks)].copy()
-                if collective == "all_gather" and not payload.any(axis=1).all():
-                    raise ScheduleError(
-                        f"{sched.algorithm} all_gather p={p}: rank {r} step {pos[r]} sends blocks it does not hold")
-                sends[(r, t.peer)].append((t.blocks, payload))
+                sends[(r, t.peer)].append((t.blocks, model.payload(r, pos[r], t)))
             else:
                 recvs[(t.peer, r)].append(t)
         for t in step:
@@ -116,12 +148,7 @@ def simulate(schedules: list[Schedule]) -> list[np.ndarray]:
         enter(r)
     while ready:
         r = ready.popleft()
-        for t, payload in received[r]:
-            idx = list(t.blocks)
-            if t.kind == Kind.RECV:
-                state[r][idx] = payload
-            else:
-                state[r][idx] += payload
+        model.land(r, pos[r], received[r])
         received[r].clear()
         pos[r] += 1
         enter(r)
@@ -134,7 +161,7 @@ def simulate(schedules: list[Schedule]) -> list[np.ndarray]:
     leftover = [k for k, q in list(sends.items()) + list(recvs.items()) if q]
     if leftover:
         raise ScheduleError(f"{schedules[0].algorithm} {collective} p={p}: unmatched messages on {leftover[:8]}")
-    return state
+    return model.finish()
 
 
 def verify(collective: str, algorithm: str, p: int) -> None:
@@ -142,9 +169,10 @@ def verify(collective: str, algorithm: str, p: int) -> None:
     verify_schedules([schedule(collective, algorithm, p, r) for r in range(p)])
 
 
-def verify_schedules(schedules: list[Schedule]) -> None:
-    """Raise ScheduleError unless these per-rank schedules compute their collective."""
-    final = simulate(schedules)
+def verify_schedules(schedules: list[Schedule], final: list[np.ndarray] | None = None) -> None:
+    """Raise ScheduleError unless these per-rank schedules compute their collective (from
+    `final`, the simulation's result, when given)."""
+    final = simulate(schedules) if final is None else final
     collective, algorithm, p = schedules[0].collective, schedules[0].algorithm, len(schedules)
     eye = np.eye(p, dtype=np.int64)
     everyone = np.ones(p, dtype=np.int64)
@@ -160,6 +188,97 @@ def verify_schedules(schedules: list[Schedule]) -> None:
             raise ScheduleError(
                 f"{algorithm} {collective} p={p}: rank {r} block {b} ends with contributions "
                 f"{dict((c, int(n)) for c, n in enumerate(s[b]) if n)}")
+
+
+class Encoded(Provenance):
+    """The simulation of compressed schedules (pccl.ir.compressed): each rank follows its
+    plan; an encoding is a token standing for the contributions it was made from. Checks
+    that a rank forwards only valid encodings, encodes only values it holds, and never
+    decodes one token twice; counts the encodings made per block."""
+
+    def __init__(self, schedules: list[Schedule]):
+        super().__init__(schedules)
+        p = len(schedules)
+        self.plans = [compress(sched) for sched in schedules]
+        self.tokens: list[np.ndarray] = []                    # token -> contributions
+        self.maker: list[int] = []                            # token -> the block it encodes
+        self.enc: list[dict[int, int]] = [{} for _ in range(p)]
+        self.frozen: list[set[int]] = [set() for _ in range(p)]
+        self.decoded: list[set[int]] = [set() for _ in range(p)]
+        self.final: list[dict[int, int]] = [{} for _ in range(p)]   # block -> the token it ended as
+
+    def _fail(self, r: int, message: str) -> None:
+        sched = self.schedules[r]
+        raise ScheduleError(f"compressed {sched.algorithm} {sched.collective} p={sched.size} rank {r}: {message}")
+
+    def _decode(self, r: int, token: int) -> np.ndarray:
+        if token in self.decoded[r]:
+            self._fail(r, f"decodes token {token} twice")
+        self.decoded[r].add(token)
+        return self.tokens[token]
+
+    def begin(self, r: int, index: int) -> None:
+        for b in self.plans[r].steps[index].encode:
+            if b in self.frozen[r]:
+                self._fail(r, f"step {index} encodes block {b}, which it holds only encoded")
+            if self.schedules[r].collective == "all_gather" and not self.state[r][b].any():
+                self._fail(r, f"step {index} encodes block {b}, which it does not hold")
+            self.tokens.append(self.state[r][b].copy())
+            self.maker.append(b)
+            self.enc[r][b] = len(self.tokens) - 1
+
+    def payload(self, r: int, index: int, t) -> object:
+        missing = [b for b in t.blocks if b not in self.enc[r]]
+        if missing:
+            self._fail(r, f"step {index} sends blocks {missing} with no valid encoding")
+        return tuple(self.enc[r][b] for b in t.blocks)
+
+    def land(self, r: int, index: int, received: list) -> None:
+        step = self.plans[r].steps[index]
+        for b in step.thaw:
+            self.state[r][b] = self._decode(r, self.enc[r].pop(b))
+            self.frozen[r].discard(b)
+        for t, tokens in received:
+            for b, token in zip(t.blocks, tokens):
+                if t.kind == Kind.RECV:
+                    self.enc[r][b] = token
+                    self.frozen[r].add(b)
+                else:
+                    if b in self.frozen[r]:
+                        self._fail(r, f"step {index} reduces into block {b}, held only encoded and not thawed")
+                    self.state[r][b] = self.state[r][b] + self._decode(r, token)
+                    self.enc[r].pop(b, None)
+
+    def finish(self) -> list[np.ndarray]:
+        for r, plan in enumerate(self.plans):
+            for b in (*plan.decode, *plan.settle):
+                token = self.enc[r][b]
+                self.state[r][b] = self._decode(r, token)
+                self.final[r][b] = token
+                self.frozen[r].discard(b)
+            if self.frozen[r] & set(plan.decode + plan.settle):
+                self._fail(r, "ends holding result blocks only encoded")
+        return self.state
+
+
+def verify_compressed(collective: str, algorithm: str, p: int) -> dict:
+    """Raise ScheduleError unless `algorithm` with compression computes `collective` on p
+    ranks (the same contributions, every encoding valid, none decoded twice); for an
+    all-gather, also unless every block is encoded exactly once (by its owner) and every
+    rank ends with the same decoding of it. Returns {"encodes": encodings per block}."""
+    schedules = [schedule(collective, algorithm, p, r) for r in range(p)]
+    model = Encoded(schedules)
+    verify_schedules(schedules, simulate(schedules, model))
+    encodes = np.bincount(np.asarray(model.maker, dtype=np.int64), minlength=p)
+    if collective == "all_gather" and p > 1:   # (one rank sends nothing, encodes nothing)
+        if (encodes != 1).any():
+            raise ScheduleError(f"compressed {algorithm} all_gather p={p}: blocks encoded {encodes.tolist()} times, "
+                                f"expected once each")
+        for b in range(p):
+            if len({model.final[r][b] for r in range(p)}) != 1:
+                raise ScheduleError(f"compressed {algorithm} all_gather p={p}: block {b} ends as different "
+                                    f"decodings on different ranks")
+    return {"encodes": encodes.tolist()}
 
 
 def simulate_plans(plans: list, topology, weights: np.ndarray, rng: np.random.Generator) -> list[dict]:

@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from pccl.ir.blocks import block_offsets
+from pccl.ir.compressed import compress
 from pccl.ir.schedule import Kind, Schedule
 
 
@@ -25,6 +26,7 @@ def reduce_(dst: torch.Tensor, src: torch.Tensor, op: str) -> None:
 class ScheduleExecutor(ABC):
     rank: int
     size: int
+    takes_codecs = True   # runs compressed schedules (execute_compressed)
 
     def __init__(self) -> None:
         self._work: dict[torch.dtype, torch.Tensor] = {}
@@ -42,7 +44,12 @@ class ScheduleExecutor(ABC):
             buf = cache[like.dtype] = torch.empty(numel, dtype=like.dtype, device=like.device)
         return buf[:numel]
 
-    def execute(self, sched: Schedule, buf: torch.Tensor, offsets: list[int], op: str | None) -> None:
+    def execute(self, sched: Schedule, buf: torch.Tensor, offsets: list[int], op: str | None,
+                codec=None) -> None:
+        if codec is not None:
+            self.execute_compressed(sched, buf, offsets, op, codec)
+            return
+
         def view(first: int, count: int) -> torch.Tensor:
             return buf[offsets[first]:offsets[first + count]]
 
@@ -68,24 +75,73 @@ class ScheduleExecutor(ABC):
             for target, landing in pending:
                 reduce_(target, landing, op)
 
-    def all_gather(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor) -> None:
+    def execute_compressed(self, sched: Schedule, buf: torch.Tensor, offsets: list[int], op: str | None,
+                           codec) -> None:
+        """The schedule with every block travelling as its `codec` encoding, following
+        pccl.ir.compressed's plan (encode once where the plan says, forward encodings,
+        decode-and-reduce, decode at the end). One message per run of blocks, as uncompressed."""
+        plan = compress(sched)
+        op = "sum" if op == "avg" else op
+
+        def values(b: int) -> torch.Tensor:
+            return buf[offsets[b]:offsets[b + 1]]
+
+        def nbytes(b: int) -> int:
+            return codec.encoded_nbytes(offsets[b + 1] - offsets[b], buf.dtype)
+
+        encodings: dict[int, torch.Tensor] = {}
+        for index, step in enumerate(plan.steps):
+            for b in step.encode:
+                encodings[b] = torch.empty(nbytes(b), dtype=torch.uint8)
+                if values(b).numel():
+                    codec.encode(values(b), encodings[b])
+            sends, recvs, landed = [], [], []
+            for t in step.sends:
+                for first, count in t.runs:
+                    message = torch.cat([encodings[b] for b in range(first, first + count)])
+                    if message.numel():
+                        sends.append((t.peer, message))
+            for t in (*step.keeps, *step.reduces):
+                for first, count in t.runs:
+                    landing = torch.empty(sum(nbytes(b) for b in range(first, first + count)), dtype=torch.uint8)
+                    if landing.numel():
+                        recvs.append((t.peer, landing))
+                    at = 0
+                    for b in range(first, first + count):
+                        landed.append((t.kind, b, landing[at:at + nbytes(b)]))
+                        at += nbytes(b)
+            self.exchange(sends, recvs, index)
+            for b in step.thaw:
+                codec.decode(encodings.pop(b), values(b))
+            for kind, b, encoding in landed:
+                if kind == Kind.RECV:
+                    encodings[b] = encoding
+                elif values(b).numel():
+                    codec.decode(encoding, values(b), op)
+                    encodings.pop(b, None)
+        for b in (*plan.decode, *plan.settle):
+            if values(b).numel():
+                codec.decode(encodings[b], values(b))
+
+    def all_gather(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor, codec=None) -> None:
         n = input.numel()
         mine = output[self.rank * n:(self.rank + 1) * n]
         if mine.data_ptr() != input.data_ptr():
             mine.copy_(input)
-        self.execute(sched, output, block_offsets(n * self.size, self.size), None)
+        self.execute(sched, output, block_offsets(n * self.size, self.size), None, codec)
 
-    def reduce_scatter(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
+    def reduce_scatter(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor, op: str,
+                       codec=None) -> None:
         # The input stays untouched: reduce in a cached copy.
         work = self._cached(self._work, input, input.numel())
         work.copy_(input)
-        self.execute(sched, work, block_offsets(input.numel(), self.size), op)
+        self.execute(sched, work, block_offsets(input.numel(), self.size), op, codec)
         n = output.numel()
         output.copy_(work[self.rank * n:(self.rank + 1) * n])
         if op == "avg":
             output.div_(self.size)
 
-    def all_reduce(self, sched: Schedule, tensor: torch.Tensor, op: str) -> None:
-        self.execute(sched, tensor, block_offsets(tensor.numel(), self.size), op)
+    def all_reduce(self, sched: Schedule, tensor: torch.Tensor, op: str, codec=None) -> None:
+        self.execute(sched, tensor, block_offsets(tensor.numel(), self.size), op, codec)
         if op == "avg":
             tensor.div_(self.size)

@@ -9,7 +9,7 @@ once at the end.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -85,31 +85,37 @@ class PlanExecutor:
             self._indices[key] = torch.tensor(perm, dtype=torch.int64, device=device)
         return self._indices[key]
 
-    def _phase(self, phase: Phase, view: Callable[[Ref], torch.Tensor], op: str, async_op: bool):
+    def _phase(self, phase: Phase, view: Callable[[Ref], torch.Tensor], op: str, async_op: bool,
+               codecs: dict):
         comm = self.levels[phase.level]
         out, inp = view(phase.output), view(phase.input)
+        compression = codecs.get(phase.level) or "none"
         if phase.collective == "all_gather":
-            return comm.all_gather(out, inp, algorithm=phase.algorithm, async_op=async_op)
-        return comm.reduce_scatter(out, inp, op=op, algorithm=phase.algorithm, async_op=async_op)
+            return comm.all_gather(out, inp, algorithm=phase.algorithm, async_op=async_op, compression=compression)
+        return comm.reduce_scatter(out, inp, op=op, algorithm=phase.algorithm, async_op=async_op,
+                                   compression=compression)
 
     def _start(self, phase: Phase, view: Callable[[Ref], torch.Tensor], op: str,
-               like: torch.Tensor) -> Callable[[], None]:
+               like: torch.Tensor, codecs: dict) -> Callable[[], None]:
         """Start `phase` alongside the step's others; return its wait. A level that only
         queues GPU work (NCCL) runs on its own side stream, issued now on this thread in
         phase order (the same on every rank); another runs on its level's worker thread."""
         comm = self.levels[phase.level]
         if not comm.queues_on_device(like.device.type):
-            return self._phase(phase, view, op, async_op=True).wait
+            return self._phase(phase, view, op, True, codecs).wait
         key = (phase.level, like.device)
         if key not in self._sides:
             self._sides[key] = self._new_side(like.device)
         side = self._sides[key]
-        done = side.run(lambda: self._phase(phase, view, op, async_op=False), side.mark(),
+        done = side.run(lambda: self._phase(phase, view, op, False, codecs), side.mark(),
                         (view(phase.input), view(phase.output)))
         return lambda: side.wait(done)
 
-    def run(self, plan: Plan, buffers: dict[str, torch.Tensor], block: int, op: str) -> None:
-        """Run `plan` with its named buffers ("input"/"output" or "io"), `block` elements a block."""
+    def run(self, plan: Plan, buffers: dict[str, torch.Tensor], block: int, op: str,
+            codecs: Optional[dict] = None) -> None:
+        """Run `plan` with its named buffers ("input"/"output" or "io"), `block` elements a
+        block; `codecs`: the codec of each level's phases ({"inter": ...}; none by default)."""
+        codecs = codecs or {}
         if block == 0:
             return
         like = next(iter(buffers.values()))
@@ -123,9 +129,9 @@ class PlanExecutor:
         phase_op = "sum" if op == "avg" else op
         for step in plan.steps:
             if isinstance(step, Phase):
-                self._phase(step, view, phase_op, async_op=False)
+                self._phase(step, view, phase_op, False, codecs)
             elif isinstance(step, Concurrent):
-                for wait in [self._start(p, view, phase_op, like) for p in step.phases]:
+                for wait in [self._start(p, view, phase_op, like, codecs) for p in step.phases]:
                     wait()
             elif isinstance(step, Permute):
                 permute_(view(step.src).view(-1, block), view(step.dst).view(-1, block), step.perm,
@@ -139,7 +145,7 @@ class PlanExecutor:
         if op == "avg":
             bufs["output" if "output" in bufs else "io"].div_(plan.nodes * plan.local)
 
-    def all_reduce(self, plan: Plan, tensor: torch.Tensor, op: str) -> None:
+    def all_reduce(self, plan: Plan, tensor: torch.Tensor, op: str, codecs: Optional[dict] = None) -> None:
         """All-reduce in place; a length not divisible by the size runs on a padded copy."""
         p = plan.nodes * plan.local
         block = -(-tensor.numel() // p)
@@ -148,6 +154,6 @@ class PlanExecutor:
             io = self._space("padded", block * p, tensor)
             io[:tensor.numel()].copy_(tensor)
             io[tensor.numel():].zero_()
-        self.run(plan, {"io": io}, block, op)
+        self.run(plan, {"io": io}, block, op, codecs)
         if io is not tensor:
             tensor.copy_(io[:tensor.numel()])

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from pccl import plans
 from pccl.algorithms import schedule
+from pccl.compression.codecs import codec as codec_of
 from pccl.core.dtypes import op_code
 from pccl.core.topology import Topology, TopologyError
 from pccl.executors.plan import PlanExecutor
@@ -118,6 +119,7 @@ class Communicator:
         self.tuner = Tuner(self.topology, self.profile, with_plans=self._can_build_levels())
         self._flat_tuner = Tuner(self.topology, self.profile, with_plans=False)   # auto where plans cannot run
         self._plans: Optional[PlanExecutor] = None
+        self._compressed = None   # the executor of compressed schedules, where it is not _executor
         if self.tuner.plans_apply and any(map(transports.uses_torch, self.level_transports.values())):
             # torch.distributed groups must be created in one global order on every rank:
             # now, on the constructing thread, not at a first plan call on whichever worker
@@ -264,18 +266,63 @@ class Communicator:
         validation.check_numel(full, big.numel(), self.size * small.numel(),
                                f"size * {other}.numel() = {self.size} * {small.numel()}")
 
+    def _codecs(self, compression, like: torch.Tensor) -> dict:
+        """{level: codec} of a call: one codec for a flat schedule ("flat") and, in a plan,
+        for the inter-node level only unless a dict names the levels ({"intra": ...,
+        "inter": ...}); None (default: PCCL_COMPRESSION, else none) compresses nothing.
+        Checked before anything is sent."""
+        if compression is None:
+            compression = os.environ.get("PCCL_COMPRESSION") or None
+        levels = dict(compression) if isinstance(compression, dict) else {"flat": compression, "inter": compression}
+        unknown = set(levels) - {"flat", "intra", "inter"}
+        if unknown:
+            raise ValueError(f"compression per level takes the keys 'intra' and 'inter', got {sorted(unknown)}")
+        codecs = {level: codec_of(name) for level, name in levels.items()}
+        codecs = {level: c for level, c in codecs.items() if c is not None}
+        for c in codecs.values():
+            c.check(like.dtype)
+            if like.device.type != "cpu":
+                raise ValueError(f"compression ({c.name}) runs on CPU tensors so far, got a {like.device.type} tensor")
+        return codecs
+
+    def _compressing(self):
+        """The executor of compressed schedules: this one's where it takes codecs, else the
+        Python reference loop over a duplicate of the MPI communicator (made at first use:
+        every rank makes the same calls), the codecs' kernels native."""
+        if getattr(self._executor, "takes_codecs", False):
+            return self._executor
+        if self._compressed is None:
+            from pccl.executors.mpi_python import MpiPythonExecutor
+
+            self._compressed = MpiPythonExecutor(self.mpi_comm, self.timeout)
+        return self._compressed
+
     def _run(self, collective: str, algorithm, like: torch.Tensor, async_op: bool,
-             native: Callable[[], None], scheduled: Callable[[Schedule], None],
-             planned: Callable[[Plan, PlanExecutor], None]) -> Optional[Work]:
+             native: Callable[[], None], scheduled: Callable[[Schedule, object], None],
+             planned: Callable[[Plan, PlanExecutor], None], codecs: dict) -> Optional[Work]:
+        requested = algorithm
         algorithm = self.resolve(collective, algorithm, like.numel() * like.element_size(), like.device.type)
+        if codecs and collective == "all_gather" and isinstance(algorithm, plans.HORing):
+            # HO-Ring moves a block both exactly (inside a node) and encoded (across): ranks
+            # would end with different values of it. The hierarchical plan encodes each once.
+            if requested != "auto":
+                raise ValueError("a compressed all-gather cannot run HO-Ring: its concurrent phases move each block "
+                                 "both exactly and encoded, so ranks would end with different values; use "
+                                 "'hierarchical' or a flat schedule")
+            algorithm = plans.NAMED["hierarchical"]
         if not isinstance(algorithm, str):
             plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec
             fn = lambda: planned(plan, self._plan_executor())  # noqa: E731
         elif algorithm == "native":
+            if codecs:
+                raise ValueError("compression runs inside pccl's schedules; 'native' is the transport's own "
+                                 "collective: choose a schedule, a plan or auto")
             fn = native
         else:
             sched = schedule(collective, algorithm, self.size, self.rank)
-            fn = lambda: scheduled(sched)  # noqa: E731
+            codec = codecs.get("flat")
+            runner = self._compressing() if codec is not None else self._executor
+            fn = lambda: scheduled(sched, runner, codec)  # noqa: E731
         return self._queue.run(on_callers_stream(fn, like), async_op,
                                StreamWork if self.queues_on_device(like.device.type) else None)
 
@@ -307,36 +354,51 @@ class Communicator:
         self._owns_group = False
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, algorithm: str = "auto",
-                   async_op: bool = False) -> Optional[Work]:
-        """Gather every rank's `input` into `output`: rank i's input lands at block i."""
+                   async_op: bool = False, compression=None) -> Optional[Work]:
+        """Gather every rank's `input` into `output`: rank i's input lands at block i.
+        compression: a codec ("int8", "bf16", "fp16", "zfp:8"; pccl.compression.codecs),
+        or per plan level {"intra": ..., "inter": ...}; each block is encoded once, by its
+        owner, and every rank's output is the same decoding."""
         self._check_buffers(output, input, full="output")
+        codecs = self._codecs(compression, output)
         output, input = output.view(-1), input.view(-1)   # executors and plans slice flat buffers
         return self._run("all_gather", algorithm, output, async_op,
                          lambda: self._native.native_all_gather(output, input),
-                         lambda sched: self._executor.all_gather(sched, output, input),
-                         lambda plan, run: run.run(plan, {"input": input, "output": output}, input.numel(), "sum"))
+                         lambda sched, runner, codec: runner.all_gather(sched, output, input, *_with(codec)),
+                         lambda plan, run: run.run(plan, {"input": input, "output": output}, input.numel(), "sum",
+                                                   codecs), codecs)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
-                       algorithm: str = "auto", async_op: bool = False) -> Optional[Work]:
-        """Reduce `input` over all ranks; this rank receives block `rank` in `output`."""
+                       algorithm: str = "auto", async_op: bool = False, compression=None) -> Optional[Work]:
+        """Reduce `input` over all ranks; this rank receives block `rank` in `output`.
+        compression: as all_gather's; partial sums are encoded at each step."""
         self._check_buffers(output, input, full="input")
         op_code(op, input.dtype)
+        codecs = self._codecs(compression, input)
         output, input = output.view(-1), input.view(-1)
         return self._run("reduce_scatter", algorithm, input, async_op,
                          lambda: self._native.native_reduce_scatter(output, input, op),
-                         lambda sched: self._executor.reduce_scatter(sched, output, input, op),
-                         lambda plan, run: run.run(plan, {"input": input, "output": output}, output.numel(), op))
+                         lambda sched, runner, codec: runner.reduce_scatter(sched, output, input, op, *_with(codec)),
+                         lambda plan, run: run.run(plan, {"input": input, "output": output}, output.numel(), op,
+                                                   codecs), codecs)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
-                   async_op: bool = False) -> Optional[Work]:
-        """Reduce `tensor` over all ranks, in place."""
+                   async_op: bool = False, compression=None) -> Optional[Work]:
+        """Reduce `tensor` over all ranks, in place. compression: as all_gather's."""
         validation.check_tensor("tensor", tensor, self.devices)
         op_code(op, tensor.dtype)
+        codecs = self._codecs(compression, tensor)
         tensor = tensor.view(-1)
         return self._run("all_reduce", algorithm, tensor, async_op,
                          lambda: self._native.native_all_reduce(tensor, op),
-                         lambda sched: self._executor.all_reduce(sched, tensor, op),
-                         lambda plan, run: run.all_reduce(plan, tensor, op))
+                         lambda sched, runner, codec: runner.all_reduce(sched, tensor, op, *_with(codec)),
+                         lambda plan, run: run.all_reduce(plan, tensor, op, codecs), codecs)
+
+
+def _with(codec) -> tuple:
+    """The trailing codec argument of an executor call: none without compression (the C++
+    executor takes none)."""
+    return () if codec is None else (codec,)
 
 
 def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,

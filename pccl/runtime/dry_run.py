@@ -81,7 +81,10 @@ class DryRunCommunicator(Communicator):
             return cost_model.predict(collective, algorithm, self.topology, self.profile, nbytes)
         return cost_model.predict_groups(collective, algorithm, world, partition, self.profile, nbytes)
 
-    def _record(self, collective: str, algorithm, like: torch.Tensor) -> None:
+    def _record(self, collective: str, algorithm, like: torch.Tensor, compression) -> None:
+        if self._codecs(compression, like):
+            raise ValueError("a dry run cannot predict compressed collectives yet: the cost model does not know "
+                             "codecs")
         nbytes = like.numel() * like.element_size()
         algorithm = self.resolve(collective, algorithm, nbytes, like.device.type)
         if not isinstance(algorithm, str):
@@ -92,18 +95,18 @@ class DryRunCommunicator(Communicator):
         self._queue.close()
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, algorithm: str = "auto",
-                   async_op: bool = False) -> None:
+                   async_op: bool = False, compression=None) -> None:
         self._check_buffers(output, input, full="output")
-        self._record("all_gather", algorithm, output)
+        self._record("all_gather", algorithm, output, compression)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
-                       algorithm: str = "auto", async_op: bool = False) -> None:
+                       algorithm: str = "auto", async_op: bool = False, compression=None) -> None:
         self._check_buffers(output, input, full="input")
         op_code(op, input.dtype)
-        self._record("reduce_scatter", algorithm, input)
+        self._record("reduce_scatter", algorithm, input, compression)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
-                   async_op: bool = False) -> None:
+                   async_op: bool = False, compression=None) -> None:
         validation.check_tensor("tensor", tensor, self.devices)
         op_code(op, tensor.dtype)
-        self._record("all_reduce", algorithm, tensor)
+        self._record("all_reduce", algorithm, tensor, compression)

@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 import pccl
 from pccl.algorithms import ALL_NAMES, algorithms_for
+from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DATATYPES, OPS
 from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
@@ -119,13 +120,14 @@ class Case:
             self.output.fill_(-1)
         self.input.copy_(rank_values(self.rank, 0, self.input.numel(), self.dtype, self.ranks))
 
-    def call(self, comm: pccl.Communicator, algorithm: str) -> Callable[[], None]:
-        """A no-argument function that runs the collective once with `algorithm`."""
+    def call(self, comm: pccl.Communicator, algorithm: str, compression: str = "none") -> Callable[[], None]:
+        """A no-argument function that runs the collective once with `algorithm` (and a codec)."""
         if self.collective == "all_gather":
-            return lambda: comm.all_gather(self.output, self.input, algorithm=algorithm)
+            return lambda: comm.all_gather(self.output, self.input, algorithm=algorithm, compression=compression)
         if self.collective == "reduce_scatter":
-            return lambda: comm.reduce_scatter(self.output, self.input, op=self.op, algorithm=algorithm)
-        return lambda: comm.all_reduce(self.output, op=self.op, algorithm=algorithm)
+            return lambda: comm.reduce_scatter(self.output, self.input, op=self.op, algorithm=algorithm,
+                                               compression=compression)
+        return lambda: comm.all_reduce(self.output, op=self.op, algorithm=algorithm, compression=compression)
 
     @cached_property
     def expected(self) -> torch.Tensor:
@@ -139,6 +141,12 @@ class Case:
     def wrong(self) -> int:
         """Elements of this rank's output that differ from the expected result."""
         return count_wrong(self.output, self.expected, self.op)
+
+    def error_sums(self) -> tuple[float, float, float]:
+        """(largest |error|, sum of squared errors, sum of squared expected values) of this
+        rank's output against the exact result."""
+        error = self.output.double() - self.expected.double()
+        return error.abs().max().item(), error.square().sum().item(), self.expected.double().square().sum().item()
 
 
 # ------------------------------------------------------------------ measuring
@@ -161,6 +169,9 @@ class Row:
     busbw: float
     wrong: Optional[int]
     ranks: int
+    compression: str = "none"
+    max_error: Optional[float] = None   # compressed rows: largest |error| / largest |exact value|
+    rms_error: Optional[float] = None   # compressed rows: RMS error / RMS exact value
 
 
 def check(case: Case, call: Callable[[], None], world: MPI.Comm) -> int:
@@ -170,17 +181,34 @@ def check(case: Case, call: Callable[[], None], world: MPI.Comm) -> int:
     return world.allreduce(case.wrong(), op=MPI.SUM)
 
 
+def errors(case: Case, call: Callable[[], None], world: MPI.Comm) -> tuple[float, float]:
+    """(max, RMS) error of one call on fresh inputs, over all ranks, relative to the exact
+    result's largest and RMS value."""
+    case.fill()
+    call()
+    largest, squares, reference = case.error_sums()
+    largest = world.allreduce(largest, op=MPI.MAX)
+    squares, reference = world.allreduce(squares), world.allreduce(reference)
+    scale = world.allreduce(case.expected.double().abs().max().item(), op=MPI.MAX)
+    return largest / scale if scale else largest, (squares / reference) ** 0.5 if reference else squares ** 0.5
+
+
 def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
-            args: argparse.Namespace, world: MPI.Comm) -> Row:
-    """Time (and optionally check) one algorithm of one executor on one case."""
-    call = case.call(comm, algorithm)
+            args: argparse.Namespace, world: MPI.Comm, compression: str = "none") -> Row:
+    """Time (and optionally check) one algorithm of one executor on one case; a lossy
+    codec's row gets its error against the exact result instead of a count of wrong elements."""
+    call = case.call(comm, algorithm, compression)
     case.fill()
     seconds = time_per_call(call, args.iters, args.warmup_iters, args.repeats, world)
-    wrong = check(case, call, world) if args.check else None
+    wrong, error = None, (None, None)
+    if compression != "none":
+        error = errors(case, call, world)
+    elif args.check:
+        wrong = check(case, call, world)
     algbw, busbw = bandwidths(case.collective, case.nbytes, seconds, case.ranks)
     picked = comm.tuner.name(case.collective, case.nbytes) if algorithm == "auto" else algorithm
     return Row(case.collective, case.nbytes, case.count, args.datatype, args.op, executor, algorithm,
-               picked, seconds * 1e6, algbw, busbw, wrong, case.ranks)
+               picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error)
 
 
 # ------------------------------------------------------------------ variants
@@ -225,11 +253,14 @@ COLUMNS: tuple[tuple[str, int, Callable[[Row], str]], ...] = (
     ("count", 12, lambda r: str(r.count)),
     ("type", 8, lambda r: r.dtype),
     ("executor", 8, lambda r: r.executor),
-    ("algorithm", 26, lambda r: f"auto({r.picked})" if r.algorithm == "auto" else r.algorithm),
+    ("algorithm", 26, lambda r: (f"auto({r.picked})" if r.algorithm == "auto" else r.algorithm)
+     + ("" if r.compression == "none" else f"+{r.compression}")),
     ("time(us)", 11, lambda r: f"{r.time_us:.2f}"),
     ("algbw(GB/s)", 11, lambda r: f"{r.algbw:.3f}"),
     ("busbw(GB/s)", 11, lambda r: f"{r.busbw:.3f}"),
     ("#wrong", 7, lambda r: "N/A" if r.wrong is None else str(r.wrong)),
+    ("maxerr", 9, lambda r: "-" if r.max_error is None else f"{r.max_error:.1e}"),
+    ("rmserr", 9, lambda r: "-" if r.rms_error is None else f"{r.rms_error:.1e}"),
 )
 
 
@@ -259,7 +290,8 @@ def fastest(rows: list[Row]) -> dict[tuple[int, str], Row]:
     best: dict[tuple[int, str], Row] = {}
     for row in rows:
         key = (row.size, row.executor)
-        if row.algorithm != "auto" and (key not in best or row.time_us < best[key].time_us):
+        concrete = row.algorithm != "auto" and row.compression == "none"
+        if concrete and (key not in best or row.time_us < best[key].time_us):
             best[key] = row
     return best
 
@@ -286,6 +318,19 @@ def summary(collective: str, rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def compression_summary(collective: str, rows: list[Row]) -> str:
+    """Per compressed row: its speed-up over the same algorithm uncompressed, and its error."""
+    plain = {(r.size, r.executor, r.algorithm): r for r in rows if r.compression == "none"}
+    lines = [f"# {collective}: compressed vs the same algorithm uncompressed",
+             f"#{'size(B)':>11} {'executor':>8} {'algorithm':>26} {'codec':>8} {'speed-up':>9} {'rmserr':>9}"]
+    for r in rows:
+        base = plain.get((r.size, r.executor, r.algorithm))
+        if r.compression != "none" and base is not None:
+            lines.append(f"{r.size:>12} {r.executor:>8} {r.algorithm:>26} {r.compression:>8} "
+                         f"{base.time_us / r.time_us:>8.2f}x {r.rms_error:>9.1e}")
+    return "\n".join(lines)
+
+
 def write_json(rows: list[Row], path: str) -> None:
     text = json.dumps([asdict(row) for row in rows], indent=1)
     if path == "-":
@@ -295,6 +340,17 @@ def write_json(rows: list[Row], path: str) -> None:
 
 
 # -------------------------------------------------------------------- options
+
+
+def codec_list(text: str) -> list[str]:
+    """An argparse type: a comma-separated list of codec names (pccl.compression.codecs)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    try:
+        for name in names:
+            codec(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return names
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -319,6 +375,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("--inter", choices=("mpi", "gloo"), default=None, help="transport of the inter-node level (MPI executors)")
     add("--executors", type=comma_list(EXECUTORS), default=list(EXECUTORS))
     add("--repeats", type=int, default=1, help="timed loops; the median is reported")
+    add("--compression", type=codec_list, default=[],
+        help="codecs (int8, bf16, fp16, zfp:RATE) to add rows for: each algorithm (not native) again with "
+             "compression, with its max and RMS error against the exact result")
     add("--json", metavar="PATH", default=None, help="write the rows as JSON ('-': stdout, no table)")
     add("--calibrate", metavar="PATH", default=None,
         help="instead of timing collectives, measure this machine's profile (alpha, bandwidths; "
@@ -368,10 +427,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         for nbytes in sizes:
             case = Case(collective, nbytes, dtype, args.op, world.rank, ranks)
             for executor, comm, algorithm in variants(collective, args.algorithms, comms):
-                rows.append(measure(case, comm, executor, algorithm, args, world))
-                say(format_row(rows[-1]))
+                for name in ["none"] + ([] if algorithm == "native" else args.compression):
+                    rows.append(measure(case, comm, executor, algorithm, args, world, name))
+                    say(format_row(rows[-1]))
     for collective in args.collectives:
-        say("#\n" + summary(collective, [r for r in rows if r.collective == collective]))
+        mine = [r for r in rows if r.collective == collective]
+        say("#\n" + summary(collective, mine))
+        if args.compression:
+            say("#\n" + compression_summary(collective, mine))
     if world.rank == 0 and args.json:
         write_json(rows, args.json)
 

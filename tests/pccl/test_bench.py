@@ -93,3 +93,22 @@ def test_two_rank_run_reports_every_algorithm_correct():
             mine = [r for r in rows if r["collective"] == collective and r["size"] == size]
             assert {(r["executor"], r["algorithm"]) for r in mine} == expected
             assert all(r["wrong"] == 0 and r["ranks"] == 2 and r["time_us"] > 0 for r in mine)
+
+
+@pytest.mark.mpi
+def test_compressed_rows_carry_their_error_against_the_exact_result():
+    done = mpiexec(3, "-m pccl.tools.bench", "-b", "12K", "-e", "12K", "-n", "2", "-w", "1", "--executors", "cpp",
+                   "--collectives", "all_reduce,all_gather", "--algorithms", "ring,native",
+                   "--compression", "int8,bf16", "--json", "-", timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    for collective in ("all_reduce", "all_gather"):
+        mine = {(r["algorithm"], r["compression"]): r for r in rows if r["collective"] == collective}
+        assert set(mine) == {("ring", "none"), ("ring", "int8"), ("ring", "bf16"), ("native", "none")}
+        assert mine[("ring", "none")]["wrong"] == 0 and mine[("ring", "none")]["rms_error"] is None
+        # the inputs are small integers: bf16 carries them exactly; int8 by 127 levels of the
+        # group's largest, at most half a level off
+        assert mine[("ring", "bf16")]["max_error"] == 0.0 and mine[("ring", "bf16")]["wrong"] is None
+        assert 0 < mine[("ring", "int8")]["max_error"] <= 3 * 0.5 / 127 and mine[("ring", "int8")]["rms_error"] > 0
+    bad = mpiexec(1, "-m pccl.tools.bench", "--compression", "int4", timeout=60)
+    assert bad.returncode != 0 and "unknown codec" in bad.stderr

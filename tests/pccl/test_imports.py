@@ -23,13 +23,14 @@ ALLOWED = {
     "util": set(),
     "core": set(),
     "ir": {"core"},
+    "compression": {"core", "native"},
     "algorithms": {"ir", "core"},
     "plans": {"algorithms", "ir", "core"},
     "analysis": {"plans", "algorithms", "ir", "core"},
     "tuning": BELOW_TUNING,
     "executors": {"ir", "core", "native"},
-    "runtime": {"executors", "tuning"} | BELOW_TUNING,
-    "tools": {"runtime", "executors", "tuning", "native", "facade"} | BELOW_TUNING,
+    "runtime": {"executors", "tuning", "compression"} | BELOW_TUNING,
+    "tools": {"runtime", "executors", "tuning", "compression", "native", "facade"} | BELOW_TUNING,
     "distributed": {"runtime", "core"},
 }
 

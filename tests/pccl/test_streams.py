@@ -157,10 +157,10 @@ class Level:
         self.log.append((self.name, collective, threading.get_ident(), self.api.current_stream().name))
         return Done() if async_op else None
 
-    def all_gather(self, output, input, algorithm, async_op):
+    def all_gather(self, output, input, algorithm, async_op, compression):
         return self._issue("all_gather", async_op)
 
-    def reduce_scatter(self, output, input, op, algorithm, async_op):
+    def reduce_scatter(self, output, input, op, algorithm, async_op, compression):
         return self._issue("reduce_scatter", async_op)
 
 

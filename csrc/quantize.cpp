@@ -1,0 +1,101 @@
+// Block-wise absmax int8 quantization (see quantize.h). Each group is two passes over at
+// most kGroup values (absmax, then scale and round), written so the compiler vectorizes
+// them; decoding multiplies back and, for decode-and-reduce, combines into dst.
+#include "quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "numeric.h"
+
+namespace pccl {
+namespace {
+
+using num::bf16;
+using num::f16;
+using num::Num;
+
+template <typename T>
+void encode(int8_t* q, float* scales, const T* x, int64_t n) {
+  for (int64_t g = 0; g * kGroup < n; ++g) {
+    const int64_t start = g * kGroup, len = std::min(kGroup, n - start);
+    float absmax = 0.0f;
+    bool finite = true;
+    for (int64_t i = 0; i < len; ++i) {
+      const float v = Num<T>::load(x[start + i]);
+      absmax = std::fmax(absmax, std::fabs(v));
+      finite &= std::isfinite(v);
+    }
+    const float scale = finite ? absmax / 127.0f : NAN;
+    scales[g] = scale;
+    // Divide, not multiply by 1 / scale: for a group of subnormal values 1 / scale overflows.
+    const float divisor = scale > 0.0f ? scale : INFINITY;   // zero groups stay zero (and NaN ones: 0)
+    for (int64_t i = 0; i < len; ++i) {
+      const float r = std::nearbyint(Num<T>::load(x[start + i]) / divisor);
+      q[start + i] = static_cast<int8_t>(std::fmax(-127.0f, std::fmin(127.0f, r)));
+    }
+  }
+}
+
+template <typename T>
+void decode(T* x, const int8_t* q, const float* scales, int64_t n, int op) {
+  for (int64_t g = 0; g * kGroup < n; ++g) {
+    const int64_t start = g * kGroup, len = std::min(kGroup, n - start);
+    const float scale = scales[g];
+    for (int64_t i = 0; i < len; ++i) {
+      const float v = static_cast<float>(q[start + i]) * scale;
+      T& out = x[start + i];
+      if (op < 0) {
+        out = Num<T>::store(v);
+      } else if (op == static_cast<int>(Op::Max)) {
+        const float a = Num<T>::load(out);
+        out = Num<T>::store(a > v ? a : v);
+      } else if (op == static_cast<int>(Op::Min)) {
+        const float a = Num<T>::load(out);
+        out = Num<T>::store(a < v ? a : v);
+      } else {
+        out = Num<T>::store(Num<T>::load(out) + v);
+      }
+    }
+  }
+}
+
+template <typename F>
+void by_dtype(DType dtype, F f) {
+  switch (dtype) {
+    case DType::F32: return f(static_cast<float*>(nullptr));
+    case DType::F16: return f(static_cast<f16*>(nullptr));
+    case DType::BF16: return f(static_cast<bf16*>(nullptr));
+    default:
+      throw std::invalid_argument("int8 quantization takes float32, float16 or bfloat16 values, got dtype code " +
+                                  std::to_string(static_cast<int>(dtype)));
+  }
+}
+
+}  // namespace
+
+void int8_encode(void* dst, const void* src, int64_t n, DType dtype) {
+  auto* bytes = static_cast<char*>(dst);
+  auto* scales = reinterpret_cast<float*>(bytes);
+  auto* q = reinterpret_cast<int8_t*>(bytes + 4 * ((n + kGroup - 1) / kGroup));
+  by_dtype(dtype, [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    encode(q, scales, static_cast<const T*>(src), n);
+  });
+}
+
+void int8_decode(void* dst, const void* src, int64_t n, DType dtype, int op) {
+  const auto* bytes = static_cast<const char*>(src);
+  const auto* scales = reinterpret_cast<const float*>(bytes);
+  const auto* q = reinterpret_cast<const int8_t*>(bytes + 4 * ((n + kGroup - 1) / kGroup));
+  by_dtype(dtype, [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    decode(static_cast<T*>(dst), q, scales, n, op);
+  });
+}
+
+}  // namespace pccl

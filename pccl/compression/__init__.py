@@ -1,0 +1,2 @@
+"""Collective-level compression: codecs (codecs.py) and how schedules move encoded blocks
+(pccl/ir/compressed.py)."""

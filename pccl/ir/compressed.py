@@ -1,0 +1,78 @@
+"""A schedule run with compression, collective-level (the OSU design): what each step
+encodes, forwards, keeps encoded, decodes and reduces, derived from the schedule alone.
+
+Blocks travel as their encodings. Per block, a rank knows whether it holds a valid
+encoding of the block's current value (it encoded it, or received it by a plain copy) and
+whether its buffer holds that value or only the encoding. The rules, for every algorithm:
+
+  send            forward the block's encoding; encode the current value first only when
+                  there is no valid encoding (so an all-gather block is encoded once, by
+                  its owner, and forwarded unchanged by everyone else; a reduction's partial
+                  sum is encoded at each step, as the paper's Algorithms 1 and 2)
+  receive (copy)  keep the encoding; do not decode (it may be forwarded again)
+  receive-reduce  decode-and-reduce into the buffer (decoding first a block held only
+                  encoded); the block's old encoding is no longer valid
+  end             decode what is held only encoded; a block whose current value went out
+                  encoded is replaced by the decoding of that encoding, so every rank holds
+                  what the others decoded (all-gather outputs are identical on every rank,
+                  and so are the all-gather phases of a ring all-reduce)
+
+Only the blocks a collective's result holds are finished (reduce-scatter: this rank's).
+The symbolic verifier (pccl.analysis.verify.verify_compressed) runs these plans on all
+ranks: every block encoded where it must be, never decoded twice, the right result.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pccl.ir.schedule import Kind, Schedule, Transfer
+
+
+@dataclass(frozen=True)
+class CompressedStep:
+    encode: tuple[int, ...]          # blocks encoded from the buffer before the step's messages
+    sends: tuple[Transfer, ...]      # each block travels as its encoding
+    keeps: tuple[Transfer, ...]      # plain receives: the encodings are kept, not decoded
+    thaw: tuple[int, ...]            # blocks held only encoded, decoded before a reduction lands on them
+    reduces: tuple[Transfer, ...]    # decode-and-reduce into the buffer
+
+
+@dataclass(frozen=True)
+class CompressedSchedule:
+    schedule: Schedule
+    steps: tuple[CompressedStep, ...]
+    decode: tuple[int, ...]   # at the end: held only encoded, decoded into the buffer
+    settle: tuple[int, ...]   # at the end: sent encoded and unchanged since, replaced by the decoding
+
+
+def result_blocks(sched: Schedule) -> tuple[int, ...]:
+    """The blocks the collective's result holds on this rank."""
+    return (sched.rank,) if sched.collective == "reduce_scatter" else tuple(range(sched.size))
+
+
+@lru_cache(maxsize=1024)
+def compress(sched: Schedule) -> CompressedSchedule:
+    encoded: set[int] = set()     # blocks with a valid encoding of their current value
+    frozen: set[int] = set()      # blocks whose buffer lacks the current value (encoding only)
+    own: set[int] = set()         # valid encodings this rank made itself from its buffer
+    steps = []
+    for step in sched.steps:
+        sends = tuple(t for t in step if t.kind == Kind.SEND)
+        keeps = tuple(t for t in step if t.kind == Kind.RECV)
+        reduces = tuple(t for t in step if t.kind == Kind.RECV_REDUCE)
+        encode = tuple(sorted({b for t in sends for b in t.blocks} - encoded))
+        encoded.update(encode)
+        own.update(encode)
+        reduced = {b for t in reduces for b in t.blocks}
+        thaw = tuple(sorted(reduced & frozen))
+        frozen -= reduced
+        encoded -= reduced
+        own -= reduced
+        for t in keeps:
+            encoded.update(t.blocks)
+            frozen.update(t.blocks)
+            own.difference_update(t.blocks)
+        steps.append(CompressedStep(encode, sends, keeps, thaw, reduces))
+    wanted = set(result_blocks(sched))
+    return CompressedSchedule(sched, tuple(steps), tuple(sorted(frozen & wanted)), tuple(sorted(own & wanted)))
