@@ -6,6 +6,14 @@
 #include <cstdint>
 #include <cstring>
 
+// Kernels compiled for AVX-512, AVX2 and baseline SSE2, the best chosen at load time, so
+// one build runs well on any x86 node.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PCCL_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define PCCL_MULTIVERSION
+#endif
+
 namespace pccl {
 namespace num {
 

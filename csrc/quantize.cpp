@@ -19,25 +19,38 @@ using num::bf16;
 using num::f16;
 using num::Num;
 
+// Two plain loops over one group, written to vectorize. The first finds the largest
+// magnitude as the largest bit pattern of |x| (an integer max: non-negative floats order as
+// their bits), which also tells NaN (above Inf's pattern) and Inf (equal to it) apart from
+// finite values. The second multiplies by 1 / scale, clamps, rounds to nearest even.
+template <typename T>
+PCCL_MULTIVERSION void encode_group(int8_t* __restrict q, float* scale_out, const T* __restrict x, int64_t len) {
+  uint32_t top = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    const uint32_t bits = num::as_bits(Num<T>::load(x[i])) & 0x7fffffffu;
+    top = bits > top ? bits : top;
+  }
+  const float scale = top >= 0x7f800000u ? NAN : num::as_float(top) / 127.0f;
+  *scale_out = scale;
+  if (!(scale >= 1e-36f)) {   // zero, NaN, or subnormal values (1 / scale would overflow): rare
+    for (int64_t i = 0; i < len; ++i)
+      q[i] = scale > 0.0f ? static_cast<int8_t>(std::rint(Num<T>::load(x[i]) / scale)) : 0;
+    return;
+  }
+  // Adding and subtracting 1.5 * 2^23 rounds to nearest even (|values| <= 127 here) in two
+  // vector additions, where rint would stop the loop from vectorizing.
+  const float inverse = 1.0f / scale, magic = 12582912.0f;
+  for (int64_t i = 0; i < len; ++i) {
+    const float v = std::fmax(-127.0f, std::fmin(127.0f, Num<T>::load(x[i]) * inverse));
+    q[i] = static_cast<int8_t>(static_cast<int32_t>((v + magic) - magic));
+  }
+}
+
 template <typename T>
 void encode(int8_t* q, float* scales, const T* x, int64_t n) {
   for (int64_t g = 0; g * kGroup < n; ++g) {
-    const int64_t start = g * kGroup, len = std::min(kGroup, n - start);
-    float absmax = 0.0f;
-    bool finite = true;
-    for (int64_t i = 0; i < len; ++i) {
-      const float v = Num<T>::load(x[start + i]);
-      absmax = std::fmax(absmax, std::fabs(v));
-      finite &= std::isfinite(v);
-    }
-    const float scale = finite ? absmax / 127.0f : NAN;
-    scales[g] = scale;
-    // Divide, not multiply by 1 / scale: for a group of subnormal values 1 / scale overflows.
-    const float divisor = scale > 0.0f ? scale : INFINITY;   // zero groups stay zero (and NaN ones: 0)
-    for (int64_t i = 0; i < len; ++i) {
-      const float r = std::nearbyint(Num<T>::load(x[start + i]) / divisor);
-      q[start + i] = static_cast<int8_t>(std::fmax(-127.0f, std::fmin(127.0f, r)));
-    }
+    const int64_t start = g * kGroup;
+    encode_group(q + start, scales + g, x + start, std::min(kGroup, n - start));
   }
 }
 

@@ -18,11 +18,6 @@
 #define PCCL_AVX2 1
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PCCL_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define PCCL_MULTIVERSION
-#endif
 
 namespace pccl {
 namespace {

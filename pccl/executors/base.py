@@ -98,7 +98,8 @@ class ScheduleExecutor(ABC):
             sends, recvs, landed = [], [], []
             for t in step.sends:
                 for first, count in t.runs:
-                    message = torch.cat([encodings[b] for b in range(first, first + count)])
+                    message = encodings[first] if count == 1 else \
+                        torch.cat([encodings[b] for b in range(first, first + count)])
                     if message.numel():
                         sends.append((t.peer, message))
             for t in (*step.keeps, *step.reduces):

@@ -23,7 +23,12 @@ def numpy_int8(x: np.ndarray) -> np.ndarray:
             out[start:start + GROUP] = np.nan
             continue
         scale = np.float32(np.abs(g).max()) / np.float32(127)
-        q = np.zeros_like(g) if scale == 0 else np.clip(np.rint(g / scale), -127, 127)
+        if scale == 0:
+            q = np.zeros_like(g)
+        elif scale < 1e-36:   # subnormal groups: 1 / scale would overflow, so divide
+            q = np.clip(np.rint(g / scale), -127, 127)
+        else:                 # multiply by the rounded inverse, as the kernel does
+            q = np.rint(np.clip(g * (np.float32(1) / scale), -127, 127))
         out[start:start + GROUP] = q.astype(np.float32) * scale
     return out
 
@@ -57,7 +62,7 @@ def test_int8_matches_numpy_and_its_bound(kind, n):
 
 
 def test_int8_non_finite_values_poison_their_group_only():
-    x = torch.randn(300)
+    x = torch.randn(300, generator=torch.Generator().manual_seed(2))
     x[5], x[200] = float("nan"), float("inf")
     out = round_trip(codec("int8"), x)
     assert out[:128].isnan().all() and out[128:256].isnan().all()
@@ -66,7 +71,7 @@ def test_int8_non_finite_values_poison_their_group_only():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_int8_on_16_bit_payloads_and_decode_and_reduce(dtype):
-    x = torch.randn(1000).to(dtype)
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(1)).to(dtype)
     c = codec("int8")
     exact = torch.from_numpy(numpy_int8(x.float().numpy()))
     assert torch.equal(round_trip(c, x), exact.to(dtype))
@@ -84,7 +89,7 @@ def test_int8_on_16_bit_payloads_and_decode_and_reduce(dtype):
 @pytest.mark.parametrize("name,wire,relative", [("bf16", torch.bfloat16, 2 ** -8), ("fp16", torch.float16, 2 ** -11)])
 def test_casts_match_torch_and_their_bounds(name, wire, relative):
     c = codec(name)
-    x = torch.randn(999) * 100
+    x = torch.randn(999, generator=torch.Generator().manual_seed(3)) * 100
     out = round_trip(c, x)
     assert torch.equal(out, x.to(wire).float())
     assert ((out - x).abs() <= x.abs() * relative).all()
