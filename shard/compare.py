@@ -12,6 +12,9 @@ same steps, one mpiexec launch per run:
   on gloo (reported as not run, with the reason, where DeepSpeed does not import);
 - `STRATEGY-COMM`: the shard engine with a strategy (zero3, paro-iig, mics, ddp, ...) and
   its collectives on `native` (MPI's own), `pccl` (auto), `hierarchical` or `ho_ring`.
+  `STRATEGY-COMM+CODEC` (`zero3-pccl+int8`) moves its parameters and gradients
+  compressed (the engine's compress_params and compress_grads); such a run is held to 2%
+  of the reference's loss instead of 1e-4.
 
 `--nodes 2x2 --rate 200mbit` runs every launch on emulated nodes (launch/emulate).
 `--micro K` accumulates K micro-batches of `--batch` sequences per step (FSDP2 and
@@ -42,12 +45,15 @@ LR, BETAS, EPS = 1e-3, (0.9, 0.95), 1e-8
 # Losses of runs doing the same math in fp32 differ only by rounding (sums in another
 # order, another AdamW's arithmetic): well below this relative difference.
 LOSS_TOLERANCE = 1e-4
+# A run whose parameters and gradients travel compressed (STRATEGY-COMM+CODEC) does other
+# math on purpose: it is held to 2% of the reference's loss (issue 17's target).
+COMPRESSED_LOSS_TOLERANCE = 0.02
 
 
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="shard-compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", default="fsdp2,fsdp2-pccl,zero3-native,zero3-pccl",
-                    help="comma-separated: fsdp2, fsdp2-pccl, deepspeed-zero3, STRATEGY-COMM")
+                    help="comma-separated: fsdp2, fsdp2-pccl, deepspeed-zero3, STRATEGY-COMM[+CODEC]")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--ranks-per-node", type=int, default=None, help="emulated nodes of consecutive ranks")
     ap.add_argument("--nodes", type=nodes, default=None, metavar="NxM",
@@ -89,10 +95,15 @@ def check_run(name: str) -> None:
 
     if name in ("fsdp2", "fsdp2-pccl", "deepspeed-zero3"):
         return
+    name, _, compression = name.partition("+")
+    if compression:
+        from pccl.compression.codecs import codec
+
+        codec(compression)
     strategy, _, comm = name.rpartition("-")
     if comm not in COMMS or not strategy:
         raise SystemExit(f"shard-compare: unknown run {name!r}; expected fsdp2, fsdp2-pccl, deepspeed-zero3 or "
-                         f"STRATEGY-COMM with COMM one of {tuple(COMMS)}")
+                         f"STRATEGY-COMM[+CODEC] with COMM one of {tuple(COMMS)}")
     Strategy.parse(strategy)
 
 
@@ -179,10 +190,12 @@ def worker(args: argparse.Namespace) -> dict:
         from shard import Engine
         from shard.config import EngineConfig, OptimizerConfig
 
-        strategy, _, comm_name = name.rpartition("-")
+        run, _, compression = name.partition("+")
+        strategy, _, comm_name = run.rpartition("-")
         comm = pccl.init(ranks_per_node=args.ranks_per_node, timeout=300)
         engine = Engine(model, comm, EngineConfig(
             strategy=strategy, algorithm=COMMS[comm_name], group_size=args.ranks_per_node or p,
+            compress_params=compression or None, compress_grads=compression or None,
             optimizer=OptimizerConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)))
 
         step = engine_step(engine, step_every_micro_batch=False)
@@ -369,7 +382,8 @@ def compared(rows: list[dict]) -> list[dict]:
     for r in ran:
         gap = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], reference["losses"]))
         r["loss_gap"] = gap
-        r["diverged"] = gap > LOSS_TOLERANCE or len(r["losses"]) != len(reference["losses"])
+        tolerance = COMPRESSED_LOSS_TOLERANCE if "+" in r["name"] else LOSS_TOLERANCE
+        r["diverged"] = gap > tolerance or len(r["losses"]) != len(reference["losses"])
         r["speedup"] = None if r["diverged"] else r["tokens_per_s"] / reference["tokens_per_s"]
     return rows
 
@@ -392,8 +406,8 @@ def predicted(args, rows: list[dict], probe: dict) -> None:
     rate = ComputeRate(flops / probe["fb_s"], probe["update_s_per_element"], "measured by a compute-only launch")
     topology = Topology.regular(args.ranks, args.ranks_per_node or args.ranks)
     for r in rows:
-        if "not_run" in r or r["name"].startswith(("fsdp2", "deepspeed")):
-            continue
+        if "not_run" in r or r["name"].startswith(("fsdp2", "deepspeed")) or "+" in r["name"]:
+            continue   # not the engine, or compressed (the cost model does not know codecs yet)
         strategy, _, comm = r["name"].rpartition("-")
         with torch.device("meta"):
             model = GPT(cfg)

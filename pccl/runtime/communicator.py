@@ -228,11 +228,14 @@ class Communicator:
 
         return self.mpi_comm.allgather(MPI.COMM_WORLD.rank)
 
-    def resolve(self, collective: str, algorithm, nbytes: int, device: str = "cpu"):
+    def resolve(self, collective: str, algorithm, nbytes: int, device: str = "cpu", compressed: bool = False):
         """What `algorithm` runs for `nbytes` (the full buffer) of `device` tensors: a flat
         algorithm's name, "native", or a plan spec; "auto" resolved as a call would resolve
         it, among what can take the device. A plan whose levels cannot carry the device is
-        refused before anything is sent."""
+        refused before anything is sent. `compressed`: the blocks travel compressed, which
+        HO-Ring's all-gather cannot do consistently (its concurrent phases move a block both
+        exactly and encoded, so ranks would end with different values): auto takes the
+        hierarchical plan, which encodes each block once, and asking for HO-Ring raises."""
         spec = plans.spec_of(algorithm)
         if spec is None:
             validation.check_algorithm(collective, algorithm)
@@ -242,6 +245,12 @@ class Communicator:
             spec = tuner.choose(collective, nbytes)
             if isinstance(spec, str):
                 return spec
+            if compressed and collective == "all_gather" and isinstance(spec, plans.HORing):
+                spec = plans.NAMED["hierarchical"]
+        elif compressed and collective == "all_gather" and isinstance(spec, plans.HORing):
+            raise ValueError("a compressed all-gather cannot run HO-Ring: its concurrent phases move each block both "
+                             "exactly and encoded, so ranks would end with different values; use 'hierarchical' or "
+                             "a flat schedule")
         transports.check_level_devices(device, self.level_transports, self.plan_devices)
         return spec
 
@@ -300,16 +309,8 @@ class Communicator:
     def _run(self, collective: str, algorithm, like: torch.Tensor, async_op: bool,
              native: Callable[[], None], scheduled: Callable[[Schedule, object], None],
              planned: Callable[[Plan, PlanExecutor], None], codecs: dict) -> Optional[Work]:
-        requested = algorithm
-        algorithm = self.resolve(collective, algorithm, like.numel() * like.element_size(), like.device.type)
-        if codecs and collective == "all_gather" and isinstance(algorithm, plans.HORing):
-            # HO-Ring moves a block both exactly (inside a node) and encoded (across): ranks
-            # would end with different values of it. The hierarchical plan encodes each once.
-            if requested != "auto":
-                raise ValueError("a compressed all-gather cannot run HO-Ring: its concurrent phases move each block "
-                                 "both exactly and encoded, so ranks would end with different values; use "
-                                 "'hierarchical' or a flat schedule")
-            algorithm = plans.NAMED["hierarchical"]
+        algorithm = self.resolve(collective, algorithm, like.numel() * like.element_size(), like.device.type,
+                                 compressed=bool(codecs))
         if not isinstance(algorithm, str):
             plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec
             fn = lambda: planned(plan, self._plan_executor())  # noqa: E731

@@ -71,6 +71,13 @@ def row(name, losses, tokens):
             "sent_bytes_per_rank": 1, "peak_mem_bytes": 1}
 
 
+def test_a_compressed_run_is_held_to_two_percent_of_the_loss():
+    rows = compared([row("zero3-pccl", [5.0, 4.0], 100.0), row("zero3-pccl+int8", [5.0, 4.06], 150.0),
+                     row("zero3-pccl+zfp:8", [5.0, 4.1], 300.0)])
+    assert not rows[1]["diverged"] and rows[1]["speedup"] == pytest.approx(1.5)
+    assert rows[2]["diverged"] and rows[2]["speedup"] is None
+
+
 def test_a_run_whose_losses_diverge_gets_no_speedup():
     rows = compared([row("fsdp2", [5.0, 4.0], 100.0), row("zero3-pccl", [5.0, 4.00001], 150.0),
                      row("zero3-ring", [5.0, 4.1], 300.0), {"name": "deepspeed-zero3", "not_run": "no DeepSpeed"}])
@@ -85,6 +92,9 @@ def test_unknown_runs_are_refused_before_anything_launches():
         with pytest.raises((SystemExit, ValueError)):
             check_run(name)
     check_run("paro-iig-hierarchical")
+    check_run("zero3-pccl+int8")
+    with pytest.raises(ValueError, match="unknown codec"):
+        check_run("zero3-pccl+int4")
 
 
 def test_emulated_nodes_launch_through_launch_emulate():
