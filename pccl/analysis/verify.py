@@ -196,10 +196,10 @@ class Encoded(Provenance):
     that a rank forwards only valid encodings, encodes only values it holds, and never
     decodes one token twice; counts the encodings made per block."""
 
-    def __init__(self, schedules: list[Schedule]):
+    def __init__(self, schedules: list[Schedule], per_message: bool = False):
         super().__init__(schedules)
         p = len(schedules)
-        self.plans = [compress(sched) for sched in schedules]
+        self.plans = [compress(sched, per_message) for sched in schedules]
         self.tokens: list[np.ndarray] = []                    # token -> contributions
         self.maker: list[int] = []                            # token -> the block it encodes
         self.enc: list[dict[int, int]] = [{} for _ in range(p)]
@@ -240,7 +240,10 @@ class Encoded(Provenance):
             self.frozen[r].discard(b)
         for t, tokens in received:
             for b, token in zip(t.blocks, tokens):
-                if t.kind == Kind.RECV:
+                if t.kind == Kind.RECV and step.unpack:
+                    self.state[r][b] = self._decode(r, token)
+                    self.enc[r].pop(b, None)
+                elif t.kind == Kind.RECV:
                     self.enc[r][b] = token
                     self.frozen[r].add(b)
                 else:
@@ -261,16 +264,17 @@ class Encoded(Provenance):
         return self.state
 
 
-def verify_compressed(collective: str, algorithm: str, p: int) -> dict:
+def verify_compressed(collective: str, algorithm: str, p: int, per_message: bool = False) -> dict:
     """Raise ScheduleError unless `algorithm` with compression computes `collective` on p
     ranks (the same contributions, every encoding valid, none decoded twice); for an
     all-gather, also unless every block is encoded exactly once (by its owner) and every
-    rank ends with the same decoding of it. Returns {"encodes": encodings per block}."""
+    rank ends with the same decoding of it. Returns {"encodes": encodings per block}.
+    per_message: the point-to-point baseline (pccl.ir.compressed), counted only."""
     schedules = [schedule(collective, algorithm, p, r) for r in range(p)]
-    model = Encoded(schedules)
+    model = Encoded(schedules, per_message)
     verify_schedules(schedules, simulate(schedules, model))
     encodes = np.bincount(np.asarray(model.maker, dtype=np.int64), minlength=p)
-    if collective == "all_gather" and p > 1:   # (one rank sends nothing, encodes nothing)
+    if collective == "all_gather" and p > 1 and not per_message:   # (one rank sends nothing, encodes nothing)
         if (encodes != 1).any():
             raise ScheduleError(f"compressed {algorithm} all_gather p={p}: blocks encoded {encodes.tolist()} times, "
                                 f"expected once each")

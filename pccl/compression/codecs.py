@@ -153,9 +153,30 @@ class Zfp(Codec):
         _combine(dst, torch.from_numpy(values), op)
 
 
+class PerMessage(Codec):
+    """A codec applied per point-to-point message (every send encodes, every receive
+    decodes: pccl.ir.compressed's per_message plan), the baseline collective-level
+    compression is measured against: "p2p:int8"."""
+
+    per_message = True
+
+    def __init__(self, inner: Codec):
+        self.inner, self.name, self.dtypes = inner, f"p2p:{inner.name}", inner.dtypes
+
+    def encoded_nbytes(self, n: int, dtype: torch.dtype) -> int:
+        return self.inner.encoded_nbytes(n, dtype)
+
+    def encode(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        self.inner.encode(src, dst)
+
+    def decode(self, src: torch.Tensor, dst: torch.Tensor, op: Optional[str] = None) -> None:
+        self.inner.decode(src, dst, op)
+
+
 def codec(name) -> Optional[Codec]:
-    """The codec a name stands for: "int8", "bf16", "fp16", "zfp:RATE"; None or "none": no
-    compression. A Codec passes through."""
+    """The codec a name stands for: "int8", "bf16", "fp16", "zfp:RATE", and "p2p:" before
+    any of them for the per-message baseline; None or "none": no compression. A Codec
+    passes through."""
     if name is None or isinstance(name, Codec):
         return name
     if not isinstance(name, str):
@@ -163,6 +184,11 @@ def codec(name) -> Optional[Codec]:
     key = name.strip().lower()
     if key in ("", "none"):
         return None
+    if key.startswith("p2p:"):
+        inner = codec(key[4:])
+        if inner is None or isinstance(inner, PerMessage):
+            raise CodecError(f"p2p: takes a codec, e.g. 'p2p:int8', got {name!r}")
+        return PerMessage(inner)
     if key == "int8":
         return Int8()
     if key in ("bf16", "fp16"):

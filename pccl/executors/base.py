@@ -80,7 +80,7 @@ class ScheduleExecutor(ABC):
         """The schedule with every block travelling as its `codec` encoding, following
         pccl.ir.compressed's plan (encode once where the plan says, forward encodings,
         decode-and-reduce, decode at the end). One message per run of blocks, as uncompressed."""
-        plan = compress(sched)
+        plan = compress(sched, getattr(codec, "per_message", False))
         op = "sum" if op == "avg" else op
 
         def values(b: int) -> torch.Tensor:
@@ -115,7 +115,11 @@ class ScheduleExecutor(ABC):
             for b in step.thaw:
                 codec.decode(encodings.pop(b), values(b))
             for kind, b, encoding in landed:
-                if kind == Kind.RECV:
+                if kind == Kind.RECV and step.unpack:
+                    if values(b).numel():
+                        codec.decode(encoding, values(b))
+                    encodings.pop(b, None)
+                elif kind == Kind.RECV:
                     encodings[b] = encoding
                 elif values(b).numel():
                     codec.decode(encoding, values(b), op)

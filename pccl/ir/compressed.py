@@ -18,6 +18,10 @@ whether its buffer holds that value or only the encoding. The rules, for every a
                   and so are the all-gather phases of a ring all-reduce)
 
 Only the blocks a collective's result holds are finished (reduce-scatter: this rank's).
+
+`per_message=True` is the baseline the OSU paper measures against, compression per
+point-to-point message: every send encodes what it sends, every receive decodes at once,
+so a forwarded block is decoded and encoded again at every hop (and its error grows).
 The symbolic verifier (pccl.analysis.verify.verify_compressed) runs these plans on all
 ranks: every block encoded where it must be, never decoded twice, the right result.
 """
@@ -36,6 +40,7 @@ class CompressedStep:
     keeps: tuple[Transfer, ...]      # plain receives: the encodings are kept, not decoded
     thaw: tuple[int, ...]            # blocks held only encoded, decoded before a reduction lands on them
     reduces: tuple[Transfer, ...]    # decode-and-reduce into the buffer
+    unpack: bool = False             # plain receives are decoded on arrival (per message), not kept
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,14 @@ def result_blocks(sched: Schedule) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=1024)
-def compress(sched: Schedule) -> CompressedSchedule:
+def compress(sched: Schedule, per_message: bool = False) -> CompressedSchedule:
+    if per_message:
+        steps = tuple(CompressedStep(tuple(sorted({b for t in step if t.kind == Kind.SEND for b in t.blocks})),
+                                     tuple(t for t in step if t.kind == Kind.SEND),
+                                     tuple(t for t in step if t.kind == Kind.RECV), (),
+                                     tuple(t for t in step if t.kind == Kind.RECV_REDUCE), unpack=True)
+                      for step in sched.steps)
+        return CompressedSchedule(sched, steps, (), ())
     encoded: set[int] = set()     # blocks with a valid encoding of their current value
     frozen: set[int] = set()      # blocks whose buffer lacks the current value (encoding only)
     own: set[int] = set()         # valid encodings this rank made itself from its buffer

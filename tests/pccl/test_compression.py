@@ -138,6 +138,20 @@ def test_every_compressed_schedule_is_verified_symbolically(collective, algorith
         assert encodes == [p if p > 1 else 0] * p   # p - 1 partial sums and the final value (Algorithm 1)
 
 
+@pytest.mark.parametrize("p", [2, 5, 8])
+def test_per_message_compression_encodes_at_every_hop(p):
+    """The baseline: an all-gather block is re-encoded at each of its p - 1 hops (p(p - 1)
+    encodings in all, against p), a ring all-reduce's final values too (2p(p - 1) against
+    p^2); both still compute the right contributions."""
+    assert sum(verify_compressed("all_gather", "ring", p, per_message=True)["encodes"]) == p * (p - 1)
+    assert sum(verify_compressed("all_gather", "ring", p)["encodes"]) == p
+    assert sum(verify_compressed("all_reduce", "ring", p, per_message=True)["encodes"]) == 2 * p * (p - 1)
+    assert sum(verify_compressed("all_reduce", "ring", p)["encodes"]) == p * p
+    assert codec("p2p:int8").per_message and codec("p2p:int8").name == "p2p:int8"
+    with pytest.raises(CodecError):
+        codec("p2p:none")
+
+
 def test_the_verifier_catches_a_rank_that_forwards_what_it_never_received():
     # rank 1 forwards block 0 to rank 2 before it has it: it would encode nothing
     steps = {0: ((send(1, [0]),), ()), 1: ((send(2, [0]),), (recv(0, [0]),)), 2: ((), (recv(1, [0]),))}
