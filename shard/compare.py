@@ -251,8 +251,7 @@ def compute_only(args, model, world) -> dict:
     from shard.predict import next_token_loss
 
     tokens = batch(0, world.rank, args, model.cfg.vocab)[0]
-    params = [p for p in model.parameters()]
-    master = torch.cat([p.detach().flatten() for p in params])
+    master = torch.cat([p.detach().flatten() for p in model.parameters()])
     optimizer, grad = FlatAdamW(master, [(0, master.numel())], BETAS, EPS, 0.0), torch.ones_like(master)
     times: dict[str, list] = {"fb": [], "update": []}
     for _ in range(max(3, args.steps)):

@@ -105,7 +105,7 @@ def simulate(args) -> list[dict]:
                            "micro_batches": micro.micro_batches, "compute_rate": rate.source,
                            "speedup_vs_native": base / r["step_s"] if base else None,
                            "paper_speedup": PAPER.get((name, ranks)) if profile.name == "frontier" else None,
-                           **{k: v for k, v in r.items()}}
+                           **r}
                     rows.append(row)
                     print(line(row), flush=True)
     return rows

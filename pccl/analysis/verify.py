@@ -14,7 +14,7 @@ from collections import defaultdict, deque
 import numpy as np
 
 from pccl.algorithms import schedule
-from pccl.ir.compressed import compress
+from pccl.ir.compressed import compress, result_blocks
 from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase
 from pccl.ir.schedule import Kind, Schedule
 from pccl.plans import build
@@ -259,7 +259,7 @@ class Encoded(Provenance):
                 self.state[r][b] = self._decode(r, token)
                 self.final[r][b] = token
                 self.frozen[r].discard(b)
-            if self.frozen[r] & set(plan.decode + plan.settle):
+            if self.frozen[r] & set(result_blocks(plan.schedule)):
                 self._fail(r, "ends holding result blocks only encoded")
         return self.state
 

@@ -32,6 +32,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from pccl.core.dtypes import OPS, dtype_code, reduce_
+
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -42,12 +44,8 @@ class CodecError(ValueError):
 def _combine(dst: torch.Tensor, values: torch.Tensor, op: Optional[str]) -> None:
     if op is None:
         dst.copy_(values)
-    elif op in ("sum", "avg"):
-        dst.add_(values)
-    elif op == "max":
-        torch.maximum(dst, values, out=dst)
     else:
-        torch.minimum(dst, values, out=dst)
+        reduce_(dst, values, op)
 
 
 class Codec(ABC):
@@ -75,6 +73,14 @@ class Codec(ABC):
         """Decode `src` (an encoding of dst.numel() values) into `dst`: overwrite (op None)
         or dst = op(dst, decoded) (sum, avg as sum, max, min)."""
 
+    def round_trip(self, x: torch.Tensor) -> torch.Tensor:
+        """What a receiver decodes of `x`: decode(encode(x))."""
+        encoded = torch.empty(self.encoded_nbytes(x.numel(), x.dtype), dtype=torch.uint8)
+        self.encode(x, encoded)
+        out = torch.empty_like(x)
+        self.decode(encoded, out)
+        return out
+
     def __repr__(self) -> str:
         return f"Codec({self.name})"
 
@@ -93,13 +99,9 @@ class Int8(Codec):
         return self._native.int8_encoded_bytes(n)
 
     def encode(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        from pccl.core.dtypes import dtype_code
-
         self._native.int8_encode(dst.data_ptr(), src.data_ptr(), src.numel(), dtype_code(src.dtype))
 
     def decode(self, src: torch.Tensor, dst: torch.Tensor, op: Optional[str] = None) -> None:
-        from pccl.core.dtypes import OPS, dtype_code
-
         self._native.int8_decode(dst.data_ptr(), src.data_ptr(), dst.numel(), dtype_code(dst.dtype),
                                  -1 if op is None else OPS[op])
 

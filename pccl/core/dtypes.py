@@ -17,6 +17,17 @@ DATATYPES = {name: dtype for name, dtype, _ in _TABLE}
 OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 
 
+def reduce_(dst: torch.Tensor, src: torch.Tensor, op: str) -> None:
+    """dst = op(dst, src) in place, for an op of OPS (avg reduces as sum: its caller
+    divides once at the end)."""
+    if op in ("sum", "avg"):
+        dst.add_(src)
+    elif op == "max":
+        torch.maximum(dst, src, out=dst)
+    else:
+        torch.minimum(dst, src, out=dst)
+
+
 def dtype_code(dtype: torch.dtype) -> int:
     return DTYPES[dtype]
 

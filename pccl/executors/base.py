@@ -9,18 +9,10 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from pccl.core.dtypes import reduce_
 from pccl.ir.blocks import block_offsets
 from pccl.ir.compressed import compress
 from pccl.ir.schedule import Kind, Schedule
-
-
-def reduce_(dst: torch.Tensor, src: torch.Tensor, op: str) -> None:
-    if op in ("sum", "avg"):
-        dst.add_(src)
-    elif op == "max":
-        torch.maximum(dst, src, out=dst)
-    else:
-        torch.minimum(dst, src, out=dst)
 
 
 class ScheduleExecutor(ABC):

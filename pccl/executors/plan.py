@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from pccl.executors.base import reduce_
+from pccl.core.dtypes import reduce_
 from pccl.executors.shuffle_triton import permute_blocks
 from pccl.executors.streams import SideStream
 from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase, Plan, Ref

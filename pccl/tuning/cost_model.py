@@ -230,13 +230,18 @@ def part_seconds(part: Part, profile: Profile, block_bytes: np.ndarray) -> np.nd
     return part.seconds(profile, block_bytes)
 
 
+def _sizes(nbytes) -> np.ndarray:
+    sizes = np.atleast_1d(np.asarray(nbytes, dtype=np.float64))
+    if (sizes < 0).any():
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    return sizes
+
+
 def predict(collective: str, algorithm, topology: Topology, profile: Profile, nbytes):
     """Predicted seconds of `collective` with `algorithm` on `topology` for a buffer of
     `nbytes` (the all-gather output, the reduce-scatter input, the all-reduce tensor);
     `nbytes` may be a number or an array of them."""
-    sizes = np.atleast_1d(np.asarray(nbytes, dtype=np.float64))
-    if (sizes < 0).any():
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    sizes = _sizes(nbytes)
     block_bytes = sizes / topology.size
     total = np.zeros_like(sizes)
     for part in parts(collective, algorithm, topology, profile.native_algorithms):
@@ -250,11 +255,7 @@ def predict_groups(collective: str, algorithm: str, topology: Topology, groups: 
     (tuples of ranks in group order), each on its own buffer of `nbytes`: the groups share
     the nodes' NICs as they do when a sharded engine's inter-group communicators all run
     together."""
-    sizes = np.atleast_1d(np.asarray(nbytes, dtype=np.float64))
-    if (sizes < 0).any():
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    if sorted(r for g in groups for r in g) != list(range(topology.size)) or len({len(g) for g in groups}) != 1:
-        raise ValueError(f"groups must be equal-sized and hold each rank 0..{topology.size - 1} once")
+    sizes = _sizes(nbytes)
     counts = _partition_counts(collective, algorithm, topology, groups, profile.native_algorithms)
     total = counts.seconds(profile, sizes / len(groups[0]))
     return total if np.ndim(nbytes) else float(total[0])
@@ -263,4 +264,7 @@ def predict_groups(collective: str, algorithm: str, topology: Topology, groups: 
 @lru_cache(maxsize=64)
 def _partition_counts(collective: str, algorithm: str, topology: Topology, groups: tuple,
                       natives: tuple) -> StepCounts:
+    """The counts of a partition, checked once per partition (this is cached)."""
+    if sorted(r for g in groups for r in g) != list(range(topology.size)) or len({len(g) for g in groups}) != 1:
+        raise ValueError(f"groups must be equal-sized and hold each rank 0..{topology.size - 1} once")
     return group_counts(collective, algorithm, topology, groups, 1.0, natives)

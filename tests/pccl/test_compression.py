@@ -33,14 +33,6 @@ def numpy_int8(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def round_trip(c, x: torch.Tensor) -> torch.Tensor:
-    encoded = torch.empty(c.encoded_nbytes(x.numel(), x.dtype), dtype=torch.uint8)
-    c.encode(x, encoded)
-    out = torch.empty_like(x)
-    c.decode(encoded, out)
-    return out
-
-
 def inputs(n: int = 1000) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return {"random": torch.randn(n, generator=g), "constant": torch.full((n,), 3.25), "zero": torch.zeros(n),
@@ -54,7 +46,7 @@ def test_int8_matches_numpy_and_its_bound(kind, n):
     x = inputs(n)[kind]
     c = codec("int8")
     assert c.encoded_nbytes(n, torch.float32) == n + 4 * -(-n // GROUP)
-    out = round_trip(c, x)
+    out = c.round_trip(x)
     assert torch.equal(out, torch.from_numpy(numpy_int8(x.numpy())))
     for start in range(0, n, GROUP):
         g, o = x[start:start + GROUP], out[start:start + GROUP]
@@ -64,7 +56,7 @@ def test_int8_matches_numpy_and_its_bound(kind, n):
 def test_int8_non_finite_values_poison_their_group_only():
     x = torch.randn(300, generator=torch.Generator().manual_seed(2))
     x[5], x[200] = float("nan"), float("inf")
-    out = round_trip(codec("int8"), x)
+    out = codec("int8").round_trip(x)
     assert out[:128].isnan().all() and out[128:256].isnan().all()
     assert torch.isfinite(out[256:]).all() and ((out[256:] - x[256:]).abs() <= x[256:].abs().max() / 254).all()
 
@@ -74,7 +66,7 @@ def test_int8_on_16_bit_payloads_and_decode_and_reduce(dtype):
     x = torch.randn(1000, generator=torch.Generator().manual_seed(1)).to(dtype)
     c = codec("int8")
     exact = torch.from_numpy(numpy_int8(x.float().numpy()))
-    assert torch.equal(round_trip(c, x), exact.to(dtype))
+    assert torch.equal(c.round_trip(x), exact.to(dtype))
     encoded = torch.empty(c.encoded_nbytes(1000, dtype), dtype=torch.uint8)
     c.encode(x, encoded)
     acc = torch.ones(1000, dtype=dtype)
@@ -90,12 +82,12 @@ def test_int8_on_16_bit_payloads_and_decode_and_reduce(dtype):
 def test_casts_match_torch_and_their_bounds(name, wire, relative):
     c = codec(name)
     x = torch.randn(999, generator=torch.Generator().manual_seed(3)) * 100
-    out = round_trip(c, x)
+    out = c.round_trip(x)
     assert torch.equal(out, x.to(wire).float())
     assert ((out - x).abs() <= x.abs() * relative).all()
     assert c.encoded_nbytes(999, torch.float32) == 2 * 999
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e6])
-    decoded = round_trip(c, special)
+    decoded = c.round_trip(special)
     assert decoded[0].isnan() and decoded[1] == float("inf") and decoded[2] == -float("inf")
     assert decoded[3] == (float("inf") if name == "fp16" else special[3].to(wire).float())   # fp16 overflows
     with pytest.raises(CodecError, match="takes"):
@@ -111,8 +103,8 @@ def test_zfp_matches_zfpys_round_trip_and_size(rate, n):
     stream = zfpy.compress_numpy(x.numpy(), rate=rate, write_header=False)
     assert c.encoded_nbytes(n, torch.float32) == len(stream)
     expected = zfpy._decompress(stream, zfpy.dtype_to_ztype(np.dtype("float32")), [n], rate=rate)
-    assert torch.equal(round_trip(c, x), torch.from_numpy(expected))
-    relative = (round_trip(c, x) - x).norm() / x.norm()
+    assert torch.equal(c.round_trip(x), torch.from_numpy(expected))
+    relative = (c.round_trip(x) - x).norm() / x.norm()
     assert relative < 2.0 ** -(rate - 5)   # the order documented in codecs.py
 
 

@@ -7,8 +7,8 @@ import torch
 
 from pccl.algorithms import schedule
 from pccl.analysis.verify import ScheduleError, verify_plan, verify_plans
+from pccl.core.dtypes import reduce_
 from pccl.core.topology import Topology, TopologyError
-from pccl.executors.base import reduce_
 from pccl.executors.plan import identity, permute_
 from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase, Ref
 from pccl.ir.schedule import Kind

@@ -44,14 +44,6 @@ def data(r: int, case: str, n: int) -> torch.Tensor:
     return torch.rand(n, generator=torch.Generator().manual_seed(seed)) * 2 - 1
 
 
-def round_trip(c, x: torch.Tensor) -> torch.Tensor:
-    encoded = torch.empty(c.encoded_nbytes(x.numel(), x.dtype), dtype=torch.uint8)
-    c.encode(x, encoded)
-    out = torch.empty_like(x)
-    c.decode(encoded, out)
-    return out
-
-
 def same_everywhere(t: torch.Tensor) -> bool:
     digest = hashlib.sha256(t.numpy().tobytes()).hexdigest()
     return len(set(world.allgather(digest))) == 1
@@ -71,7 +63,7 @@ def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool) ->
         problems = []
         for r in range(p):
             x = data(r, case, n)
-            if not (plan or per_message) and p > 1 and not torch.equal(out[r * n:(r + 1) * n], round_trip(c, x)):
+            if not (plan or per_message) and p > 1 and not torch.equal(out[r * n:(r + 1) * n], c.round_trip(x)):
                 problems.append(f"{case}: block {r} is not the round trip of rank {r}'s input")
             hops = p if per_message else 1   # per message: re-encoded at every hop
             if (plan or per_message) and ((out[r * n:(r + 1) * n] - x).abs() > hops * UNIT[name] * (1 + 1e-6)).any():
