@@ -316,38 +316,127 @@ void MpiComm::execute_staged(const int64_t* ops, int64_t rows, char* buf, Layout
   fences.wait(fences.record());  // the host buffers are free for the next call
 }
 
+// Blocks travel as their encodings (pccl.ir.compressed says what each step encodes,
+// forwards, keeps, thaws and decodes). Each block's encoding has a home in one workspace,
+// the blocks' encodings back to back, so a run of blocks is one contiguous message and a
+// kept encoding lands in its home, to be forwarded from there. Decode-and-reduce landings
+// go to scratch (a step may send a block's encoding and receive its partner's sum). The
+// next step's encodings of blocks this step's messages leave alone are computed while the
+// messages are in flight.
+void MpiComm::execute_compressed(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op,
+                                 const Codec& codec) {
+  enum Action : int64_t { kSendEnc = 0, kKeep, kReduce, kEncode, kThaw, kUnpack, kFinish };
+  const size_t esize = elem_size(dtype);
+  const int decode_op = static_cast<int>(op == Op::Avg ? Op::Sum : op);
+  encoded_at_.resize(size_ + 1);
+  encoded_at_[0] = 0;
+  for (int b = 0; b < size_; ++b)
+    encoded_at_[b + 1] = encoded_at_[b] + codec.bytes(layout.offset(b + 1) - layout.offset(b));
+  const Memory host;  // compressed schedules run on host buffers
+  char* home = encodings_.get(encoded_at_[size_], host, allocate_);
+  auto values = [&](int64_t b) { return buf + layout.offset(b) * esize; };
+  auto numel = [&](int64_t b) { return layout.offset(b + 1) - layout.offset(b); };
+  auto enc_bytes = [&](const int64_t* row) { return encoded_at_[row[3] + row[4]] - encoded_at_[row[3]]; };
+  auto encode = [&](int64_t b) {
+    if (numel(b) > 0) codec.encode(home + encoded_at_[b], values(b), numel(b), dtype);
+  };
+  busy_.assign(size_, 0);
+  early_.assign(size_, 0);
+  for (int64_t begin = 0, end; begin < rows; begin = end) {
+    const int64_t step = ops[begin * 5];
+    end = step_end(ops, rows, begin);
+    int64_t scratch_bytes = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t* row = ops + i * 5;
+      if (row[1] == kReduce) scratch_bytes += enc_bytes(row);
+      if (row[1] == kEncode && !early_[row[3]]) encode(row[3]);
+      if (row[1] != kEncode && row[1] != kFinish)
+        std::fill(busy_.begin() + row[3], busy_.begin() + row[3] + row[4], 1);
+    }
+    std::fill(early_.begin(), early_.end(), 0);
+    char* scratch = scratch_.get(scratch_bytes, host, allocate_);
+    pending_.clear();
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t* row = ops + i * 5;
+      const int64_t bytes = enc_bytes(row);
+      char* encoding = home + encoded_at_[row[3]];
+      if (row[1] == kSendEnc || row[1] == kKeep || row[1] == kUnpack) {
+        if (row[1] == kUnpack) pending_.push_back({row[3], row[4], nullptr, nullptr, encoding, false});
+        if (bytes > 0) post(row[1] == kSendEnc, encoding, bytes, static_cast<int>(row[2]));
+      } else if (row[1] == kReduce) {
+        pending_.push_back({row[3], row[4], nullptr, nullptr, scratch, true});
+        if (bytes > 0) post(false, scratch, bytes, static_cast<int>(row[2]));
+        scratch += bytes;
+      }
+    }
+    // Overlap: encode ahead what the next step encodes, where this step leaves it alone.
+    const int64_t next_end = end < rows ? step_end(ops, rows, end) : end;
+    for (int64_t i = end; i < next_end; ++i) {
+      const int64_t* row = ops + i * 5;
+      if (row[1] == kEncode && !busy_[row[3]]) {
+        encode(row[3]);
+        early_[row[3]] = 1;
+      }
+    }
+    wait_all(step);
+    std::fill(busy_.begin(), busy_.end(), 0);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t* row = ops + i * 5;
+      if ((row[1] == kThaw || row[1] == kFinish) && numel(row[3]) > 0)
+        codec.decode(values(row[3]), home + encoded_at_[row[3]], numel(row[3]), dtype, -1);
+    }
+    for (const Pending& r : pending_) {  // decoded on arrival: overwrite (per message) or reduce
+      const char* at = r.landing;
+      for (int64_t b = r.first; b < r.first + r.count; ++b) {
+        if (numel(b) > 0) codec.decode(values(b), at, numel(b), dtype, r.reduce ? decode_op : -1);
+        at += encoded_at_[b + 1] - encoded_at_[b];
+      }
+    }
+  }
+}
+
+// Dispatches a schedule: compressed (host buffers), or plain.
+void MpiComm::run(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op, const Memory& mem,
+                  const Codec* codec, const char* source) {
+  if (codec == nullptr) return execute(ops, rows, buf, layout, dtype, op, mem, source);
+  if (mem.gpu()) throw std::invalid_argument("pccl: compressed schedules run on host buffers only");
+  execute_compressed(ops, rows, buf, layout, dtype, op, *codec);
+}
+
 void MpiComm::all_gather(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count,
-                         DType dtype, const Memory& mem) {
+                         DType dtype, const Memory& mem, const Codec* codec) {
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
   mem.activate();
   const size_t bytes = count * elem_size(dtype);
   char* mine = static_cast<char*>(out) + rank_ * bytes;
   if (mine != in) mem.copy(mine, in, bytes);
-  execute(ops, rows, static_cast<char*>(out), Layout(count * size_, size_), dtype, Op::Sum, mem);
+  run(ops, rows, static_cast<char*>(out), Layout(count * size_, size_), dtype, Op::Sum, mem, codec);
 }
 
 void MpiComm::reduce_scatter(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count,
-                             DType dtype, Op op, const Memory& mem) {
+                             DType dtype, Op op, const Memory& mem, const Codec* codec) {
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
   mem.activate();
   const size_t bytes = count * elem_size(dtype);
-  // The input stays untouched: partial results go to a cached work buffer, filled lazily.
+  // The input stays untouched: partial results go to a cached work buffer, filled lazily
+  // (compressed: whole, as blocks are encoded from it).
   char* work = work_.get(bytes * size_, mem, allocate_);
-  touched_.assign(size_, 0);
   const char* source = static_cast<const char*>(in);
-  execute(ops, rows, work, Layout(count * size_, size_), dtype, op, mem, source);
+  touched_.assign(size_, codec != nullptr);
+  if (codec != nullptr) mem.copy(work, source, bytes * size_);
+  run(ops, rows, work, Layout(count * size_, size_), dtype, op, mem, codec, codec ? nullptr : source);
   mem.copy(out, (touched_[rank_] ? work : source) + rank_ * bytes, bytes);
   if (op == Op::Avg) mem.scale(out, count, dtype, 1.0 / size_);
 }
 
 void MpiComm::all_reduce(const int64_t* ops, int64_t rows, void* buf, int64_t count, DType dtype, Op op,
-                         const Memory& mem) {
+                         const Memory& mem, const Codec* codec) {
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
   mem.activate();
-  execute(ops, rows, static_cast<char*>(buf), Layout(count, size_), dtype, op, mem);
+  run(ops, rows, static_cast<char*>(buf), Layout(count, size_), dtype, op, mem, codec);
   if (op == Op::Avg) mem.scale(buf, count, dtype, 1.0 / size_);
 }
 

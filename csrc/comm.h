@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "codec.h"
 #include "memory.h"
 #include "types.h"
 #include "watchdog.h"
@@ -54,13 +55,14 @@ class MpiComm {
 
   // Schedules: `ops` is the flat table of pccl.ir.schedule.Schedule.ops, `rows` x 5.
   // `count` is elements per rank (all-gather input, reduce-scatter output) or in total
-  // (all-reduce). Local work on GPU buffers is queued on mem.stream.
+  // (all-reduce). Local work on GPU buffers is queued on mem.stream. With a codec, `ops`
+  // is pccl.ir.compressed.CompressedSchedule.ops and blocks travel encoded (host buffers).
   void all_gather(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count, DType dtype,
-                  const Memory& mem);
+                  const Memory& mem, const Codec* codec = nullptr);
   void reduce_scatter(const int64_t* ops, int64_t rows, void* out, const void* in, int64_t count,
-                      DType dtype, Op op, const Memory& mem);
+                      DType dtype, Op op, const Memory& mem, const Codec* codec = nullptr);
   void all_reduce(const int64_t* ops, int64_t rows, void* buf, int64_t count, DType dtype, Op op,
-                  const Memory& mem);
+                  const Memory& mem, const Codec* codec = nullptr);
 
   // The MPI library's own collectives (the baseline), same argument meanings.
   void native_all_gather(void* out, const void* in, int64_t count, DType dtype, const Memory& mem);
@@ -77,6 +79,11 @@ class MpiComm {
   // memory, a mirror of the buffer, with copies queued on the stream (see comm.cpp).
   void execute_staged(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op,
                       const Memory& mem, const char* source);
+  // A compressed schedule on host memory (see comm.cpp).
+  void execute_compressed(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op,
+                          const Codec& codec);
+  void run(const int64_t* ops, int64_t rows, char* buf, Layout layout, DType dtype, Op op, const Memory& mem,
+           const Codec* codec, const char* source = nullptr);
   const char* current(char* buf, const char* source, Layout layout, size_t esize, int64_t first, int64_t count,
                       const Memory& mem);
   void mark_touched(const char* source);  // the pending receives' blocks now hold their values in buf
@@ -104,7 +111,8 @@ class MpiComm {
   std::mutex mu_;
   Watchdog watchdog_;
   // Cached across calls so the steady state allocates nothing.
-  Workspace work_{Workspace::kBuffers}, scratch_{Workspace::kBuffers}, gathered_{Workspace::kBuffers};
+  Workspace work_{Workspace::kBuffers}, scratch_{Workspace::kBuffers}, gathered_{Workspace::kBuffers},
+      encodings_{Workspace::kBuffers};
   Workspace mirror_{Workspace::kStaging}, landing_{Workspace::kStaging}, host_out_{Workspace::kStaging},
       host_in_{Workspace::kStaging};
   std::vector<MPI_Request> reqs_;
@@ -116,6 +124,8 @@ class MpiComm {
   std::vector<char> touched_;                          // per block, when execute has a source
   std::vector<char> host_ok_;                          // staged, per block: the mirror holds its value
   std::vector<uint64_t> host_reader_;                  // staged, per block: fence of the copy reading its mirror
+  std::vector<int64_t> encoded_at_;                    // compressed, per block: where its encoding lives
+  std::vector<char> busy_, early_;                     // compressed, per block: in this step's messages; encoded ahead
 };
 
 }  // namespace pccl

@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 
 #include <memory>
+#include <optional>
 #include <mpi4py/mpi4py.h>
 
 #if defined(OPEN_MPI) && OPEN_MPI
@@ -25,6 +26,12 @@ using namespace pccl;
 namespace {
 
 using OpsTable = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// A collective's codec argument: -1 none, else a native codec's code.
+std::optional<Codec> codec_of(int code) {
+  if (code < 0) return std::nullopt;
+  return Codec(code);
+}
 
 MPI_Comm as_mpi_comm(nb::handle obj) {
   if (!PyObject_TypeCheck(obj.ptr(), &PyMPIComm_Type))
@@ -147,12 +154,13 @@ NB_MODULE(_native, m) {
     scale(ptr(buf), n, static_cast<DType>(dtype), factor);
   }, nb::call_guard<nb::gil_scoped_release>(), "buf[i] *= factor for n elements");
   m.attr("int8_group") = kGroup;
-  m.def("int8_encoded_bytes", &int8_encoded_bytes, "bytes of the int8 encoding of n values");
-  m.def("int8_encode", [](uintptr_t dst, uintptr_t src, int64_t n, int dtype) {
-    int8_encode(ptr(dst), ptr(src), n, static_cast<DType>(dtype));
-  }, nb::call_guard<nb::gil_scoped_release>(), "block-wise absmax int8 encoding of n values (quantize.h)");
-  m.def("int8_decode", [](uintptr_t dst, uintptr_t src, int64_t n, int dtype, int op) {
-    int8_decode(ptr(dst), ptr(src), n, static_cast<DType>(dtype), op);
+  m.def("encoded_bytes", [](int codec, int64_t n) { return Codec(codec).bytes(n); },
+        "bytes of a native codec's encoding of n values (codec.h)");
+  m.def("encode", [](int codec, uintptr_t dst, uintptr_t src, int64_t n, int dtype) {
+    Codec(codec).encode(ptr(dst), ptr(src), n, static_cast<DType>(dtype));
+  }, nb::call_guard<nb::gil_scoped_release>(), "encode n values with a native codec (codec.h)");
+  m.def("decode", [](int codec, uintptr_t dst, uintptr_t src, int64_t n, int dtype, int op) {
+    Codec(codec).decode(ptr(dst), ptr(src), n, static_cast<DType>(dtype), op);
   }, nb::call_guard<nb::gil_scoped_release>(), "decode n values; op -1 overwrites dst, else dst = op(dst, decoded)");
 
 #ifdef PCCL_GPU
@@ -191,20 +199,27 @@ NB_MODULE(_native, m) {
       .def_prop_ro("size", &MpiComm::size)
       .def("set_timeout", &MpiComm::set_timeout)
       .def("all_gather", [](MpiComm& c, OpsTable ops, uintptr_t out, uintptr_t in, int64_t count, int dtype,
-                            int device, uintptr_t stream) {
+                            int device, uintptr_t stream, int codec) {
+        const std::optional<Codec> coded = codec_of(codec);
         c.all_gather(ops.data(), ops.shape(0), ptr(out), ptr(in), count, static_cast<DType>(dtype),
-                     c.memory(device, ptr(stream)));
-      }, nb::call_guard<nb::gil_scoped_release>())
+                     c.memory(device, ptr(stream)), coded ? &*coded : nullptr);
+      }, nb::arg("ops"), nb::arg("out"), nb::arg("in"), nb::arg("count"), nb::arg("dtype"), nb::arg("device"),
+         nb::arg("stream"), nb::arg("codec") = -1, nb::call_guard<nb::gil_scoped_release>(),
+         "codec -1: the plain schedule Schedule.ops; else a native codec and CompressedSchedule.ops")
       .def("reduce_scatter", [](MpiComm& c, OpsTable ops, uintptr_t out, uintptr_t in, int64_t count, int dtype,
-                                int op, int device, uintptr_t stream) {
+                                int op, int device, uintptr_t stream, int codec) {
+        const std::optional<Codec> coded = codec_of(codec);
         c.reduce_scatter(ops.data(), ops.shape(0), ptr(out), ptr(in), count, static_cast<DType>(dtype),
-                         static_cast<Op>(op), c.memory(device, ptr(stream)));
-      }, nb::call_guard<nb::gil_scoped_release>())
+                         static_cast<Op>(op), c.memory(device, ptr(stream)), coded ? &*coded : nullptr);
+      }, nb::arg("ops"), nb::arg("out"), nb::arg("in"), nb::arg("count"), nb::arg("dtype"), nb::arg("op"),
+         nb::arg("device"), nb::arg("stream"), nb::arg("codec") = -1, nb::call_guard<nb::gil_scoped_release>())
       .def("all_reduce", [](MpiComm& c, OpsTable ops, uintptr_t buf, int64_t count, int dtype, int op, int device,
-                            uintptr_t stream) {
+                            uintptr_t stream, int codec) {
+        const std::optional<Codec> coded = codec_of(codec);
         c.all_reduce(ops.data(), ops.shape(0), ptr(buf), count, static_cast<DType>(dtype), static_cast<Op>(op),
-                     c.memory(device, ptr(stream)));
-      }, nb::call_guard<nb::gil_scoped_release>())
+                     c.memory(device, ptr(stream)), coded ? &*coded : nullptr);
+      }, nb::arg("ops"), nb::arg("buf"), nb::arg("count"), nb::arg("dtype"), nb::arg("op"), nb::arg("device"),
+         nb::arg("stream"), nb::arg("codec") = -1, nb::call_guard<nb::gil_scoped_release>())
       .def("native_all_gather", [](MpiComm& c, uintptr_t out, uintptr_t in, int64_t count, int dtype, int device,
                                    uintptr_t stream) {
         c.native_all_gather(ptr(out), ptr(in), count, static_cast<DType>(dtype), c.memory(device, ptr(stream)));

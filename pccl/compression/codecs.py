@@ -4,7 +4,8 @@ One interface: `encoded_nbytes(n, dtype)` is the exact size of the encoding of n
 (every codec here is fixed-rate, so a receiver knows each message's size from the
 schedule), `encode(src, dst)` writes it into a uint8 tensor, and `decode(src, dst, op)`
 overwrites `dst` (op None) or combines the decoded values into it (dst = op(dst, decoded)).
-CPU tensors; the int8 kernels are native (csrc/quantize.cpp) and release the GIL.
+CPU tensors; the int8 and cast kernels are native (csrc/codec.cpp), release the GIL and
+run inside the C++ executor too; zfp runs through zfpy, in the Python executor.
 
 Bounds, per value x of a block (the tests hold each codec to its own):
 
@@ -51,6 +52,8 @@ def _combine(dst: torch.Tensor, values: torch.Tensor, op: Optional[str]) -> None
 class Codec(ABC):
     name: str
     dtypes: tuple[torch.dtype, ...]
+    native: Optional[int] = None   # the C++ executor's code for it (csrc/codec.h), None: Python only
+    per_message = False            # encode/decode at every hop (the baseline), not collective-level
 
     def check(self, dtype: torch.dtype) -> None:
         """Raise CodecError unless this codec takes `dtype` payloads."""
@@ -85,43 +88,44 @@ class Codec(ABC):
         return f"Codec({self.name})"
 
 
-class Int8(Codec):
-    name = "int8"
-    dtypes = FLOATS
+class NativeCodec(Codec):
+    """A codec whose kernels are native (csrc/codec.cpp, GIL released), shared by the C++
+    executor and the Python executors."""
 
     def __init__(self) -> None:
         from pccl import _native
 
         self._native = _native
-        self.group = _native.int8_group
 
     def encoded_nbytes(self, n: int, dtype: torch.dtype) -> int:
-        return self._native.int8_encoded_bytes(n)
+        return self._native.encoded_bytes(self.native, n)
 
     def encode(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        self._native.int8_encode(dst.data_ptr(), src.data_ptr(), src.numel(), dtype_code(src.dtype))
+        self._native.encode(self.native, dst.data_ptr(), src.data_ptr(), src.numel(), dtype_code(src.dtype))
 
     def decode(self, src: torch.Tensor, dst: torch.Tensor, op: Optional[str] = None) -> None:
-        self._native.int8_decode(dst.data_ptr(), src.data_ptr(), dst.numel(), dtype_code(dst.dtype),
-                                 -1 if op is None else OPS[op])
+        self._native.decode(self.native, dst.data_ptr(), src.data_ptr(), dst.numel(), dtype_code(dst.dtype),
+                            -1 if op is None else OPS[op])
 
 
-class Cast(Codec):
+class Int8(NativeCodec):
+    name = "int8"
+    dtypes = FLOATS
+    native = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.group = self._native.int8_group
+
+
+class Cast(NativeCodec):
     """fp32 payloads carried as a 16-bit float type."""
 
     dtypes = (torch.float32,)
 
-    def __init__(self, name: str, wire: torch.dtype):
-        self.name, self.wire = name, wire
-
-    def encoded_nbytes(self, n: int, dtype: torch.dtype) -> int:
-        return 2 * n
-
-    def encode(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        dst.view(self.wire).copy_(src)
-
-    def decode(self, src: torch.Tensor, dst: torch.Tensor, op: Optional[str] = None) -> None:
-        _combine(dst, src.view(self.wire), op)   # widened by the copy or the op
+    def __init__(self, name: str):
+        super().__init__()
+        self.name, self.native = name, {"bf16": 1, "fp16": 2}[name]
 
 
 class Zfp(Codec):
@@ -163,7 +167,7 @@ class PerMessage(Codec):
     per_message = True
 
     def __init__(self, inner: Codec):
-        self.inner, self.name, self.dtypes = inner, f"p2p:{inner.name}", inner.dtypes
+        self.inner, self.name, self.dtypes, self.native = inner, f"p2p:{inner.name}", inner.dtypes, inner.native
 
     def encoded_nbytes(self, n: int, dtype: torch.dtype) -> int:
         return self.inner.encoded_nbytes(n, dtype)
@@ -194,7 +198,7 @@ def codec(name) -> Optional[Codec]:
     if key == "int8":
         return Int8()
     if key in ("bf16", "fp16"):
-        return Cast(key, torch.bfloat16 if key == "bf16" else torch.float16)
+        return Cast(key)
     if key.startswith("zfp:"):
         try:
             rate = int(key[4:])

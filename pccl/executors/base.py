@@ -18,11 +18,14 @@ from pccl.ir.schedule import Kind, Schedule
 class ScheduleExecutor(ABC):
     rank: int
     size: int
-    takes_codecs = True   # runs compressed schedules (execute_compressed)
 
     def __init__(self) -> None:
         self._work: dict[torch.dtype, torch.Tensor] = {}
         self._scratch: dict[torch.dtype, torch.Tensor] = {}
+
+    def takes(self, codec) -> bool:
+        """Whether it runs schedules compressed with `codec`: every codec (execute_compressed)."""
+        return True
 
     @abstractmethod
     def exchange(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]],
@@ -72,7 +75,7 @@ class ScheduleExecutor(ABC):
         """The schedule with every block travelling as its `codec` encoding, following
         pccl.ir.compressed's plan (encode once where the plan says, forward encodings,
         decode-and-reduce, decode at the end). One message per run of blocks, as uncompressed."""
-        plan = compress(sched, getattr(codec, "per_message", False))
+        plan = compress(sched, codec.per_message)
         op = "sum" if op == "avg" else op
 
         def values(b: int) -> torch.Tensor:

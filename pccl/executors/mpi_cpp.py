@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from pccl import _native
 from pccl.core.dtypes import dtype_code, op_code
+from pccl.ir.compressed import compress
 from pccl.ir.schedule import Schedule
 
 
@@ -72,17 +73,32 @@ class MpiCppExecutor:
         self.native = _native.MpiComm(comm, timeout, gpu_aware_mpi(), allocate=workspace)
         self.rank, self.size = self.native.rank, self.native.size
 
-    def all_gather(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor) -> None:
-        self.native.all_gather(sched.ops, output.data_ptr(), input.data_ptr(), input.numel(),
-                               dtype_code(input.dtype), *placement(input))
+    @staticmethod
+    def takes(codec) -> bool:
+        """Whether it runs schedules compressed with `codec`: the native codecs (int8, bf16,
+        fp16, and their p2p: baselines), on host buffers."""
+        return codec.native is not None
 
-    def reduce_scatter(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
-        self.native.reduce_scatter(sched.ops, output.data_ptr(), input.data_ptr(), output.numel(),
-                                   dtype_code(input.dtype), op_code(op, input.dtype), *placement(input))
+    @staticmethod
+    def _table(sched: Schedule, codec) -> tuple:
+        """The ops table and codec code of a call: the schedule's, or its compressed plan's."""
+        return (sched.ops, -1) if codec is None else (compress(sched, codec.per_message).ops, codec.native)
 
-    def all_reduce(self, sched: Schedule, tensor: torch.Tensor, op: str) -> None:
-        self.native.all_reduce(sched.ops, tensor.data_ptr(), tensor.numel(), dtype_code(tensor.dtype),
-                               op_code(op, tensor.dtype), *placement(tensor))
+    def all_gather(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor, codec=None) -> None:
+        ops, code = self._table(sched, codec)
+        self.native.all_gather(ops, output.data_ptr(), input.data_ptr(), input.numel(),
+                               dtype_code(input.dtype), *placement(input), code)
+
+    def reduce_scatter(self, sched: Schedule, output: torch.Tensor, input: torch.Tensor, op: str,
+                       codec=None) -> None:
+        ops, code = self._table(sched, codec)
+        self.native.reduce_scatter(ops, output.data_ptr(), input.data_ptr(), output.numel(),
+                                   dtype_code(input.dtype), op_code(op, input.dtype), *placement(input), code)
+
+    def all_reduce(self, sched: Schedule, tensor: torch.Tensor, op: str, codec=None) -> None:
+        ops, code = self._table(sched, codec)
+        self.native.all_reduce(ops, tensor.data_ptr(), tensor.numel(), dtype_code(tensor.dtype),
+                               op_code(op, tensor.dtype), *placement(tensor), code)
 
     def native_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         self.native.native_all_gather(output.data_ptr(), input.data_ptr(), input.numel(), dtype_code(input.dtype),

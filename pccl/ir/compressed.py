@@ -28,9 +28,14 @@ ranks: every block encoded where it must be, never decoded twice, the right resu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
+
+import numpy as np
 
 from pccl.ir.schedule import Kind, Schedule, Transfer
+
+# The actions of CompressedSchedule.ops, the table the C++ executor runs (csrc/comm.cpp).
+SEND, KEEP, REDUCE, ENCODE, THAW, UNPACK, FINISH = range(7)
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,23 @@ class CompressedSchedule:
     steps: tuple[CompressedStep, ...]
     decode: tuple[int, ...]   # at the end: held only encoded, decoded into the buffer
     settle: tuple[int, ...]   # at the end: sent encoded and unchanged since, replaced by the decoding
+
+    @cached_property
+    def ops(self) -> np.ndarray:
+        """Flat int64 table, one row per action: (step, action, peer, first block, block
+        count), peer -1 for local actions. Per step: ENCODE (each block on its own), then
+        the receives (KEEP, REDUCE, or UNPACK per message), the SENDs, then THAW; FINISH
+        rows (the end's decode and settle) form one last step. Messages carry runs of
+        blocks, their encodings back to back."""
+        rows = []
+        for i, step in enumerate(self.steps):
+            rows += [(i, ENCODE, -1, b, 1) for b in step.encode]
+            for kind, transfers in ((UNPACK if step.unpack else KEEP, step.keeps), (REDUCE, step.reduces),
+                                    (SEND, step.sends)):
+                rows += [(i, kind, t.peer, first, count) for t in transfers for first, count in t.runs]
+            rows += [(i, THAW, -1, b, 1) for b in step.thaw]
+        rows += [(len(self.steps), FINISH, -1, b, 1) for b in sorted({*self.decode, *self.settle})]
+        return np.asarray(rows, dtype=np.int64).reshape(-1, 5)
 
 
 def result_blocks(sched: Schedule) -> tuple[int, ...]:

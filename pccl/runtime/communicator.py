@@ -294,11 +294,12 @@ class Communicator:
                 raise ValueError(f"compression ({c.name}) runs on CPU tensors so far, got a {like.device.type} tensor")
         return codecs
 
-    def _compressing(self):
-        """The executor of compressed schedules: this one's where it takes codecs, else the
-        Python reference loop over a duplicate of the MPI communicator (made at first use:
-        every rank makes the same calls), the codecs' kernels native."""
-        if getattr(self._executor, "takes_codecs", False):
+    def _compressing(self, codec):
+        """The executor of schedules compressed with `codec`: this one's where it takes the
+        codec (the C++ executor takes the native codecs), else the Python reference loop
+        over a duplicate of the MPI communicator (made at first use: every rank makes the
+        same calls)."""
+        if self._executor.takes(codec):
             return self._executor
         if self._compressed is None:
             from pccl.executors.mpi_python import MpiPythonExecutor
@@ -322,7 +323,7 @@ class Communicator:
         else:
             sched = schedule(collective, algorithm, self.size, self.rank)
             codec = codecs.get("flat")
-            runner = self._compressing() if codec is not None else self._executor
+            runner = self._compressing(codec) if codec is not None else self._executor
             fn = lambda: scheduled(sched, runner, codec)  # noqa: E731
         return self._queue.run(on_callers_stream(fn, like), async_op,
                                StreamWork if self.queues_on_device(like.device.type) else None)
@@ -365,7 +366,7 @@ class Communicator:
         output, input = output.view(-1), input.view(-1)   # executors and plans slice flat buffers
         return self._run("all_gather", algorithm, output, async_op,
                          lambda: self._native.native_all_gather(output, input),
-                         lambda sched, runner, codec: runner.all_gather(sched, output, input, *_with(codec)),
+                         lambda sched, runner, codec: runner.all_gather(sched, output, input, codec),
                          lambda plan, run: run.run(plan, {"input": input, "output": output}, input.numel(), "sum",
                                                    codecs), codecs)
 
@@ -379,7 +380,7 @@ class Communicator:
         output, input = output.view(-1), input.view(-1)
         return self._run("reduce_scatter", algorithm, input, async_op,
                          lambda: self._native.native_reduce_scatter(output, input, op),
-                         lambda sched, runner, codec: runner.reduce_scatter(sched, output, input, op, *_with(codec)),
+                         lambda sched, runner, codec: runner.reduce_scatter(sched, output, input, op, codec),
                          lambda plan, run: run.run(plan, {"input": input, "output": output}, output.numel(), op,
                                                    codecs), codecs)
 
@@ -392,14 +393,9 @@ class Communicator:
         tensor = tensor.view(-1)
         return self._run("all_reduce", algorithm, tensor, async_op,
                          lambda: self._native.native_all_reduce(tensor, op),
-                         lambda sched, runner, codec: runner.all_reduce(sched, tensor, op, *_with(codec)),
+                         lambda sched, runner, codec: runner.all_reduce(sched, tensor, op, codec),
                          lambda plan, run: run.all_reduce(plan, tensor, op, codecs), codecs)
 
-
-def _with(codec) -> tuple:
-    """The trailing codec argument of an executor call: none without compression (the C++
-    executor takes none)."""
-    return () if codec is None else (codec,)
 
 
 def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,

@@ -11,6 +11,8 @@ The references, per case:
                    sum of at most p values, so of magnitude <= p, and loses at most the
                    codec's unit of it (int8 1/254, bf16 2^-9, fp16 2^-11, zfp:R 2^-(R-5));
                    ring all-reduce results identical on every rank
+The C++ executor runs the native codecs itself: its results equal the Python executor's
+bit for bit (same plan, same kernels, same order of reductions).
 Two-level plans (2 ranks per emulated node) compress their inter-node phases only.
 The report maps case names to failures (empty lists pass).
 """
@@ -49,7 +51,22 @@ def same_everywhere(t: torch.Tensor) -> bool:
     return len(set(world.allgather(digest))) == 1
 
 
-def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool) -> list[str]:
+def call(comm, collective: str, algorithm, compression, case: str, n: int) -> torch.Tensor:
+    """One compressed collective on this rank's inputs; its output."""
+    if collective == "all_gather":
+        out = torch.empty(p * n)
+        comm.all_gather(out, data(rank, case, n), algorithm=algorithm, compression=compression)
+    elif collective == "reduce_scatter":
+        out = torch.empty(n)
+        comm.reduce_scatter(out, data(rank, case, n * p), algorithm=algorithm, compression=compression)
+    else:
+        out = data(rank, case, n * p + 3)
+        comm.all_reduce(out, algorithm=algorithm, compression=compression)
+    return out
+
+
+def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool, twin=None) -> list[str]:
+    """The checks of one case; `twin` (a Python-executor communicator) must agree exactly."""
     c, case = codec(name), f"{collective}/{algorithm}/{name}/{n}"
     compression = {"inter": name} if plan else name
     per_message = name.startswith("p2p:")
@@ -57,10 +74,12 @@ def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool) ->
         encodes = [p * p] * p
     else:
         encodes = verify_compressed(collective, algorithm, p, per_message)["encodes"]
+    out = call(comm, collective, algorithm, compression, case, n)
+    problems = []
+    if twin is not None and c.native is not None and \
+            not torch.equal(out, call(twin, collective, algorithm, compression, case, n)):
+        problems.append(f"{case}: the C++ and Python executors disagree")
     if collective == "all_gather":
-        out = torch.empty(p * n)
-        comm.all_gather(out, data(rank, case, n), algorithm=algorithm, compression=compression)
-        problems = []
         for r in range(p):
             x = data(r, case, n)
             if not (plan or per_message) and p > 1 and not torch.equal(out[r * n:(r + 1) * n], c.round_trip(x)):
@@ -76,16 +95,13 @@ def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool) ->
     total = n * p if collective == "reduce_scatter" else n * p + 3
     exact = sum(data(r, case, total).double() for r in range(p))
     if collective == "reduce_scatter":
-        out = torch.empty(n)
-        comm.reduce_scatter(out, data(rank, case, total), algorithm=algorithm, compression=compression)
         exact, blocks = exact[rank * n:(rank + 1) * n], [rank]
     else:
-        out = data(rank, case, total)
-        comm.all_reduce(out, algorithm=algorithm, compression=compression)
         blocks = list(range(p))
     bound = max(encodes[b] for b in blocks) * UNIT[name] * p + 1e-5
     error = (out.double() - exact).abs().max().item()
-    problems = [f"{case}: error {error:.3g} beyond {bound:.3g}"] if error > bound else []
+    if error > bound:
+        problems.append(f"{case}: error {error:.3g} beyond {bound:.3g}")
     if collective == "all_reduce" and algorithm == "ring" and not per_message and not same_everywhere(out):
         problems.append(f"{case}: ring all-reduce results differ between ranks")
     return problems
@@ -94,6 +110,7 @@ def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool) ->
 def main() -> None:
     report: dict[str, list[str]] = {}
     comms = {"cpp": pccl.init(executor="cpp", timeout=60), "gloo": pccl.init(transport="gloo", timeout=60)}
+    twin = pccl.init(executor="python", timeout=60)
     cases = [(e, coll, alg, False) for e in comms for coll, algs in GENERATORS.items() for alg in algs]
     if p % 2 == 0 and p >= 4:
         comms["plans"] = pccl.init(ranks_per_node=2, timeout=60)
@@ -105,7 +122,8 @@ def main() -> None:
         try:
             for name in CODECS if executor == "cpp" else ("int8",) if executor == "gloo" else CODECS[:-1]:
                 for n in SIZES:
-                    problems += run_case(comms[executor], collective, algorithm, name, n, plan)
+                    problems += run_case(comms[executor], collective, algorithm, name, n, plan,
+                                         twin if executor == "cpp" else None)
         except Exception:  # noqa: BLE001
             problems.append(traceback.format_exc())
         report[key] = problems
