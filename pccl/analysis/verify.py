@@ -200,6 +200,7 @@ class Encoded(Provenance):
         super().__init__(schedules)
         p = len(schedules)
         self.plans = [compress(sched, per_message) for sched in schedules]
+        self.per_message = per_message
         self.tokens: list[np.ndarray] = []                    # token -> contributions
         self.maker: list[int] = []                            # token -> the block it encodes
         self.enc: list[dict[int, int]] = [{} for _ in range(p)]
@@ -254,13 +255,22 @@ class Encoded(Provenance):
 
     def finish(self) -> list[np.ndarray]:
         for r, plan in enumerate(self.plans):
-            for b in (*plan.decode, *plan.settle):
+            for b in plan.seal:
+                self.tokens.append(self.state[r][b].copy())
+                self.maker.append(b)
+                self.enc[r][b] = len(self.tokens) - 1
+            for b in (*plan.decode, *plan.settle, *plan.seal):
                 token = self.enc[r][b]
                 self.state[r][b] = self._decode(r, token)
                 self.final[r][b] = token
                 self.frozen[r].discard(b)
             if self.frozen[r] & set(result_blocks(plan.schedule)):
                 self._fail(r, "ends holding result blocks only encoded")
+            ends = set(result_blocks(plan.schedule))
+            if plan.schedule.collective == "all_reduce" and plan.schedule.steps and not self.per_message and \
+                    set(self.final[r]) != ends:
+                self._fail(r, f"ends with all-reduce blocks {sorted(ends - set(self.final[r]))} that are not "
+                              f"decodings: ranks could hold different values")
         return self.state
 
 

@@ -206,3 +206,19 @@ def codec(name) -> Optional[Codec]:
             raise CodecError(f"zfp needs a rate, bits per value: 'zfp:8' or 'zfp:16', got {name!r}") from None
         return Zfp(rate)
     raise CodecError(f"unknown codec {name!r}; expected none, int8, bf16, fp16 or zfp:RATE (e.g. zfp:8)")
+
+
+LEVELS = ("flat", "intra", "inter")
+
+
+def per_level(compression) -> dict:
+    """{level: codec} of a collective's `compression` argument: one codec (or name) is the
+    flat schedule's and, in a two-level plan, the inter-node level's only (where the slow
+    link is); a dict names the plan levels ({"intra": ..., "inter": ...}). Levels without
+    compression are left out."""
+    levels = dict(compression) if isinstance(compression, dict) else {"flat": compression, "inter": compression}
+    unknown = set(levels) - set(LEVELS)
+    if unknown:
+        raise ValueError(f"compression per level takes the keys 'intra' and 'inter', got {sorted(unknown)}")
+    codecs = {level: codec(name) for level, name in levels.items()}
+    return {level: c for level, c in codecs.items() if c is not None}

@@ -119,7 +119,11 @@ class ScheduleExecutor(ABC):
                 elif values(b).numel():
                     codec.decode(encoding, values(b), op)
                     encodings.pop(b, None)
-        for b in (*plan.decode, *plan.settle):
+        for b in plan.seal:
+            encodings[b] = torch.empty(nbytes(b), dtype=torch.uint8)
+            if values(b).numel():
+                codec.encode(values(b), encodings[b])
+        for b in (*plan.decode, *plan.settle, *plan.seal):
             if values(b).numel():
                 codec.decode(encodings[b], values(b))
 

@@ -10,12 +10,17 @@ whether its buffer holds that value or only the encoding. The rules, for every a
                   its owner, and forwarded unchanged by everyone else; a reduction's partial
                   sum is encoded at each step, as the paper's Algorithms 1 and 2)
   receive (copy)  keep the encoding; do not decode (it may be forwarded again)
-  receive-reduce  decode-and-reduce into the buffer (decoding first a block held only
-                  encoded); the block's old encoding is no longer valid
+  receive-reduce  decode-and-reduce into the buffer; first decode a block held only
+                  encoded, or one whose value this rank encoded itself (and sent): then
+                  both partners of an exchange (recursive doubling) add the same two
+                  decodings and hold the same sum; the block's old encoding is no longer valid
   end             decode what is held only encoded; a block whose current value went out
                   encoded is replaced by the decoding of that encoding, so every rank holds
                   what the others decoded (all-gather outputs are identical on every rank,
-                  and so are the all-gather phases of a ring all-reduce)
+                  and so are the all-gather phases of a ring all-reduce); an all-reduce's
+                  block whose value is a sum computed here (recursive doubling's last
+                  exchange) is sealed: encoded and replaced by its decoding, as the ranks a
+                  folded schedule sends it to hold it, so every rank ends with the same values
 
 Only the blocks a collective's result holds are finished (reduce-scatter: this rank's).
 
@@ -43,7 +48,8 @@ class CompressedStep:
     encode: tuple[int, ...]          # blocks encoded from the buffer before the step's messages
     sends: tuple[Transfer, ...]      # each block travels as its encoding
     keeps: tuple[Transfer, ...]      # plain receives: the encodings are kept, not decoded
-    thaw: tuple[int, ...]            # blocks held only encoded, decoded before a reduction lands on them
+    thaw: tuple[int, ...]            # blocks held only encoded, or encoded by this rank, decoded into the
+                                     # buffer before a reduction lands on them
     reduces: tuple[Transfer, ...]    # decode-and-reduce into the buffer
     unpack: bool = False             # plain receives are decoded on arrival (per message), not kept
 
@@ -54,13 +60,14 @@ class CompressedSchedule:
     steps: tuple[CompressedStep, ...]
     decode: tuple[int, ...]   # at the end: held only encoded, decoded into the buffer
     settle: tuple[int, ...]   # at the end: sent encoded and unchanged since, replaced by the decoding
+    seal: tuple[int, ...] = ()   # at the end: an all-reduce's sum computed here, encoded and decoded
 
     @cached_property
     def ops(self) -> np.ndarray:
         """Flat int64 table, one row per action: (step, action, peer, first block, block
         count), peer -1 for local actions. Per step: ENCODE (each block on its own), then
-        the receives (KEEP, REDUCE, or UNPACK per message), the SENDs, then THAW; FINISH
-        rows (the end's decode and settle) form one last step. Messages carry runs of
+        the receives (KEEP, REDUCE, or UNPACK per message), the SENDs, then THAW; the
+        end's ENCODE (seal) and FINISH rows (decode, settle, seal) form one last step. Messages carry runs of
         blocks, their encodings back to back."""
         rows = []
         for i, step in enumerate(self.steps):
@@ -69,7 +76,8 @@ class CompressedSchedule:
                                     (SEND, step.sends)):
                 rows += [(i, kind, t.peer, first, count) for t in transfers for first, count in t.runs]
             rows += [(i, THAW, -1, b, 1) for b in step.thaw]
-        rows += [(len(self.steps), FINISH, -1, b, 1) for b in sorted({*self.decode, *self.settle})]
+        rows += [(len(self.steps), ENCODE, -1, b, 1) for b in self.seal]
+        rows += [(len(self.steps), FINISH, -1, b, 1) for b in sorted({*self.decode, *self.settle, *self.seal})]
         return np.asarray(rows, dtype=np.int64).reshape(-1, 5)
 
 
@@ -99,7 +107,7 @@ def compress(sched: Schedule, per_message: bool = False) -> CompressedSchedule:
         encoded.update(encode)
         own.update(encode)
         reduced = {b for t in reduces for b in t.blocks}
-        thaw = tuple(sorted(reduced & frozen))
+        thaw = tuple(sorted(reduced & (frozen | own)))
         frozen -= reduced
         encoded -= reduced
         own -= reduced
@@ -109,4 +117,6 @@ def compress(sched: Schedule, per_message: bool = False) -> CompressedSchedule:
             own.difference_update(t.blocks)
         steps.append(CompressedStep(encode, sends, keeps, thaw, reduces))
     wanted = set(result_blocks(sched))
-    return CompressedSchedule(sched, tuple(steps), tuple(sorted(frozen & wanted)), tuple(sorted(own & wanted)))
+    seal = wanted - frozen - own if sched.collective == "all_reduce" and sched.steps else set()
+    return CompressedSchedule(sched, tuple(steps), tuple(sorted(frozen & wanted)), tuple(sorted(own & wanted)),
+                              tuple(sorted(seal)))

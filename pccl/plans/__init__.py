@@ -58,6 +58,14 @@ def spec_of(algorithm) -> Optional[PlanSpec]:
     return NAMED.get(algorithm) if isinstance(algorithm, str) else None
 
 
+def compresses_consistently(spec, collective: str) -> bool:
+    """Whether `collective` run by plan `spec` with compression leaves every rank the same
+    result where it should: HO-Ring's all-gather (alone, or as an all-reduce's second half)
+    moves each block both exactly and encoded in its concurrent phases, so nodes would end
+    with different values; its reduce-scatter, whose results are per rank, is fine."""
+    return not (isinstance(spec, HORing) and collective in ("all_gather", "all_reduce"))
+
+
 def assemble(collective: str, name: str, topology: Topology, rank: int, all_gather, reduce_scatter) -> Plan:
     """A Plan from part builders `f(src, dst) -> (steps, workspaces)`; all-reduce is the
     reduce-scatter into a one-block "shard" followed by the all-gather from it, in place on "io"."""

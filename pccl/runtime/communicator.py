@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from pccl import plans
 from pccl.algorithms import schedule
-from pccl.compression.codecs import codec as codec_of
+from pccl.compression.codecs import per_level
 from pccl.core.dtypes import op_code
 from pccl.core.topology import Topology, TopologyError
 from pccl.executors.plan import PlanExecutor
@@ -235,7 +235,8 @@ class Communicator:
         refused before anything is sent. `compressed`: the blocks travel compressed, which
         HO-Ring's all-gather cannot do consistently (its concurrent phases move a block both
         exactly and encoded, so ranks would end with different values): auto takes the
-        hierarchical plan, which encodes each block once, and asking for HO-Ring raises."""
+        hierarchical plan, which encodes each block once, and asking for HO-Ring raises
+        (plans.compresses_consistently; the all-reduce's all-gather half alike)."""
         spec = plans.spec_of(algorithm)
         if spec is None:
             validation.check_algorithm(collective, algorithm)
@@ -245,12 +246,12 @@ class Communicator:
             spec = tuner.choose(collective, nbytes)
             if isinstance(spec, str):
                 return spec
-            if compressed and collective == "all_gather" and isinstance(spec, plans.HORing):
+            if compressed and not plans.compresses_consistently(spec, collective):
                 spec = plans.NAMED["hierarchical"]
-        elif compressed and collective == "all_gather" and isinstance(spec, plans.HORing):
-            raise ValueError("a compressed all-gather cannot run HO-Ring: its concurrent phases move each block both "
-                             "exactly and encoded, so ranks would end with different values; use 'hierarchical' or "
-                             "a flat schedule")
+        elif compressed and not plans.compresses_consistently(spec, collective):
+            raise ValueError(f"a compressed {collective.replace('_', '-')} cannot run HO-Ring: its concurrent phases "
+                             "move each block both exactly and encoded, so ranks would end with different values; "
+                             "use 'hierarchical' or a flat schedule")
         transports.check_level_devices(device, self.level_transports, self.plan_devices)
         return spec
 
@@ -275,24 +276,30 @@ class Communicator:
         validation.check_numel(full, big.numel(), self.size * small.numel(),
                                f"size * {other}.numel() = {self.size} * {small.numel()}")
 
-    def _codecs(self, compression, like: torch.Tensor) -> dict:
-        """{level: codec} of a call: one codec for a flat schedule ("flat") and, in a plan,
-        for the inter-node level only unless a dict names the levels ({"intra": ...,
-        "inter": ...}); None (default: PCCL_COMPRESSION, else none) compresses nothing.
-        Checked before anything is sent."""
+    def _compression(self, compression, like: torch.Tensor, collective: str, algorithm) -> tuple[dict, object]:
+        """({level: codec}, algorithm) of a call: one codec for a flat schedule ("flat") and,
+        in a plan, for the inter-node level only unless a dict names the levels ({"intra":
+        ..., "inter": ...}); None (default: PCCL_COMPRESSION, else none) compresses nothing.
+        "auto": the codec (or none) and, with algorithm="auto", the algorithm the cost model
+        predicts fastest (Tuner.choose_compressed; none on GPU tensors). Checked before
+        anything is sent."""
         if compression is None:
             compression = os.environ.get("PCCL_COMPRESSION") or None
-        levels = dict(compression) if isinstance(compression, dict) else {"flat": compression, "inter": compression}
-        unknown = set(levels) - {"flat", "intra", "inter"}
-        if unknown:
-            raise ValueError(f"compression per level takes the keys 'intra' and 'inter', got {sorted(unknown)}")
-        codecs = {level: codec_of(name) for level, name in levels.items()}
-        codecs = {level: c for level, c in codecs.items() if c is not None}
+        if isinstance(compression, str) and compression.strip().lower() == "auto":
+            if like.device.type != "cpu":
+                return {}, algorithm
+            tuner = self.tuner if like.device.type in self.plan_devices else self._flat_tuner
+            spec = plans.spec_of(algorithm)
+            if spec is None:
+                validation.check_algorithm(collective, algorithm)
+            compression, algorithm = tuner.choose_compressed(collective, like.numel() * like.element_size(),
+                                                             like.dtype, algorithm if spec is None else spec)
+        codecs = per_level(compression)
         for c in codecs.values():
             c.check(like.dtype)
             if like.device.type != "cpu":
                 raise ValueError(f"compression ({c.name}) runs on CPU tensors so far, got a {like.device.type} tensor")
-        return codecs
+        return codecs, algorithm
 
     def _compressing(self, codec):
         """The executor of schedules compressed with `codec`: this one's where it takes the
@@ -359,10 +366,11 @@ class Communicator:
                    async_op: bool = False, compression=None) -> Optional[Work]:
         """Gather every rank's `input` into `output`: rank i's input lands at block i.
         compression: a codec ("int8", "bf16", "fp16", "zfp:8"; pccl.compression.codecs),
-        or per plan level {"intra": ..., "inter": ...}; each block is encoded once, by its
-        owner, and every rank's output is the same decoding."""
+        or per plan level {"intra": ..., "inter": ...}, or "auto" (the cost model chooses
+        a codec, or none, with the algorithm); each block is encoded once, by its owner, and
+        every rank's output is the same decoding."""
         self._check_buffers(output, input, full="output")
-        codecs = self._codecs(compression, output)
+        codecs, algorithm = self._compression(compression, output, "all_gather", algorithm)
         output, input = output.view(-1), input.view(-1)   # executors and plans slice flat buffers
         return self._run("all_gather", algorithm, output, async_op,
                          lambda: self._native.native_all_gather(output, input),
@@ -376,7 +384,7 @@ class Communicator:
         compression: as all_gather's; partial sums are encoded at each step."""
         self._check_buffers(output, input, full="input")
         op_code(op, input.dtype)
-        codecs = self._codecs(compression, input)
+        codecs, algorithm = self._compression(compression, input, "reduce_scatter", algorithm)
         output, input = output.view(-1), input.view(-1)
         return self._run("reduce_scatter", algorithm, input, async_op,
                          lambda: self._native.native_reduce_scatter(output, input, op),
@@ -389,7 +397,7 @@ class Communicator:
         """Reduce `tensor` over all ranks, in place. compression: as all_gather's."""
         validation.check_tensor("tensor", tensor, self.devices)
         op_code(op, tensor.dtype)
-        codecs = self._codecs(compression, tensor)
+        codecs, algorithm = self._compression(compression, tensor, "all_reduce", algorithm)
         tensor = tensor.view(-1)
         return self._run("all_reduce", algorithm, tensor, async_op,
                          lambda: self._native.native_all_reduce(tensor, op),

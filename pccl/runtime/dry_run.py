@@ -82,9 +82,10 @@ class DryRunCommunicator(Communicator):
         return cost_model.predict_groups(collective, algorithm, world, partition, self.profile, nbytes)
 
     def _record(self, collective: str, algorithm, like: torch.Tensor, compression) -> None:
-        if self._codecs(compression, like):
-            raise ValueError("a dry run cannot predict compressed collectives yet: the cost model does not know "
-                             "codecs")
+        codecs, algorithm = self._compression(compression, like, collective, algorithm)
+        if codecs:
+            raise ValueError("a dry run does not predict compressed collectives yet (the engine's trace does not "
+                             "carry codecs); pccl-sim and cost_model.predict do")
         nbytes = like.numel() * like.element_size()
         algorithm = self.resolve(collective, algorithm, nbytes, like.device.type)
         if not isinstance(algorithm, str):

@@ -4,11 +4,13 @@
   pccl-sim --profile frontier --collective all_gather --ranks 2048 --size 16M --json
   pccl-sim --profile frontier --collective all_gather --ranks 32:2048 --size 16M:1G \\
            --heatmap out/frontier-ag --target hierarchical --baseline native
+  pccl-sim --profile emulated-1gbit --collective all_reduce --ranks 8 --size 4K:64M --compression int8,bf16
 
 Sizes are whole buffers per rank (the all-gather output, the reduce-scatter input), as in
 pccl-bench and the PCCL paper's figures. A range "a:b" doubles from a to b. The heatmap
 (PNG and CSV) shows the speedup of --target over --baseline per (ranks, size), like
-Figures 9 and 11 of the PCCL paper.
+Figures 9 and 11 of the PCCL paper. --compression adds every algorithm with each codec
+("ring+int8", from the profile's codec speeds) and what compression="auto" would run.
 """
 from __future__ import annotations
 
@@ -21,7 +23,10 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import torch
 
+from pccl import plans
+from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.topology import Topology, TopologyError
 from pccl.tuning import cost_model, profiles
@@ -51,13 +56,24 @@ def topology_for(ranks: int, prof: profiles.Profile, ranks_per_node: Optional[in
     return Topology.regular(ranks, per_node, nics_per_node or prof.nics_per_node)
 
 
-def evaluate(collective: str, topology: Topology, prof: profiles.Profile, sizes: list[int]) -> dict:
-    """{"algorithms": {name: seconds per size}, "auto": [name per size]}."""
+def evaluate(collective: str, topology: Topology, prof: profiles.Profile, sizes: list[int],
+             codecs: tuple = ()) -> dict:
+    """{"algorithms": {name: seconds per size}, "auto": [name per size]}; with `codecs`,
+    "ALGORITHM+CODEC" entries too and "auto_compressed": what compression="auto" runs."""
     tuner = Tuner(topology, prof)
     nbytes = np.asarray(sizes, dtype=np.float64)
     times = tuner.predictions(collective, nbytes)
     times["native"] = cost_model.predict(collective, "native", topology, prof, nbytes)
-    return {"algorithms": times, "auto": [tuner.name(collective, s) for s in sizes]}
+    out = {"algorithms": times, "auto": [tuner.name(collective, s) for s in sizes]}
+    if codecs:
+        for c in codecs:
+            for name in tuner.candidates(collective):
+                if plans.compresses_consistently(plans.NAMED.get(name), collective):
+                    times[f"{name}+{c}"] = cost_model.predict(collective, plans.NAMED.get(name, name), topology, prof,
+                                                              nbytes, compression=c)
+        chosen = [tuner.choose_compressed(collective, s, torch.float32) for s in sizes]
+        out["auto_compressed"] = [name if c is None else f"{name}+{c}" for c, name in chosen]
+    return out
 
 
 def record(collective: str, topology: Topology, prof: profiles.Profile, size: int, result: dict, i: int) -> dict:
@@ -65,7 +81,8 @@ def record(collective: str, topology: Topology, prof: profiles.Profile, size: in
             "nodes": topology.num_nodes, "ranks_per_node": topology.ranks_per_node,
             "nics_per_node": topology.nics_per_node, "size": size,
             "algorithms": {name: float(t[i]) for name, t in result["algorithms"].items()},
-            "auto": result["auto"][i]}
+            "auto": result["auto"][i],
+            **({"auto_compressed": result["auto_compressed"][i]} if "auto_compressed" in result else {})}
 
 
 def table(records: list[dict], baseline: str) -> str:
@@ -78,6 +95,7 @@ def table(records: list[dict], baseline: str) -> str:
         base = rec["algorithms"].get(baseline)
         for name, t in sorted(rec["algorithms"].items(), key=lambda kv: kv[1]):
             mark = " <- auto" if name == rec["auto"] else ""
+            mark += " <- compression=auto" if name == rec.get("auto_compressed") else ""
             ratio = f"{base / t:.2f}x" if base else "-"
             lines.append(f"{name:>25} {t * 1e6:12.1f} {rec['size'] / t / 1e9:12.3f} {ratio:>14}{mark}")
     return "\n".join(lines)
@@ -145,10 +163,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("--baseline", default="ring", help="the algorithm speedups are measured against")
     add("--target", default="hierarchical", help="the heatmap's algorithm ('auto': the model's choice)")
     add("--heatmap", metavar="PREFIX", default=None, help="write PREFIX.csv and PREFIX.png")
+    add("--compression", default="", metavar="CODECS",
+        help="codecs to predict (comma list, e.g. int8,bf16): fp32 payloads, at the profile's codec speeds")
     add("--json", action="store_true", help="print JSON (one object, or a list for several ranks/sizes)")
     args = parser.parse_args(argv)
     try:
         args.profile_obj = profiles.load(args.profile)
+        args.codecs = tuple(c.strip() for c in args.compression.split(",") if c.strip())
+        for name in args.codecs:
+            codec(name)
+            args.profile_obj.codec_rate(name.removeprefix("p2p:"))
         args.ranks_list = doubling_range(args.ranks, int)
         args.sizes = doubling_range(args.size, parse_size)
     except ValueError as e:
@@ -169,7 +193,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             topology = topology_for(ranks, prof, args.ranks_per_node, args.nics_per_node)
         except TopologyError as e:
             sys.exit(f"pccl-sim: {e}")
-        result = evaluate(args.collective, topology, prof, args.sizes)
+        result = evaluate(args.collective, topology, prof, args.sizes, args.codecs)
         records += [record(args.collective, topology, prof, size, result, i) for i, size in enumerate(args.sizes)]
     for name in (args.baseline, args.target):
         if name != "auto" and name not in records[0]["algorithms"]:

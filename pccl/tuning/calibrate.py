@@ -1,5 +1,6 @@
 """Measure a machine profile: alpha and bandwidth of the intra-node and inter-node links,
-the bandwidth one NIC gives the ranks that share it, and local reduce and copy speed.
+the bandwidth one NIC gives the ranks that share it, local reduce and copy speed, and each
+codec's encoding and decoding speed.
 
 Run by `pccl-bench --calibrate PATH` under mpiexec on at least two nodes (real or
 emulated). Every measurement is a ping-pong between pairs of ranks (or a local loop),
@@ -23,11 +24,15 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from pccl.compression.codecs import CodecError, codec
 from pccl.core.topology import Topology
-from pccl.tuning.profiles import Link, Profile
+from pccl.tuning.profiles import CodecRate, Link, Profile
 
 SIZES = tuple(1 << k for k in range(10, 25, 2))   # 1 KiB .. 16 MiB
 LOCAL_BYTES = 64 << 20   # local loops: larger than caches, like the buffers of big collectives
+CODEC_BYTES = 16 << 20   # codec loops: fp32 values, larger than caches (zfp runs at ~0.2 GB/s)
+CODECS = ("int8", "bf16", "fp16", "zfp:8", "zfp:16")
+SMALL_BLOCK = 512        # bytes: a codec call dominated by its fixed cost
 REPEATS = 5
 
 
@@ -83,14 +88,50 @@ def local_bandwidth(comm: MPI.Comm, reduce: bool) -> float:
     """Bytes/s of a local sum (bytes reduced) or copy on every rank at once, the slowest rank's."""
     n = LOCAL_BYTES // 4
     a, b = torch.ones(n), torch.ones(n)
+    return n * 4 / timed(comm, (lambda: a.add_(b)) if reduce else (lambda: a.copy_(b)))
+
+
+def timed(comm: MPI.Comm, work) -> float:
+    """The slowest rank's median seconds of `work()`, run on every rank at once."""
     samples = []
     for i in range(REPEATS + 1):
         comm.Barrier()
         start = time.perf_counter()
-        a.add_(b) if reduce else a.copy_(b)
+        work()
         if i:
             samples.append(time.perf_counter() - start)
-    return n * 4 / comm.allreduce(statistics.median(samples), op=MPI.MAX)
+    return comm.allreduce(statistics.median(samples), op=MPI.MAX)
+
+
+def codec_rates(comm: MPI.Comm, where: str) -> tuple:
+    """((name, CodecRate), ...): bytes/s of fp32 values encoded, and decoded-and-summed
+    into a buffer, on every rank at once (the slowest rank's), and the fixed cost of a call
+    (a small block's encode and decode, less their bytes' time, halved); codecs that
+    cannot run here (zfp without zfpy) are left out."""
+    values = torch.rand(CODEC_BYTES // 4, generator=torch.Generator().manual_seed(comm.rank)) * 2 - 1
+    out = torch.zeros_like(values)
+    rates = []
+    for name in CODECS:
+        try:
+            c = codec(name)
+        except CodecError:
+            continue
+        encoded = torch.empty(c.encoded_nbytes(values.numel(), values.dtype), dtype=torch.uint8)
+        encode = CODEC_BYTES / timed(comm, lambda: c.encode(values, encoded))
+        decode = CODEC_BYTES / timed(comm, lambda: c.decode(encoded, out, "sum"))
+        small, calls = values[:SMALL_BLOCK // 4], 100
+        packed = encoded[:c.encoded_nbytes(small.numel(), small.dtype)]
+
+        def round_trips():
+            for _ in range(calls):
+                c.encode(small, packed)
+                c.decode(packed, out[:small.numel()], "sum")
+
+        call = max(timed(comm, round_trips) / calls - SMALL_BLOCK / encode - SMALL_BLOCK / decode, 0.0) / 2
+        rates.append((name, CodecRate(encode, decode, call,
+                                      f"{where}: {CODEC_BYTES} B of fp32 values in [-1, 1] on every rank at once; "
+                                      f"call: {calls} round trips of {SMALL_BLOCK} B")))
+    return tuple(rates)
 
 
 def calibrate(comm: MPI.Comm, topology: Topology, name: str) -> Profile:
@@ -122,7 +163,7 @@ def calibrate(comm: MPI.Comm, topology: Topology, name: str) -> Profile:
         inter=Link(inter[0], nic_bandwidth, stream_bandwidth=inter[1],
                    source=f"{where}: alpha and stream bandwidth from one pair across nodes; NIC bandwidth "
                           f"from all {L} local ranks at once ({topology.ranks_per_nic()} per NIC)"),
-        reduce_bandwidth=reduce_bw, copy_bandwidth=copy_bw,
+        reduce_bandwidth=reduce_bw, copy_bandwidth=copy_bw, codecs=codec_rates(comm, where),
         description=f"calibrated: {topology.describe()} on {socket.gethostname()}",
         sources={"reduce": f"{where}: torch add_ of {LOCAL_BYTES} B on every rank at once",
                  "copy": f"{where}: torch copy_ of {LOCAL_BYTES} B on every rank at once",

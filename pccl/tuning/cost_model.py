@@ -14,6 +14,13 @@ bytes summed over every rank that shares the NIC in that step: that is where a f
 Steps are aligned by index across ranks: exact for the symmetric algorithms, and for the
 folded non-power-of-two worlds the fold's extra steps are charged as whole steps.
 
+Compressed (pccl.ir.compressed), a step's messages carry the codec's encodings (the
+codec's exact size for the block), and the reduction term becomes the codec's work: the
+blocks it encodes at the step's rate of encoding, the blocks it decodes (and reduces) at
+the rate of decoding, both from the profile's measured codec speeds, plus the fixed cost of
+each codec call (one per block); the end's decodes count in the last step. Encoding is
+charged in full, not as overlapping the messages.
+
 A plan costs the sum of its steps: a phase is a flat collective on each level group at
 once (all groups of a node in the same step, so they share the node's NICs), concurrent
 phases cost the slower one (they use different links), a shuffle costs its bytes at copy
@@ -31,13 +38,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
+import torch
 
 from pccl import plans
 from pccl.algorithms import schedule
+from pccl.compression.codecs import codec as codec_of
+from pccl.compression.codecs import per_level
 from pccl.core.topology import Topology
+from pccl.ir.compressed import compress
 from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase
 from pccl.ir.schedule import Kind
 from pccl.tuning.profiles import Profile
@@ -59,6 +70,10 @@ class StepCounts:
     reduce_blocks: np.ndarray
     native: bool                  # the transport's own collective (see group_counts)
     nics_per_node: int
+    codec: Optional[str] = None   # compressed: the codec's name, and what it encodes and decodes
+    encode_blocks: Optional[np.ndarray] = None
+    decode_blocks: Optional[np.ndarray] = None
+    codec_calls: Optional[np.ndarray] = None   # encode and decode calls, one per block
 
     def inter_loads(self, profile: Profile) -> tuple[np.ndarray, np.ndarray]:
         """(this rank's blocks per NIC it uses, blocks through the busiest such NIC): its own
@@ -68,15 +83,35 @@ class StepCounts:
             return self.inter_blocks / self.nics_per_node, self.node_blocks / self.nics_per_node
         return self.inter_blocks, self.nic_blocks
 
-    def seconds(self, profile: Profile, block_bytes: np.ndarray) -> np.ndarray:
-        """Time of the whole collective for each block size (bytes) in `block_bytes`."""
+    def seconds(self, profile: Profile, block_bytes: np.ndarray, dtype: torch.dtype = torch.float32) -> np.ndarray:
+        """Time of the whole collective for each block size (bytes) in `block_bytes` of
+        `dtype` values."""
         m = np.asarray(block_bytes, dtype=np.float64)[:, None, None]
-        intra = profile.intra.alpha * self.intra_msgs + profile.intra.beta * m * self.intra_blocks
+        local = profile.gamma * m * self.reduce_blocks
+        wire = m
+        if self.codec is not None:
+            rate = profile.codec_rate(self.codec.removeprefix("p2p:"))
+            wire = m * wire_ratio(self.codec, np.asarray(block_bytes, float), dtype)[:, None, None]
+            local = m * (self.encode_blocks / rate.encode + self.decode_blocks / rate.decode) + \
+                rate.call * self.codec_calls
+        intra = profile.intra.alpha * self.intra_msgs + profile.intra.beta * wire * self.intra_blocks
         own, nic = self.inter_loads(profile)
-        inter = profile.inter.alpha * self.inter_msgs + m * np.maximum(
+        inter = profile.inter.alpha * self.inter_msgs + wire * np.maximum(
             profile.inter.stream_beta * own, profile.inter.beta * nic)
-        step = np.maximum(intra, inter) + profile.gamma * m * self.reduce_blocks
+        step = np.maximum(intra, inter) + local
         return step.max(axis=1).sum(axis=1)
+
+
+@lru_cache(maxsize=64)
+def _codec(name: str):
+    return codec_of(name)
+
+
+def wire_ratio(name: str, block_bytes: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """Encoded bytes per byte of values, for blocks of `block_bytes` (the codec's exact size)."""
+    c, size = _codec(name), torch.empty((), dtype=dtype).element_size()
+    n = np.maximum(np.rint(block_bytes / size), 1).astype(np.int64)
+    return np.array([c.encoded_nbytes(int(k), dtype) for k in n], float) / (n * size)
 
 
 def sampled_nodes(topology: Topology) -> tuple[int, ...]:
@@ -120,12 +155,13 @@ def places(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
 
 
 def group_counts(collective: str, algorithm: str, topology: Topology, level: Level,
-                 scale: float, natives: tuple) -> StepCounts:
+                 scale: float, natives: tuple, codec: Optional[str] = None) -> StepCounts:
     """Counts of a flat collective run by every group of `level` at once ("world": one
     group of all ranks; a partition: any equal-sized groups, every rank evaluated, as no
     symmetry is assumed); `scale` converts the group schedule's blocks into caller blocks.
     "native" is opaque: it is counted as the schedule `natives` names for the collective
-    (the profile's native algorithms), else as the ring."""
+    (the profile's native algorithms), else as the ring. `codec`: the blocks travel
+    compressed with it (collective-level, or per message for a "p2p:" codec)."""
     native = algorithm == "native"
     if native:
         algorithm = dict(natives).get(collective, "ring")
@@ -136,16 +172,21 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: Lev
     rows = []
     for r in ranks:
         members = np.array(level_members(topology, level, r))
-        ops = schedule(collective, algorithm, len(members), int(np.flatnonzero(members == r)[0])).ops
-        rows.append((ops, members))
-    steps = max((int(ops[:, 0].max()) + 1 if len(ops) else 0) for ops, _ in rows)
+        sched = schedule(collective, algorithm, len(members), int(np.flatnonzero(members == r)[0]))
+        rows.append((sched.ops, members, sched))
+    steps = max((int(ops[:, 0].max()) + 1 if len(ops) else 0) for ops, _, _ in rows)
     shape = (len(ranks), steps)
     count = {key: np.zeros(shape) for key in
              ("intra_send_msgs", "intra_recv_msgs", "intra_sent", "intra_recv",
-              "inter_send_msgs", "inter_recv_msgs", "inter_sent", "inter_recv", "reduce")}
-    for i, (r, (ops, members)) in enumerate(zip(ranks, rows)):
+              "inter_send_msgs", "inter_recv_msgs", "inter_sent", "inter_recv", "reduce", "encode", "decode",
+              "calls")}
+    for i, (r, (ops, members, sched)) in enumerate(zip(ranks, rows)):
         if not len(ops):
             continue
+        if codec is not None:
+            plan = compress(sched, codec.startswith("p2p:"))
+            coded_work(plan, count["encode"][i], count["decode"][i], scale)
+            coded_work(plan, count["calls"][i], count["calls"][i], 1.0)
         step, kind, blocks = ops[:, 0], ops[:, 1], ops[:, 4] * scale
         crossing = node[members[ops[:, 2]]] != node[r]
         sending = kind == Kind.SEND
@@ -170,7 +211,20 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: Lev
         inter_blocks=np.maximum(count["inter_sent"], count["inter_recv"]),
         nic_blocks=busiest(nic[list(ranks)]),
         node_blocks=busiest(node[list(ranks)]),
-        reduce_blocks=count["reduce"], native=native, nics_per_node=topology.nics_per_node)
+        reduce_blocks=count["reduce"], native=native, nics_per_node=topology.nics_per_node,
+        codec=codec, encode_blocks=count["encode"], decode_blocks=count["decode"], codec_calls=count["calls"])
+
+
+def coded_work(plan, encode: np.ndarray, decode: np.ndarray, scale: float) -> None:
+    """Add the blocks a compressed schedule encodes and decodes, per step (the end's
+    decodes in the last), to `encode` and `decode`."""
+    for i, step in enumerate(plan.steps):
+        received = [*step.reduces, *(step.keeps if step.unpack else ())]
+        encode[i] += len(step.encode) * scale
+        decode[i] += (len(step.thaw) + sum(len(t.blocks) for t in received)) * scale
+    if plan.steps:
+        encode[len(plan.steps) - 1] += len(plan.seal) * scale
+        decode[len(plan.steps) - 1] += len({*plan.decode, *plan.settle, *plan.seal}) * scale
 
 
 @dataclass(frozen=True)
@@ -195,28 +249,30 @@ def local_cost(step) -> LocalCost:
     return LocalCost(step.dst.count, reduces=True)
 
 
-def phase_counts(phase: Phase, topology: Topology, natives: tuple) -> StepCounts:
+def phase_counts(phase: Phase, topology: Topology, natives: tuple, coded: dict) -> StepCounts:
     """A phase is a flat collective on each level group; its buffer of `count` blocks splits
     into one block per group member."""
     full = phase.output if phase.collective == "all_gather" else phase.input
     size = len(topology.level_ranks(phase.level, 0))
-    return group_counts(phase.collective, phase.algorithm, topology, phase.level, full.count / size, natives)
+    return group_counts(phase.collective, phase.algorithm, topology, phase.level, full.count / size, natives,
+                        coded.get(phase.level))
 
 
 @lru_cache(maxsize=512)
-def parts(collective: str, algorithm, topology: Topology, natives: tuple = ()) -> tuple[Part, ...]:
+def parts(collective: str, algorithm, topology: Topology, natives: tuple = (), coded: tuple = ()) -> tuple[Part, ...]:
     """The cost parts of `algorithm` ("ring", ..., "native" or a plan spec) on `topology`,
-    in blocks of one rank's share of the buffer; `natives` as in group_counts."""
-    spec = plans.spec_of(algorithm)
+    in blocks of one rank's share of the buffer; `natives` as in group_counts; `coded`:
+    ((level, codec name), ...), the levels ("flat", "intra", "inter") that compress."""
+    spec, coded = plans.spec_of(algorithm), dict(coded)
     if spec is None:
-        return (group_counts(collective, algorithm, topology, "world", 1.0, natives),)
+        return (group_counts(collective, algorithm, topology, "world", 1.0, natives, coded.get("flat")),)
     plan = plans.build(spec, collective, topology, 0)
     out: list[Part] = []
     for step in plan.steps:
         if isinstance(step, Phase):
-            out.append(phase_counts(step, topology, natives))
+            out.append(phase_counts(step, topology, natives, coded))
         elif isinstance(step, Concurrent):
-            out.append(tuple(phase_counts(p, topology, natives) for p in step.phases))
+            out.append(tuple(phase_counts(p, topology, natives, coded) for p in step.phases))
         elif isinstance(step, (Permute, Fill, Combine)):
             out.append(local_cost(step))
         else:
@@ -224,10 +280,12 @@ def parts(collective: str, algorithm, topology: Topology, natives: tuple = ()) -
     return tuple(out)
 
 
-def part_seconds(part: Part, profile: Profile, block_bytes: np.ndarray) -> np.ndarray:
+def part_seconds(part: Part, profile: Profile, block_bytes: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     if isinstance(part, tuple):
-        return np.max([part_seconds(p, profile, block_bytes) for p in part], axis=0)
-    return part.seconds(profile, block_bytes)
+        return np.max([part_seconds(p, profile, block_bytes, dtype) for p in part], axis=0)
+    if isinstance(part, LocalCost):
+        return part.seconds(profile, block_bytes)
+    return part.seconds(profile, block_bytes, dtype)
 
 
 def _sizes(nbytes) -> np.ndarray:
@@ -237,15 +295,23 @@ def _sizes(nbytes) -> np.ndarray:
     return sizes
 
 
-def predict(collective: str, algorithm, topology: Topology, profile: Profile, nbytes):
+def coded_levels(compression) -> tuple:
+    """((level, codec name), ...) of a collective's `compression` argument (as the
+    communicator reads it: pccl.compression.codecs.per_level)."""
+    return tuple(sorted((level, c.name) for level, c in per_level(compression).items()))
+
+
+def predict(collective: str, algorithm, topology: Topology, profile: Profile, nbytes, compression=None,
+            dtype: torch.dtype = torch.float32):
     """Predicted seconds of `collective` with `algorithm` on `topology` for a buffer of
-    `nbytes` (the all-gather output, the reduce-scatter input, the all-reduce tensor);
-    `nbytes` may be a number or an array of them."""
+    `nbytes` (the all-gather output, the reduce-scatter input, the all-reduce tensor) of
+    `dtype` values; `nbytes` may be a number or an array of them. `compression` as the
+    collectives take it (a codec, or one per plan level)."""
     sizes = _sizes(nbytes)
     block_bytes = sizes / topology.size
     total = np.zeros_like(sizes)
-    for part in parts(collective, algorithm, topology, profile.native_algorithms):
-        total = total + part_seconds(part, profile, block_bytes)
+    for part in parts(collective, algorithm, topology, profile.native_algorithms, coded_levels(compression)):
+        total = total + part_seconds(part, profile, block_bytes, dtype)
     return total if np.ndim(nbytes) else float(total[0])
 
 

@@ -6,6 +6,13 @@ is predicted with pccl.tuning.cost_model and the fastest is taken. Decisions are
 bucket (four per doubling, each decided at its lower edge), so the model runs once per
 bucket, and every rank decides alike from the same profile and topology.
 
+compression="auto" (choose_compressed) lets the model choose a codec too: each of
+AUTO_CODECS that takes the payload and whose speed the profile holds, or none, jointly with
+the algorithm, where it is predicted at least 10% faster than the fastest uncompressed
+choice (GAIN_FOR_LOSS: a lossy result must clearly pay); never by algorithm="auto" alone.
+Compressed, a plan compresses its inter-node level, and HO-Ring's all-gather and
+all-reduce are no candidates (plans.compresses_consistently says why).
+
 PCCL_ALGO, or PCCL_<COLLECTIVE>_ALGO (e.g. PCCL_ALL_GATHER_ALGO), forces a choice, as
 NCCL_ALGO does for NCCL: a flat name, "native", "hierarchical" or "ho_ring". PCCL_ALGO is
 ignored for a collective the named algorithm does not implement, and a plan named by
@@ -18,6 +25,8 @@ import math
 import os
 from typing import Optional
 
+import torch
+
 from pccl import plans
 from pccl.algorithms import GENERATORS, algorithms_for
 from pccl.core.topology import Topology
@@ -26,6 +35,8 @@ from pccl.tuning.profiles import Profile
 
 BUCKETS_PER_DOUBLING = 4
 PLAN_NAMES = tuple(plans.NAMED)
+AUTO_CODECS = ("int8", "bf16")   # the native codecs, run inside the C++ executor
+GAIN_FOR_LOSS = 0.9   # a lossy codec is chosen only where predicted at most 0.9x the exact time
 
 
 def forced(collective: str) -> Optional[str]:
@@ -53,7 +64,7 @@ class Tuner:
         """with_plans: whether the two-level plans may be chosen (their level communicators
         can be built)."""
         self.topology, self.profile, self.with_plans = topology, profile, with_plans
-        self._decisions: dict[tuple[str, int], str] = {}
+        self._decisions: dict[tuple, object] = {}
 
     @property
     def plans_apply(self) -> bool:
@@ -90,3 +101,35 @@ class Tuner:
         """A flat algorithm's name, "native", or a plan spec (pccl.Hierarchical, pccl.HORing)."""
         name = self.name(collective, nbytes)
         return plans.NAMED.get(name, name)
+
+    def compressed_predictions(self, collective: str, nbytes, dtype: torch.dtype, algorithm: str = "auto") -> dict:
+        """Predicted seconds of every (codec or None, algorithm name) auto compression may
+        run, for `nbytes` of `dtype` values: `algorithm` alone, or auto's candidates."""
+        from pccl.compression.codecs import codec
+
+        names = self.candidates(collective) if algorithm == "auto" else (algorithm,)
+        known = dict(self.profile.codecs)
+        codecs = [None] + [c for c in AUTO_CODECS if c in known and dtype in codec(c).dtypes]
+        return {(c, name): cost_model.predict(collective, plans.NAMED.get(name, name), self.topology, self.profile,
+                                              nbytes, compression=c, dtype=dtype)
+                for name in names for c in codecs
+                if not (c and (name == "native" or
+                               not plans.compresses_consistently(plans.NAMED.get(name), collective)))}
+
+    def choose_compressed(self, collective: str, nbytes: int, dtype: torch.dtype,
+                          algorithm: str = "auto") -> tuple[Optional[str], str]:
+        """(codec name or None, algorithm name) that compression="auto" runs for `nbytes`
+        of `dtype` values, with `algorithm` ("auto": chosen too; the environment's forcing
+        applies as for name())."""
+        if algorithm == "auto":
+            algorithm = forced(collective) or "auto"
+            if algorithm in PLAN_NAMES and not self.plans_apply:
+                algorithm = "auto"
+        key = ("compressed", collective, bucket(nbytes), dtype, algorithm)
+        if key not in self._decisions:
+            edge = 2 ** (key[2] / BUCKETS_PER_DOUBLING) if nbytes > 0 else 0
+            times = self.compressed_predictions(collective, edge, dtype, algorithm)
+            exact = min((k for k in times if k[0] is None), key=times.get)
+            best = min(times, key=times.get)
+            self._decisions[key] = best if times[best] <= GAIN_FOR_LOSS * times[exact] else exact
+        return self._decisions[key]

@@ -27,7 +27,7 @@ ALLOWED = {
     "algorithms": {"ir", "core"},
     "plans": {"algorithms", "ir", "core"},
     "analysis": {"plans", "algorithms", "ir", "core"},
-    "tuning": BELOW_TUNING,
+    "tuning": BELOW_TUNING | {"compression"},
     "executors": {"ir", "core", "native"},
     "runtime": {"executors", "tuning", "compression"} | BELOW_TUNING,
     "tools": {"runtime", "executors", "tuning", "compression", "native", "facade"} | BELOW_TUNING,

@@ -10,6 +10,10 @@ A profile describes one kind of node and its links:
           reaches alone.
   reduce  bytes/s of a local reduction (gamma = 1/bandwidth per byte reduced)
   copy    bytes/s of a local copy (the plans' shuffle)
+  codecs  per codec (pccl.compression.codecs): bytes/s of values encoded, and of values
+          decoded and reduced into a buffer, and the fixed seconds of each call (fixed-rate
+          codecs: the compression ratio follows from the codec itself); a codec a profile
+          lacks is never predicted
   native  what the transport's own collective ("native") runs: the schedule per
           collective (default ring; MPICH's long reduce-scatter is "pairwise"), and
           whether it stripes each inter-node hop over all of a node's NICs, as NCCL's
@@ -50,6 +54,14 @@ class Link:
 
 
 @dataclass(frozen=True)
+class CodecRate:
+    encode: float        # bytes/s of values encoded
+    decode: float        # bytes/s of values decoded and reduced into a buffer
+    call: float = 0.0    # seconds each encode or decode call costs besides its bytes
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     ranks_per_node: int
@@ -60,6 +72,7 @@ class Profile:
     copy_bandwidth: float      # bytes/s
     native_stripes_nics: bool = False
     native_algorithms: tuple = ()   # ((collective, schedule algorithm), ...); others: ring
+    codecs: tuple = ()              # ((codec name, CodecRate), ...)
     description: str = ""
     sources: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -79,6 +92,14 @@ class Profile:
         for name, value in positive.items():
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"profile {self.name!r}: {name} must be a positive number of bytes/s, got {value!r}")
+        for codec, rate in self.codecs:
+            for name, value in (("encode", rate.encode), ("decode", rate.decode)):
+                if not (isinstance(value, (int, float)) and value > 0):
+                    raise ValueError(f"profile {self.name!r}: codecs[{codec!r}].{name} must be a positive number "
+                                     f"of bytes/s, got {value!r}")
+            if not (isinstance(rate.call, (int, float)) and rate.call >= 0):
+                raise ValueError(f"profile {self.name!r}: codecs[{codec!r}].call must be a number >= 0 seconds, "
+                                 f"got {rate.call!r}")
         for collective, algorithm in self.native_algorithms:
             if algorithm not in GENERATORS.get(collective, {}):
                 raise ValueError(f"profile {self.name!r}: native.algorithms[{collective!r}] = {algorithm!r} is not a "
@@ -88,6 +109,14 @@ class Profile:
     def native_algorithm(self, collective: str) -> str:
         """The schedule the transport's own `collective` is counted as."""
         return dict(self.native_algorithms).get(collective, "ring")
+
+    def codec_rate(self, name: str) -> CodecRate:
+        """The measured speed of codec `name`; a clear error where the profile lacks it."""
+        rate = dict(self.codecs).get(name)
+        if rate is None:
+            raise ValueError(f"profile {self.name!r} has no speed for codec {name!r} (it has "
+                             f"{[c for c, _ in self.codecs] or 'none'}): measure it with pccl-bench --calibrate")
+        return rate
 
     @property
     def gamma(self) -> float:
@@ -113,15 +142,25 @@ class Profile:
                 "copy": {"bandwidth_GBps": self.copy_bandwidth / 1e9, "source": self.sources.get("copy", "")},
                 "native": {"stripes_nics": self.native_stripes_nics, "algorithms": dict(self.native_algorithms),
                            "source": self.sources.get("native", "")},
+                "codecs": {name: {"encode_GBps": r.encode / 1e9, "decode_GBps": r.decode / 1e9,
+                                  "call_us": r.call * 1e6, "source": r.source} for name, r in self.codecs},
                 "sources": {k: v for k, v in self.sources.items() if k not in ("reduce", "copy", "native")}}
 
     @classmethod
     def from_dict(cls, data: dict, origin: str = "profile") -> "Profile":
+        # Rounded (bytes/s to 1e-3, seconds to 1e-15) so that a file's number reads back as
+        # itself after a round trip through to_dict.
+        def gbps(value) -> float:
+            return round(float(value) * 1e9, 3)
+
+        def us(value) -> float:
+            return round(float(value) * 1e-6, 15)
+
         try:
             def link(d: dict) -> Link:
                 stream = d.get("stream_bandwidth_GBps")
-                return Link(float(d["alpha_us"]) * 1e-6, float(d["bandwidth_GBps"]) * 1e9,
-                            None if stream is None else float(stream) * 1e9, d.get("source", ""))
+                return Link(us(d["alpha_us"]), gbps(d["bandwidth_GBps"]),
+                            None if stream is None else gbps(stream), d.get("source", ""))
             sources = dict(data.get("sources", {}))
             sources["reduce"] = data["reduce"].get("source", "")
             sources["copy"] = data["copy"].get("source", "")
@@ -129,10 +168,13 @@ class Profile:
             sources["native"] = native.get("source", "")
             return cls(name=data["name"], ranks_per_node=data["ranks_per_node"],
                        nics_per_node=data["nics_per_node"], intra=link(data["intra"]),
-                       inter=link(data["inter"]), reduce_bandwidth=float(data["reduce"]["bandwidth_GBps"]) * 1e9,
-                       copy_bandwidth=float(data["copy"]["bandwidth_GBps"]) * 1e9,
+                       inter=link(data["inter"]), reduce_bandwidth=gbps(data["reduce"]["bandwidth_GBps"]),
+                       copy_bandwidth=gbps(data["copy"]["bandwidth_GBps"]),
                        native_stripes_nics=bool(native.get("stripes_nics", False)),
                        native_algorithms=tuple(sorted(native.get("algorithms", {}).items())),
+                       codecs=tuple(sorted((name, CodecRate(gbps(r["encode_GBps"]), gbps(r["decode_GBps"]),
+                                                            us(r.get("call_us", 0.0)), r.get("source", "")))
+                                           for name, r in data.get("codecs", {}).items())),
                        description=data.get("description", ""), sources=sources)
         except (KeyError, TypeError) as e:
             raise ValueError(f"{origin}: not a valid profile ({type(e).__name__}: {e}); expected the "

@@ -1,0 +1,90 @@
+"""The cost model and auto with compression: hand-computed predictions of compressed
+schedules, the profiles' codec speeds, and compression="auto"'s choices."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pccl.core.topology import Topology
+from pccl.runtime.dry_run import DryRunCommunicator
+from pccl.tuning import cost_model, profiles
+from pccl.tuning.profiles import CodecRate, Link, Profile
+from pccl.tuning.selection import GAIN_FOR_LOSS, Tuner
+
+MB = 1 << 20
+INT8 = CodecRate(encode=2e9, decode=8e9, call=1e-6)
+PROFILE = Profile(name="test", ranks_per_node=4, nics_per_node=1, intra=Link(2e-6, 40e9), inter=Link(7e-6, 1e9),
+                  reduce_bandwidth=60e9, copy_bandwidth=90e9, codecs=(("int8", INT8),))
+
+
+def int8_ratio(block_bytes: float) -> float:
+    values = block_bytes / 4
+    return (values + 4 * -(-values // 128)) / block_bytes
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_compressed_rings_match_the_formulas(p):
+    """One rank per node, every hop crosses the network. All-gather: the owner encodes its
+    block once, the encodings travel p-1 hops, every block (its own too) is decoded at the
+    end. Reduce-scatter: each step encodes the partial sum and decodes-and-reduces one.
+    Per message (p2p): every hop encodes and decodes."""
+    topo, m = Topology.regular(p, 1), 1 * MB
+    a, b, r = PROFILE.inter.alpha, PROFILE.inter.beta, int8_ratio(m)
+    hop, enc, dec, call = a + r * m * b, m / INT8.encode, m / INT8.decode, INT8.call
+    predict = lambda collective, codec: cost_model.predict(collective, "ring", topo, PROFILE, p * m,  # noqa: E731
+                                                           compression=codec)
+    assert predict("all_gather", "int8") == pytest.approx((p - 1) * hop + enc + p * dec + (1 + p) * call, rel=1e-12)
+    assert predict("reduce_scatter", "int8") == pytest.approx((p - 1) * (hop + enc + dec + 2 * call), rel=1e-12)
+    assert predict("all_gather", "p2p:int8") == pytest.approx((p - 1) * (hop + enc + dec + 2 * call), rel=1e-12)
+    exact = cost_model.predict("all_gather", "ring", topo, PROFILE, p * m)
+    assert exact == pytest.approx((p - 1) * (a + m * b), rel=1e-12)
+
+
+def test_plans_compress_their_inter_node_level_only():
+    topo = Topology.regular(8, 4)
+    both = {"intra": "int8", "inter": "int8"}
+    plain, inter, everywhere = (cost_model.predict("all_gather", "hierarchical", topo, PROFILE, 64 * MB, compression=c)
+                                for c in (None, "int8", both))
+    assert inter < plain          # the slow link carries a quarter of the bytes
+    assert everywhere != inter    # the intra-node phase is compressed too
+    assert inter == cost_model.predict("all_gather", "hierarchical", topo, PROFILE, 64 * MB,
+                                       compression={"inter": "int8"})
+
+
+def test_a_profile_without_the_codecs_speed_says_how_to_get_it(tmp_path):
+    with pytest.raises(ValueError, match="no speed for codec 'bf16'.*calibrate"):
+        cost_model.predict("all_reduce", "ring", Topology.regular(4, 1), PROFILE, MB, compression="bf16")
+    path = tmp_path / "p.json"
+    PROFILE.save(path)
+    assert profiles.load(path) == PROFILE   # codec speeds round-trip through the file
+    with pytest.raises(ValueError, match="call must be a number >= 0"):
+        Profile(**{**PROFILE.__dict__, "codecs": (("int8", CodecRate(1e9, 1e9, -1.0)),)})
+
+
+def test_auto_compresses_only_where_it_clearly_pays():
+    tuner = Tuner(Topology.regular(8, 4), profiles.load("emulated-1gbit"))
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        codec, algorithm = tuner.choose_compressed(collective, 64 * MB, torch.float32)
+        assert codec == "int8"
+        times = tuner.compressed_predictions(collective, 64 * MB, torch.float32)
+        assert times[(codec, algorithm)] == min(times.values())
+        assert times[(codec, algorithm)] <= GAIN_FOR_LOSS * min(t for (c, _), t in times.items() if c is None)
+        assert tuner.choose_compressed(collective, 64, torch.float32)[0] is None   # 64 bytes: kernels cost more
+        assert tuner.choose_compressed(collective, 64 * MB, torch.bfloat16)[0] in ("int8", None)   # never a cast
+    assert tuner.choose_compressed("all_reduce", 64 * MB, torch.float32, "recursive_doubling")[1] == \
+        "recursive_doubling"
+    assert tuner.choose_compressed("all_gather", 64 * MB, torch.float32, "native") == (None, "native")
+    assert Tuner(Topology.regular(64, 8, 4), profiles.load("frontier")).choose_compressed(
+        "all_reduce", 64 * MB, torch.float32)[0] is None   # no codec speeds in the profile: none
+
+
+def test_compression_auto_resolves_before_anything_is_sent(monkeypatch):
+    comm = DryRunCommunicator(Topology.regular(8, 4), profiles.load("emulated-1gbit"))
+    codecs, algorithm = comm._compression("auto", torch.empty(16 * MB // 4), "all_reduce", "auto")
+    assert codecs["flat"].name == codecs["inter"].name == "int8" and isinstance(algorithm, str)
+    assert comm._compression("auto", torch.empty(16), "all_reduce", "auto")[0] == {}
+    assert comm._compression("auto", torch.empty(16 * MB // 4, device="meta"), "all_reduce", "ring") == ({}, "ring")
+    monkeypatch.setenv("PCCL_COMPRESSION", "auto")
+    assert comm._compression(None, torch.empty(16 * MB // 4), "all_reduce", "ring")[1] == "ring"
+    with pytest.raises(ValueError, match="algorithm"):
+        comm._compression("auto", torch.empty(16), "all_reduce", "no-such-algorithm")
