@@ -171,6 +171,12 @@ NB_MODULE(_native, m) {
   m.def("gpu_scale", [](uintptr_t buf, int64_t n, int dtype, double factor, uintptr_t stream) {
     gpu::scale(ptr(buf), n, static_cast<DType>(dtype), factor, ptr(stream));
   }, nb::call_guard<nb::gil_scoped_release>(), "buf[i] *= factor on a GPU stream");
+  m.def("gpu_encode", [](int codec, uintptr_t dst, uintptr_t src, int64_t n, int dtype, uintptr_t stream) {
+    gpu::encode(codec, ptr(dst), ptr(src), n, static_cast<DType>(dtype), ptr(stream));
+  }, nb::call_guard<nb::gil_scoped_release>(), "encode n values with a native codec on a GPU stream");
+  m.def("gpu_decode", [](int codec, uintptr_t dst, uintptr_t src, int64_t n, int dtype, int op, uintptr_t stream) {
+    gpu::decode(codec, ptr(dst), ptr(src), n, static_cast<DType>(dtype), op, ptr(stream));
+  }, nb::call_guard<nb::gil_scoped_release>(), "decode n values with a native codec on a GPU stream");
 #else
   m.attr("gpu_platform") = nb::none();
 #endif

@@ -10,6 +10,11 @@ namespace pccl::gpu {
 
 // dst[i] = op(a[i], b[i]) on `stream` (dst may be a); fp32, fp16, bf16 (fp64 too).
 void reduce(void* dst, const void* a, const void* b, int64_t n, DType dtype, Op op, void* stream);
+// A native codec (csrc/codec.h: 0 int8, 1 bf16, 2 fp16) on `stream`, the same encodings
+// as the CPU's: encode n values of dtype into dst; decode into dst, op < 0 overwriting,
+// else dst = op(dst, decoded).
+void encode(int codec, void* dst, const void* src, int64_t n, DType dtype, void* stream);
+void decode(int codec, void* dst, const void* src, int64_t n, DType dtype, int op, void* stream);
 // buf[i] *= factor on `stream`.
 void scale(void* buf, int64_t n, DType dtype, double factor, void* stream);
 // Device-to-device (or any direction) copy on `stream`.

@@ -1,8 +1,10 @@
-// Reduction kernels for CUDA and HIP from one source (see compat.h). Half types are
+// Reduction and codec kernels for CUDA and HIP from one source (see compat.h). Half types are
 // combined in float and rounded once, as the CPU kernels and torch do. Each thread
 // handles a grid-stride range, so any n (64-bit) fits a bounded grid.
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "compat.h"
 #include "gpu.h"
@@ -77,6 +79,8 @@ void by_dtype(void* dst, const void* a, const void* b, int64_t n, DType dtype, v
   throw std::invalid_argument("unknown dtype code");
 }
 
+#include "codec.cuh"
+
 template <typename T>
 void launch_scale(void* buf, int64_t n, typename Num<T>::Acc factor, void* stream) {
   multiply<T><<<blocks_for(n), kThreads, 0, static_cast<gpuStream_t>(stream)>>>(static_cast<T*>(buf), n, factor);
@@ -104,6 +108,43 @@ void scale(void* buf, int64_t n, DType dtype, double factor, void* stream) {
     case DType::BF16: return launch_scale<bfloat16_t>(buf, n, static_cast<float>(factor), stream);
     default: throw std::invalid_argument("scaling (op avg) needs a floating-point dtype");
   }
+}
+
+void encode(int codec, void* dst, const void* src, int64_t n, DType dtype, void* stream) {
+  check_cast(codec, dtype);
+  if (n == 0) return;
+  auto s = static_cast<gpuStream_t>(stream);
+  if (codec == 0) {
+    by_float_dtype(dtype, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      int8_encode_kernel<T><<<codec_groups_grid(n), kCodecGroup, 0, s>>>(static_cast<char*>(dst),
+                                                                          static_cast<const T*>(src), n);
+    });
+  } else if (codec == 1) {
+    narrow_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<bfloat16_t*>(dst), static_cast<const float*>(src), n);
+  } else {
+    narrow_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<half_t*>(dst), static_cast<const float*>(src), n);
+  }
+  check(gpuGetLastError(), "encode kernel launch");
+}
+
+void decode(int codec, void* dst, const void* src, int64_t n, DType dtype, int op, void* stream) {
+  check_cast(codec, dtype);
+  if (n == 0) return;
+  auto s = static_cast<gpuStream_t>(stream);
+  if (codec == 0) {
+    by_float_dtype(dtype, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      int8_decode_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(dst), static_cast<const char*>(src),
+                                                                n, op);
+    });
+  } else if (codec == 1) {
+    widen_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<float*>(dst), static_cast<const bfloat16_t*>(src), n,
+                                                    op);
+  } else {
+    widen_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<float*>(dst), static_cast<const half_t*>(src), n, op);
+  }
+  check(gpuGetLastError(), "decode kernel launch");
 }
 
 void copy(void* dst, const void* src, size_t bytes, void* stream) {

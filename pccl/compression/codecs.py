@@ -4,8 +4,9 @@ One interface: `encoded_nbytes(n, dtype)` is the exact size of the encoding of n
 (every codec here is fixed-rate, so a receiver knows each message's size from the
 schedule), `encode(src, dst)` writes it into a uint8 tensor, and `decode(src, dst, op)`
 overwrites `dst` (op None) or combines the decoded values into it (dst = op(dst, decoded)).
-CPU tensors; the int8 and cast kernels are native (csrc/codec.cpp), release the GIL and
-run inside the C++ executor too; zfp runs through zfpy, in the Python executor.
+The int8 and cast kernels are native (csrc/codec.cpp), release the GIL and run inside the
+C++ executor too; GPU builds have them for GPU tensors (csrc/gpu/codec.cuh, the same
+encodings). zfp runs through zfpy, on CPU tensors in the Python executor.
 
 Bounds, per value x of a block (the tests hold each codec to its own):
 
@@ -90,7 +91,8 @@ class Codec(ABC):
 
 class NativeCodec(Codec):
     """A codec whose kernels are native (csrc/codec.cpp, GIL released), shared by the C++
-    executor and the Python executors."""
+    executor and the Python executors; on GPU tensors, the GPU build's kernels
+    (csrc/gpu/codec.cuh, the same encodings) on the current stream."""
 
     def __init__(self) -> None:
         from pccl import _native
@@ -100,12 +102,31 @@ class NativeCodec(Codec):
     def encoded_nbytes(self, n: int, dtype: torch.dtype) -> int:
         return self._native.encoded_bytes(self.native, n)
 
+    def _stream(self, t: torch.Tensor) -> Optional[int]:
+        """The current stream of a GPU tensor's device; None for host memory."""
+        if t.device.type == "cpu":
+            return None
+        if self._native.gpu_platform is None:
+            raise CodecError(f"codec {self.name} on {t.device} tensors needs pccl's GPU build (make GPU=cuda or "
+                             f"GPU=hip)")
+        return torch.cuda.current_stream(t.device).cuda_stream
+
     def encode(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        self._native.encode(self.native, dst.data_ptr(), src.data_ptr(), src.numel(), dtype_code(src.dtype))
+        stream = self._stream(src)
+        if stream is None:
+            self._native.encode(self.native, dst.data_ptr(), src.data_ptr(), src.numel(), dtype_code(src.dtype))
+        else:
+            self._native.gpu_encode(self.native, dst.data_ptr(), src.data_ptr(), src.numel(), dtype_code(src.dtype),
+                                    stream)
 
     def decode(self, src: torch.Tensor, dst: torch.Tensor, op: Optional[str] = None) -> None:
-        self._native.decode(self.native, dst.data_ptr(), src.data_ptr(), dst.numel(), dtype_code(dst.dtype),
-                            -1 if op is None else OPS[op])
+        args = (self.native, dst.data_ptr(), src.data_ptr(), dst.numel(), dtype_code(dst.dtype),
+                -1 if op is None else OPS[op])
+        stream = self._stream(dst)
+        if stream is None:
+            self._native.decode(*args)
+        else:
+            self._native.gpu_decode(*args, stream)
 
 
 class Int8(NativeCodec):

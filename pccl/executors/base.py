@@ -87,7 +87,7 @@ class ScheduleExecutor(ABC):
         encodings: dict[int, torch.Tensor] = {}
         for index, step in enumerate(plan.steps):
             for b in step.encode:
-                encodings[b] = torch.empty(nbytes(b), dtype=torch.uint8)
+                encodings[b] = torch.empty(nbytes(b), dtype=torch.uint8, device=buf.device)
                 if values(b).numel():
                     codec.encode(values(b), encodings[b])
             sends, recvs, landed = [], [], []
@@ -99,7 +99,8 @@ class ScheduleExecutor(ABC):
                         sends.append((t.peer, message))
             for t in (*step.keeps, *step.reduces):
                 for first, count in t.runs:
-                    landing = torch.empty(sum(nbytes(b) for b in range(first, first + count)), dtype=torch.uint8)
+                    landing = torch.empty(sum(nbytes(b) for b in range(first, first + count)), dtype=torch.uint8,
+                                          device=buf.device)
                     if landing.numel():
                         recvs.append((t.peer, landing))
                     at = 0
@@ -120,7 +121,7 @@ class ScheduleExecutor(ABC):
                     codec.decode(encoding, values(b), op)
                     encodings.pop(b, None)
         for b in plan.seal:
-            encodings[b] = torch.empty(nbytes(b), dtype=torch.uint8)
+            encodings[b] = torch.empty(nbytes(b), dtype=torch.uint8, device=buf.device)
             if values(b).numel():
                 codec.encode(values(b), encodings[b])
         for b in (*plan.decode, *plan.settle, *plan.seal):

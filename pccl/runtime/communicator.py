@@ -297,8 +297,9 @@ class Communicator:
         codecs = per_level(compression)
         for c in codecs.values():
             c.check(like.dtype)
-            if like.device.type != "cpu":
-                raise ValueError(f"compression ({c.name}) runs on CPU tensors so far, got a {like.device.type} tensor")
+            if like.device.type != "cpu" and (c.native is None or self.transport != "torch"):
+                raise ValueError(f"compression of {like.device.type} tensors runs the native codecs (int8, bf16, fp16) "
+                                 f"over the torch transport (NCCL, RCCL), got {c.name} over {self.transport}")
         return codecs, algorithm
 
     def _compressing(self, codec):

@@ -29,8 +29,11 @@ def c_code(text):
 # checked: tags rocm-5.7.0, 5.7.1, 6.0.0, 6.0.2, 6.1.0, 6.1.1, 6.1.2, 6.2.0, 6.2.1, 6.2.2, the
 # release/rocm-rel-6.3.0.1 branch, and ROCm/rocm-systems develop (projects/clr); CUDA
 # defines them all too. None of those ROCm headers has __float2bfloat16_rn, and ROCm 5.6 has
-# no amd_hip_bf16.h at all (docs/gpu.md). Add a name here only after checking those headers.
-HIP_VERIFIED_FUNCTIONS = {"__half2float", "__float2half", "__float2half_rn", "__bfloat162float", "__float2bfloat16"}
+# no amd_hip_bf16.h at all (docs/gpu.md). __syncthreads is HIP's block barrier (HIP
+# programming guide, "Synchronization functions"; RCCL's device primitives call it under
+# __HIPCC__). Add a name here only after checking those headers.
+HIP_VERIFIED_FUNCTIONS = {"__half2float", "__float2half", "__float2half_rn", "__bfloat162float", "__float2bfloat16",
+                          "__syncthreads"}
 KEYWORDS = {"__launch_bounds__", "__attribute__"}
 
 
@@ -66,7 +69,8 @@ def test_cuda_sources_compile_and_link(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         (name,) = [n for n in zf.namelist() if n.startswith("pccl/_native") and n.endswith(".so")]
         module = zf.read(name)
-    for needed in (b"gpu_reduce\0", b"gpu_scale\0", b"libcudart.so", b".nv_fatbin\0"):
+    for needed in (b"gpu_reduce\0", b"gpu_scale\0", b"gpu_encode\0", b"gpu_decode\0", b"libcudart.so",
+                   b".nv_fatbin\0"):
         assert needed in module, f"{needed!r} is missing from the CUDA build of {name}"
 
 
@@ -178,3 +182,49 @@ def test_triton_shuffle_kernel_under_the_interpreter(interpreted_triton, dtype, 
         assert interpreted_triton(src, dst, torch.tensor(perm)), "the kernel declined the launch"
 
     check_shuffle(shuffle, "cpu", dtype, n_nodes, n_local, m)
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", ["int8", "bf16", "fp16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 127, 128, 1000, (1 << 20) + 3])
+def test_gpu_codecs_encode_as_the_cpu_does(name, dtype, n):
+    """The GPU kernels (csrc/gpu/codec.cuh) write the CPU kernels' encodings bit for bit, and
+    decode them to the same values (decode-and-sum within float rounding)."""
+    from pccl.compression.codecs import codec
+
+    c = codec(name)
+    if dtype not in c.dtypes:
+        pytest.skip(f"{name} takes {c.dtypes}")
+    x = (torch.randn(n, generator=torch.Generator().manual_seed(n)) * 10).to(dtype)
+    x[n // 2] = 0 if n > 2 else x[0]
+    size = c.encoded_nbytes(n, dtype)
+    cpu, gpu = torch.empty(size, dtype=torch.uint8), torch.empty(size, dtype=torch.uint8, device="cuda")
+    c.encode(x, cpu)
+    c.encode(x.cuda(), gpu)
+    assert torch.equal(gpu.cpu(), cpu)
+    out = torch.empty(n, dtype=dtype, device="cuda")
+    c.decode(gpu, out)
+    assert torch.equal(out.cpu(), c.round_trip(x))
+    base = torch.ones(n, dtype=dtype)
+    summed = base.cuda()
+    c.decode(gpu, summed, "sum")
+    c.decode(cpu, base, "sum")
+    torch.testing.assert_close(summed.cpu(), base, rtol=1e-6, atol=1e-6)
+
+
+@needs_gpu
+@pytest.mark.mpi
+def test_compressed_collectives_on_gpus_over_nccl(tmp_path):
+    """Every collective x algorithm with int8 and bf16 on GPU tensors over NCCL, against the
+    bounds and references of tests/pccl/workers/run_compression.py (GPU encodings equal the
+    CPU's, so all-gathered blocks are the CPU round trips)."""
+    from tests.support.gpu import GPUS, launch_report, no_gpu_reason
+
+    if no_gpu_reason(2):
+        pytest.skip(no_gpu_reason(2))
+    result = launch_report({}, "nccl", tmp_path, GPUS, "-m tests.pccl.workers.run_compression", "nccl",
+                           timeout=900)
+    assert "_launch" not in result, result.get("_launch")
+    failures = {k: v for k, v in result.items() if v}
+    assert not failures, "\n".join(f"{k}: {v[:3]}" for k, v in failures.items())

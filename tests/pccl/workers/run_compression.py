@@ -1,6 +1,9 @@
 """mpiexec worker: every collective x algorithm x codec with compression, one world size.
 
-Usage: mpiexec -n P python -m tests.pccl.workers.run_compression REPORT.json
+Usage: mpiexec -n P python -m tests.pccl.workers.run_compression [nccl] REPORT.json
+
+With "nccl" (the GPU suite), the native codecs on GPU tensors over pccl.init(transport=
+"nccl"), one GPU per rank, with the same references: GPU encodings equal the CPU's.
 
 Inputs are uniform in [-1, 1], seeded by (rank, case), so every rank knows every input.
 The references, per case:
@@ -35,6 +38,8 @@ from pccl.compression.codecs import codec
 torch.set_num_threads(1)
 world = MPI.COMM_WORLD
 p, rank = world.size, world.rank
+GPU = sys.argv[1:2] == ["nccl"]
+DEVICE = torch.device("cuda", rank % torch.cuda.device_count()) if GPU else torch.device("cpu")
 CODECS = ("int8", "bf16", "fp16", "zfp:16", "zfp:8", "p2p:int8")   # p2p: per message (the baseline)
 UNIT = {"int8": 1 / 254, "bf16": 2 ** -8, "fp16": 2 ** -11, "zfp:16": 2 ** -10, "zfp:8": 2 ** -2,
         "p2p:int8": 1 / 254}
@@ -54,15 +59,15 @@ def same_everywhere(t: torch.Tensor) -> bool:
 def call(comm, collective: str, algorithm, compression, case: str, n: int) -> torch.Tensor:
     """One compressed collective on this rank's inputs; its output."""
     if collective == "all_gather":
-        out = torch.empty(p * n)
-        comm.all_gather(out, data(rank, case, n), algorithm=algorithm, compression=compression)
+        out = torch.empty(p * n, device=DEVICE)
+        comm.all_gather(out, data(rank, case, n).to(DEVICE), algorithm=algorithm, compression=compression)
     elif collective == "reduce_scatter":
-        out = torch.empty(n)
-        comm.reduce_scatter(out, data(rank, case, n * p), algorithm=algorithm, compression=compression)
+        out = torch.empty(n, device=DEVICE)
+        comm.reduce_scatter(out, data(rank, case, n * p).to(DEVICE), algorithm=algorithm, compression=compression)
     else:
-        out = data(rank, case, n * p + 3)
+        out = data(rank, case, n * p + 3).to(DEVICE)
         comm.all_reduce(out, algorithm=algorithm, compression=compression)
-    return out
+    return out.cpu()
 
 
 def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool, twin=None) -> list[str]:
@@ -109,24 +114,34 @@ def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool, tw
 
 def main() -> None:
     report: dict[str, list[str]] = {}
-    comms = {"cpp": pccl.init(executor="cpp", timeout=60), "gloo": pccl.init(transport="gloo", timeout=60)}
-    twin = pccl.init(executor="python", timeout=60)
+    if GPU:
+        torch.cuda.set_device(DEVICE)
+        comms, twin = {"nccl": pccl.init(transport="nccl", timeout=120)}, None
+    else:
+        comms = {"cpp": pccl.init(executor="cpp", timeout=60), "gloo": pccl.init(transport="gloo", timeout=60)}
+        twin = pccl.init(executor="python", timeout=60)
     cases = [(e, coll, alg, False) for e in comms for coll, algs in GENERATORS.items() for alg in algs]
     if p % 2 == 0 and p >= 4:
-        comms["plans"] = pccl.init(ranks_per_node=2, timeout=60)
+        comms["plans"] = pccl.init(transport="nccl" if GPU else "mpi", ranks_per_node=2, timeout=60)
         cases += [("plans", coll, alg, True) for coll in GENERATORS for alg in ("hierarchical", "ho_ring")
                   if (coll, alg) not in (("all_gather", "ho_ring"), ("all_reduce", "ho_ring"))]   # refused: bad calls
     for executor, collective, algorithm, plan in cases:
         key = f"{executor}/{collective}/{algorithm}"
         problems: list[str] = []
         try:
-            for name in CODECS if executor == "cpp" else ("int8",) if executor == "gloo" else CODECS[:-1]:
+            names = {"cpp": CODECS, "gloo": ("int8",), "nccl": ("int8", "bf16", "fp16"),
+                     "plans": ("int8", "bf16") if GPU else CODECS[:-1]}[executor]
+            for name in names:
                 for n in SIZES:
                     problems += run_case(comms[executor], collective, algorithm, name, n, plan,
                                          twin if executor == "cpp" else None)
         except Exception:  # noqa: BLE001
             problems.append(traceback.format_exc())
         report[key] = problems
+    if GPU:
+        if rank == 0:
+            Path(sys.argv[-1]).write_text(json.dumps(report, indent=1))
+        return
     problems = []
     for call, expected in ((lambda: comms["cpp"].all_reduce(torch.ones(4), compression="int4"), ValueError),
                            (lambda: comms["cpp"].all_reduce(torch.ones(4, dtype=torch.int32), compression="int8"),
@@ -148,7 +163,7 @@ def main() -> None:
         problems.append(f"communicator unusable after bad input: {y}")
     report["_bad_input"] = problems
     if rank == 0:
-        Path(sys.argv[1]).write_text(json.dumps(report, indent=1))
+        Path(sys.argv[-1]).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
