@@ -68,7 +68,7 @@ def evaluate(collective: str, topology: Topology, prof: profiles.Profile, sizes:
     if codecs:
         for c in codecs:
             for name in tuner.candidates(collective):
-                if plans.compresses_consistently(plans.NAMED.get(name), collective):
+                if plans.compresses_consistently(plans.spec_of(name), collective):
                     times[f"{name}+{c}"] = cost_model.predict(collective, plans.NAMED.get(name, name), topology, prof,
                                                               nbytes, compression=c)
         chosen = [tuner.choose_compressed(collective, s, torch.float32) for s in sizes]

@@ -29,6 +29,7 @@ import torch
 
 from pccl import plans
 from pccl.algorithms import GENERATORS, algorithms_for
+from pccl.compression.codecs import codec
 from pccl.core.topology import Topology
 from pccl.tuning import cost_model
 from pccl.tuning.profiles import Profile
@@ -105,8 +106,6 @@ class Tuner:
     def compressed_predictions(self, collective: str, nbytes, dtype: torch.dtype, algorithm: str = "auto") -> dict:
         """Predicted seconds of every (codec or None, algorithm name) auto compression may
         run, for `nbytes` of `dtype` values: `algorithm` alone, or auto's candidates."""
-        from pccl.compression.codecs import codec
-
         names = self.candidates(collective) if algorithm == "auto" else (algorithm,)
         known = dict(self.profile.codecs)
         codecs = [None] + [c for c in AUTO_CODECS if c in known and dtype in codec(c).dtypes]
@@ -114,7 +113,7 @@ class Tuner:
                                               nbytes, compression=c, dtype=dtype)
                 for name in names for c in codecs
                 if not (c and (name == "native" or
-                               not plans.compresses_consistently(plans.NAMED.get(name), collective)))}
+                               not plans.compresses_consistently(plans.spec_of(name), collective)))}
 
     def choose_compressed(self, collective: str, nbytes: int, dtype: torch.dtype,
                           algorithm: str = "auto") -> tuple[Optional[str], str]:

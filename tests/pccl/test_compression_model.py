@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pccl import plans
 from pccl.core.topology import Topology
 from pccl.runtime.dry_run import DryRunCommunicator
 from pccl.tuning import cost_model, profiles
@@ -74,6 +75,9 @@ def test_auto_compresses_only_where_it_clearly_pays():
     assert tuner.choose_compressed("all_reduce", 64 * MB, torch.float32, "recursive_doubling")[1] == \
         "recursive_doubling"
     assert tuner.choose_compressed("all_gather", 64 * MB, torch.float32, "native") == (None, "native")
+    for ho_ring in ("ho_ring", plans.HORing()):   # its all-reduce cannot compress consistently
+        assert tuner.choose_compressed("all_reduce", 64 * MB, torch.float32, ho_ring)[0] is None
+    assert tuner.choose_compressed("reduce_scatter", 64 * MB, torch.float32, plans.HORing())[0] == "int8"
     assert Tuner(Topology.regular(64, 8, 4), profiles.load("frontier")).choose_compressed(
         "all_reduce", 64 * MB, torch.float32)[0] is None   # no codec speeds in the profile: none
 
