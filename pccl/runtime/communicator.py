@@ -281,8 +281,9 @@ class Communicator:
         in a plan, for the inter-node level only unless a dict names the levels ({"intra":
         ..., "inter": ...}); None (default: PCCL_COMPRESSION, else none) compresses nothing.
         "auto": the codec (or none) and, with algorithm="auto", the algorithm the cost model
-        predicts fastest (Tuner.choose_compressed; none on GPU tensors). Checked before
-        anything is sent."""
+        predicts fastest (Tuner.choose_compressed; none on GPU tensors). A compressed call's
+        algorithm="auto" is the fastest predicted with its codec (Tuner.choose_for).
+        Checked before anything is sent."""
         if compression is None:
             compression = os.environ.get("PCCL_COMPRESSION") or None
         if isinstance(compression, str) and compression.strip().lower() == "auto":
@@ -300,6 +301,10 @@ class Communicator:
             if like.device.type != "cpu" and (c.native is None or self.transport != "torch"):
                 raise ValueError(f"compression of {like.device.type} tensors runs the native codecs (int8, bf16, fp16) "
                                  f"over the torch transport (NCCL, RCCL), got {c.name} over {self.transport}")
+        if codecs and isinstance(algorithm, str) and algorithm == "auto":
+            tuner = self.tuner if like.device.type in self.plan_devices else self._flat_tuner
+            algorithm = tuner.choose_for(collective, like.numel() * like.element_size(), like.dtype,
+                                         {level: c.name for level, c in codecs.items()})
         return codecs, algorithm
 
     def _compressing(self, codec):

@@ -132,3 +132,26 @@ class Tuner:
             best = min(times, key=times.get)
             self._decisions[key] = best if times[best] <= GAIN_FOR_LOSS * times[exact] else exact
         return self._decisions[key]
+
+    def choose_for(self, collective: str, nbytes: int, dtype: torch.dtype, compression) -> str:
+        """The algorithm auto runs for a call compressed with `compression` (a codec, or
+        one per plan level): the fastest candidate that compresses consistently, predicted
+        with the codec (uncompressed where the profile lacks the codec's speed); the
+        environment's forcing applies as for name()."""
+        name = forced(collective)
+        if name is not None and not (name in PLAN_NAMES and not self.plans_apply) and \
+                plans.compresses_consistently(plans.spec_of(name), collective):
+            return name
+        key = ("coded", collective, bucket(nbytes), dtype, cost_model.coded_levels(compression))
+        if key not in self._decisions:
+            edge = 2 ** (key[2] / BUCKETS_PER_DOUBLING) if nbytes > 0 else 0
+            names = [n for n in self.candidates(collective)
+                     if plans.compresses_consistently(plans.spec_of(n), collective)]
+            try:
+                times = {n: cost_model.predict(collective, plans.NAMED.get(n, n), self.topology, self.profile, edge,
+                                               compression=compression, dtype=dtype) for n in names}
+            except ValueError:   # no speed for the codec in the profile
+                times = {n: cost_model.predict(collective, plans.NAMED.get(n, n), self.topology, self.profile, edge)
+                         for n in names}
+            self._decisions[key] = min(times, key=times.get)
+        return self._decisions[key]

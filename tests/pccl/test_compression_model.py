@@ -92,3 +92,23 @@ def test_compression_auto_resolves_before_anything_is_sent(monkeypatch):
     assert comm._compression(None, torch.empty(16 * MB // 4), "all_reduce", "ring")[1] == "ring"
     with pytest.raises(ValueError, match="algorithm"):
         comm._compression("auto", torch.empty(16), "all_reduce", "no-such-algorithm")
+
+
+def test_a_compressed_calls_auto_is_the_fastest_predicted_with_its_codec(monkeypatch):
+    topo, prof = Topology.regular(8, 4), profiles.load("emulated-1gbit")
+    tuner = Tuner(topo, prof)
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        for size in (64 << 10, 4 * MB, 64 * MB):
+            chosen = tuner.choose_for(collective, size, torch.float32, "int8")
+            times = {n: cost_model.predict(collective, plans.NAMED.get(n, n), topo, prof, size, compression="int8")
+                     for n in tuner.candidates(collective) if plans.compresses_consistently(plans.spec_of(n), collective)}
+            assert chosen == min(times, key=times.get)
+    assert "ho_ring" not in {tuner.choose_for("all_gather", s, torch.float32, "int8") for s in (MB, 16 * MB)}
+    # A profile without the codec's speed: the fastest uncompressed prediction among those.
+    frontier = Tuner(Topology.regular(64, 8, 4), profiles.load("frontier"))
+    assert frontier.choose_for("all_gather", 64 * MB, torch.float32, "int8") != "ho_ring"
+    comm = DryRunCommunicator(topo, prof)
+    assert comm._compression("int8", torch.empty(MB), "all_reduce", "auto")[1] == \
+        tuner.choose_for("all_reduce", 4 * MB, torch.float32, "int8")
+    monkeypatch.setenv("PCCL_ALGO", "ring")
+    assert tuner.choose_for("all_gather", MB, torch.float32, "int8") == "ring"
