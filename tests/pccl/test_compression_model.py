@@ -101,7 +101,8 @@ def test_a_compressed_calls_auto_is_the_fastest_predicted_with_its_codec(monkeyp
         for size in (64 << 10, 4 * MB, 64 * MB):
             chosen = tuner.choose_for(collective, size, torch.float32, "int8")
             times = {n: cost_model.predict(collective, plans.NAMED.get(n, n), topo, prof, size, compression="int8")
-                     for n in tuner.candidates(collective) if plans.compresses_consistently(plans.spec_of(n), collective)}
+                     for n in tuner.candidates(collective)
+                     if plans.compresses_consistently(plans.spec_of(n), collective)}
             assert chosen == min(times, key=times.get)
     assert "ho_ring" not in {tuner.choose_for("all_gather", s, torch.float32, "int8") for s in (MB, 16 * MB)}
     # A profile without the codec's speed: the fastest uncompressed prediction among those.
