@@ -1,13 +1,25 @@
 """Sharded checkpoints that survive crashes and change of world size or strategy.
 
-A checkpoint directory holds snapshots and a LATEST file naming the complete one:
+A checkpoint directory holds snapshots and a LATEST file naming the newest complete one:
 
     path/LATEST                      "snap-00000042-5f3a9c1e"
-    path/snap-00000042-5f3a9c1e/     meta.json, shard-<rank>.pt (one per written shard)
+    path/snap-00000042-5f3a9c1e/     meta.json, shard-<rank>.pt and shard-<rank>.json
+                                     (one pair per written shard: the file, its size and
+                                     SHA-256)
 
 Saving writes a new snapshot (each file under a temporary name, flushed to disk, then
-renamed), waits for every rank, and only then replaces LATEST (an atomic rename) and
-removes older snapshots. A crash at any point leaves LATEST naming a complete snapshot.
+renamed), learns whether every rank succeeded, and only then writes the manifest
+(meta.json: every file's size and checksum, the world size, group, strategy, counters, the
+parameters' layout and the caller's extra state, such as the data position and model
+config), replaces LATEST (an atomic rename) and removes snapshots beyond the newest
+`keep`. A crash, or a failed write on any rank (a full disk), at any point leaves LATEST
+naming a complete snapshot; a failed save removes its partial snapshot and raises on
+every rank, naming the intact one.
+
+Loading verifies the snapshot first (rank 0 reads every file against the manifest; a
+missing, truncated or corrupted file is named with what is wrong) and raises
+CheckpointError on every rank. With fallback, it takes the newest intact snapshot instead
+and says which it skipped and why.
 
 What is saved is each rank's Engine.state_dict(): the optimizer state (fp32 master
 weights and both moments), the only state a rank cannot rebuild, as ranges of each unit's
@@ -19,23 +31,36 @@ rank's shard (I and N scopes) write nothing.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import shutil
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from pccl.util.files import fsync_dir, write_atomic
 
-FORMAT = 1
+FORMAT = 2   # 2: meta.json's "files" maps each file to its size and SHA-256
+READABLE = (1, 2)   # 1: "files" lists the names only (nothing to verify them against)
 STATE = ("master", "exp_avg", "exp_avg_sq")   # the tensors of a unit's piece, in state_dict() and shard files
 COUNTERS = ("optimizer_steps", "steps", "skipped_steps", "loss_scale", "loss_scale_clean")
 
 
 class CheckpointError(ValueError):
     """A missing or damaged checkpoint, or one written for another model."""
+
+
+class CheckpointSaveError(OSError):
+    """A save that failed on some rank (a full disk, say); the previous snapshot is intact."""
+
+
+class Restored(NamedTuple):
+    extra: Optional[dict]    # what the snapshot was saved with
+    snapshot: Path
+    skipped: list[str]       # newer snapshots passed over (fallback), each with what is wrong
 
 
 def _shapes(state: dict) -> dict[str, list[int]]:
@@ -52,46 +77,151 @@ def _metadata(state: dict) -> dict:
     }
 
 
-def save(engine, path, extra: Optional[dict] = None) -> None:
+def _digest(path: Path) -> dict:
+    with open(path, "rb") as f:
+        return {"bytes": path.stat().st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
+def snapshots(path) -> list[Path]:
+    """The snapshot directories under `path`, newest (highest step) first."""
+    return sorted(Path(path).glob("snap-*"), reverse=True)
+
+
+def save(engine, path, extra: Optional[dict] = None, keep: int = 1) -> None:
+    """Write a snapshot of `engine` under `path`, keeping the newest `keep` snapshots."""
+    if not (isinstance(keep, int) and keep >= 1):
+        raise ValueError(f"keep must be an integer >= 1 (snapshots kept), got {keep!r}")
     root = Path(path)
     token = engine.agree(int(uuid.uuid4().int % (1 << 62)))
     state, rank = engine.state_dict(), engine.layout.rank
     snap = root / f"snap-{state['steps']:08d}-{token:016x}"
-    snap.mkdir(parents=True, exist_ok=True)
     shards = {u["name"]: {"start": u["start"], "end": u["end"], **{k: u[k].cpu().clone() for k in STATE}}
               for u in state["units"] if u["first_replica"]}
-    if shards:
-        write_atomic(snap / f"shard-{rank}.pt", lambda f: torch.save(shards, f))
-    engine.barrier()
+    problem = None
+    try:
+        snap.mkdir(parents=True, exist_ok=True)
+        if shards:
+            write_atomic(snap / f"shard-{rank}.pt", lambda f: torch.save(shards, f))
+            digest = json.dumps(_digest(snap / f"shard-{rank}.pt")).encode()
+            write_atomic(snap / f"shard-{rank}.json", digest)
+    except OSError as e:
+        problem = e
+    _agree_written(engine, root, snap, problem, "its shard files")
+    problem = None
     if rank == 0:
-        meta = _metadata(state)
-        meta["files"] = sorted(p.name for p in snap.glob("shard-*.pt"))
-        meta["extra"] = extra
-        write_atomic(snap / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
-        fsync_dir(snap)
-        write_atomic(root / "LATEST", lambda f: f.write(snap.name.encode()))
-        fsync_dir(root)
-        for old in root.glob("snap-*"):
-            if old.name != snap.name:
-                shutil.rmtree(old, ignore_errors=True)
+        try:
+            meta = _metadata(state)
+            meta["files"] = {p.name: json.loads(p.with_suffix(".json").read_text())
+                             for p in sorted(snap.glob("shard-*.pt"))}
+            meta["extra"] = extra
+            write_atomic(snap / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+            fsync_dir(snap)
+            write_atomic(root / "LATEST", lambda f: f.write(snap.name.encode()))
+            fsync_dir(root)
+        except OSError as e:
+            problem = e
+    _agree_written(engine, root, snap, problem, "the manifest")
+    if rank == 0:
+        for old in stale(root, snap, keep):
+            shutil.rmtree(old, ignore_errors=True)
     engine.barrier()
+
+
+def _step(snap: Path) -> int:
+    return int(snap.name.split("-")[1])
+
+
+def stale(root: Path, snap: Path, keep: int) -> list[Path]:
+    """The snapshots to remove once `snap` is written: all but the newest `keep` (counting
+    `snap`) before it, and any of a step at or after its own that is not it (a run that
+    resumed from an earlier snapshot abandoned them)."""
+    others = [s for s in snapshots(root) if s != snap]
+    later = [s for s in others if _step(s) >= _step(snap)]
+    earlier = [s for s in others if _step(s) < _step(snap)]
+    return later + earlier[keep - 1:]
+
+
+def _agree_written(engine, root: Path, snap: Path, problem: Optional[OSError], what: str) -> None:
+    """Raise on every rank if writing failed on any (collective): the partial snapshot is
+    removed and LATEST still names the previous one."""
+    failed = engine.total(int(problem is not None))
+    if not failed:
+        return
+    engine.barrier()
+    previous = (root / "LATEST").read_text().strip() if (root / "LATEST").is_file() else None
+    if engine.layout.rank == 0 and previous != snap.name:
+        shutil.rmtree(snap, ignore_errors=True)
+    why = "" if problem is None else (" (no space left on the device)" if problem.errno == errno.ENOSPC else "") + \
+        f": {problem}"
+    intact = f"the previous snapshot {previous} is intact" if previous else "no earlier snapshot exists"
+    raise CheckpointSaveError(problem.errno if problem else errno.EIO,
+                              f"saving checkpoint {snap.name} failed writing {what} on {failed} rank(s){why}; {intact}")
+
+
+def problems(snap: Path) -> Optional[str]:
+    """What is wrong with snapshot `snap` (a missing or unreadable manifest, a file missing,
+    truncated or corrupted against it), or None when it is intact. Reads every file."""
+    try:
+        meta = json.loads((snap / "meta.json").read_text())
+    except FileNotFoundError:
+        return f"{snap / 'meta.json'} is missing (the snapshot is incomplete)"
+    except (OSError, json.JSONDecodeError) as e:
+        return f"{snap / 'meta.json'} cannot be read: {e}"
+    if meta.get("format") not in READABLE:
+        return f"{snap / 'meta.json'}: checkpoint format {meta.get('format')!r}, expected one of {READABLE}"
+    files = meta["files"] if isinstance(meta["files"], dict) else dict.fromkeys(meta["files"])
+    for name, expected in files.items():
+        path = snap / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if expected is None:
+            continue
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            return f"{path} has {size} bytes, the manifest says {expected['bytes']} (truncated or overwritten)"
+        if _digest(path)["sha256"] != expected["sha256"]:
+            return f"{path} is corrupted: its SHA-256 differs from the manifest's"
+    return None
 
 
 def latest(path) -> Path:
-    """The complete snapshot `path`'s LATEST names."""
+    """The snapshot `path`'s LATEST names."""
     root = Path(path)
     pointer = root / "LATEST"
     if not pointer.is_file():
         raise CheckpointError(f"no checkpoint at {root}: {pointer} is missing")
-    snap = root / pointer.read_text().strip()
-    if not (snap / "meta.json").is_file():
-        raise CheckpointError(f"checkpoint {snap} is incomplete: meta.json is missing")
-    return snap
+    return root / pointer.read_text().strip()
+
+
+def choose(engine, path, fallback: bool) -> tuple[Path, list[str]]:
+    """The snapshot to load, checked by rank 0 and agreed by every rank (collective): the
+    one LATEST names, or with `fallback` the newest intact one; and the snapshots skipped,
+    with why. Raises CheckpointError on every rank when there is none to load."""
+    root, found, skipped = Path(path), None, []
+    if engine.layout.rank == 0:
+        candidates = snapshots(root) if fallback else [latest(root)] if (root / "LATEST").is_file() else []
+        for index, snap in enumerate(candidates):
+            problem = problems(snap)
+            if problem is None:
+                found = index
+                break
+            skipped.append(f"{snap.name}: {problem}")
+    choice = engine.agree(-1 if found is None else found)
+    if choice < 0:
+        if engine.layout.rank != 0:
+            raise CheckpointError(f"no checkpoint to load at {root}: rank 0 found none intact (see its error)")
+        if skipped:
+            raise CheckpointError(f"no intact checkpoint under {root}{' to fall back to' if fallback else ''}: "
+                                  + "; ".join(skipped))
+        raise CheckpointError(f"no checkpoint at {root}: " +
+                              ("it holds no snapshot" if fallback else f"{root / 'LATEST'} is missing"))
+    snap = snapshots(root)[choice] if fallback else latest(root)
+    return snap, skipped
 
 
 def _check_model(state: dict, meta: dict) -> None:
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint format {meta.get('format')!r} is not {FORMAT}")
+    if meta.get("format") not in READABLE:
+        raise CheckpointError(f"checkpoint format {meta.get('format')!r} is not one of {READABLE}")
     mine = _shapes(state)
     theirs = meta["params"]
     if mine != theirs:
@@ -141,9 +271,9 @@ class _Source:
                                   "a shard file is missing")
 
 
-def load(engine, path) -> Optional[dict]:
-    """Restore the latest snapshot into `engine`; returns the `extra` it was saved with."""
-    snap = latest(path)
+def load(engine, path, fallback: bool = False) -> Restored:
+    """Restore a verified snapshot into `engine` (see choose())."""
+    snap, skipped = choose(engine, path, fallback)
     meta = json.loads((snap / "meta.json").read_text())
     mine = engine.state_dict()   # which pieces this engine holds
     _check_model(mine, meta)
@@ -158,4 +288,4 @@ def load(engine, path) -> Optional[dict]:
                 source.read(name, a - start, b - start, {k: t[a - lo:b - lo] for k, t in piece.items()})
         units.append({**u, **piece})
     engine.load_state_dict({**mine, **{k: meta[k] for k in COUNTERS}, "units": units})
-    return meta.get("extra")
+    return Restored(meta.get("extra"), snap, skipped)

@@ -476,26 +476,39 @@ class Engine:
         self._refresh("update")
         self.ledger.reset()   # restoring is not training traffic
 
-    def save(self, path, extra: Optional[dict] = None) -> None:
-        """Write a sharded checkpoint into the directory `path` (see shard/checkpoint.py):
-        a crash mid-save leaves the previous checkpoint there loadable. `extra`: rank 0's
-        JSON-serializable state of the caller (a training loop's step, data position), kept
-        with the snapshot. Collective."""
-        checkpoint.save(self, path, extra)
+    def save(self, path, extra: Optional[dict] = None, keep: int = 1) -> None:
+        """Write a sharded checkpoint into the directory `path` (see shard/checkpoint.py),
+        with a manifest of every file's size and checksum, keeping the newest `keep`
+        snapshots: a crash or a failed write mid-save leaves the previous checkpoint there
+        loadable (a failure raises checkpoint.CheckpointSaveError on every rank). `extra`:
+        rank 0's JSON-serializable state of the caller (a training loop's step, data
+        position), kept with the snapshot. Collective."""
+        checkpoint.save(self, path, extra, keep)
 
-    def load(self, path) -> Optional[dict]:
+    def load(self, path, fallback: bool = False) -> Optional[dict]:
         """Restore the latest checkpoint in `path`, written at any world size, group size or
         strategy for a model with the same parameters; returns the `extra` saved with it.
+        Verified first: a damaged snapshot raises CheckpointError naming the file (with
+        `fallback`, the newest intact one is loaded instead; restore() says which).
         Collective."""
-        return checkpoint.load(self, path)
+        return self.restore(path, fallback).extra
+
+    def restore(self, path, fallback: bool = False) -> checkpoint.Restored:
+        """load(), returning also the snapshot loaded and those skipped, with why."""
+        return checkpoint.load(self, path, fallback)
 
     def barrier(self) -> None:
         """Every rank reached this point."""
         self.agree(0)
 
     def agree(self, value: int) -> int:
-        """Rank 0's `value`, on every rank (a tiny all-reduce on the reduction lane)."""
-        token = torch.tensor([value if self.layout.rank == 0 else 0], dtype=torch.int64, device=self.device)
+        """Rank 0's `value`, on every rank."""
+        return self.total(value if self.layout.rank == 0 else 0)
+
+    def total(self, value: int) -> int:
+        """The sum of every rank's `value`, on every rank (a tiny all-reduce on the reduction
+        lane): how many ranks failed, for instance."""
+        token = torch.tensor([value], dtype=torch.int64, device=self.device)
         self.reductions.submit(lambda: self.reductions.all_reduce(None, token, Scope.N), token).wait()
         return int(token.item())
 

@@ -3,6 +3,7 @@
     shard-train                                                   # tiny model, synthetic data, one rank
     mpiexec -n 4 shard-train model=gpt_125m strategy=paro-iig comm=pccl comm.ranks_per_node=2
     shard-train train.resume=true train.out_dir=runs/mine         # continue from the latest checkpoint
+    shard-train train.resume=auto train.out_dir=runs/mine         # the newest intact one, or start fresh
 
 A run writes into train.out_dir: config.yaml (the resolved configuration, with the model
 as built and the world it ran on), metrics.jsonl, checkpoints/, loss.png, summary.json.
@@ -279,9 +280,12 @@ def setup(cfg) -> Run:
     for name, value, low in (("train.steps", t.steps, 1), ("log.interval", cfg.log.interval, 1),
                              ("train.micro_batch", t.micro_batch, 1), ("train.seq_len", t.seq_len, 1),
                              ("train.eval_batches", t.eval_batches, 1), ("train.eval_interval", t.eval_interval, 0),
-                             ("train.checkpoint_interval", t.checkpoint_interval, 0)):
-        if not isinstance(value, int) or value < low:
+                             ("train.checkpoint_interval", t.checkpoint_interval, 0),
+                             ("train.keep_checkpoints", t.keep_checkpoints, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    if t.resume not in (True, False, "auto"):
+        raise ConfigError(f"train.resume must be true, false or auto, got {t.resume!r}")
     device = _device(t.device)
     settings = engine_config(resolved, _precision(t.precision, device))
     comm = _communicator(cfg.comm, device)
@@ -339,15 +343,18 @@ def build_engine(r: Run) -> None:
 
 
 def resume(r: Run) -> str:
-    """Continue from the latest checkpoint if train.resume asks to; how the run starts, in words."""
-    if not r.cfg.train.resume:
+    """Continue from a checkpoint if train.resume asks to (true: the latest, verified;
+    auto: the newest intact one, or a fresh start); how the run starts, in words."""
+    mode = r.cfg.train.resume
+    if not mode:
         return "a fresh start"
-    if not (r.checkpoints / "LATEST").is_file():
-        return f"a fresh start: train.resume=true, but {r.checkpoints} holds no checkpoint"
-    extra = r.engine.load(r.checkpoints)
-    r.step = extra["step"]
-    r.batches.load_state_dict(extra["data"])
-    return f"resumed at step {r.step}"
+    if not any(r.checkpoints.glob("snap-*")):
+        return f"a fresh start: train.resume={str(mode).lower()}, but {r.checkpoints} holds no checkpoint"
+    restored = r.engine.restore(r.checkpoints, fallback=mode == "auto")
+    r.step = restored.extra["step"]
+    r.batches.load_state_dict(restored.extra["data"])
+    skipped = "".join(f"; skipped {why}" for why in restored.skipped)
+    return f"resumed at step {r.step} from {restored.snapshot.name}{skipped}"
 
 
 def start_log(r: Run, resumed: str) -> None:
@@ -431,7 +438,9 @@ def validate(r: Run) -> float:
 
 def save_checkpoint(r: Run) -> None:
     """The engine's state with the step and the data position, to resume from."""
-    r.engine.save(r.checkpoints, extra={"step": r.step, "data": r.batches.state_dict()})
+    r.engine.save(r.checkpoints, extra={"step": r.step, "data": r.batches.state_dict(),
+                                        "model": r.resolved["model"], "strategy": r.resolved["strategy"]},
+                  keep=r.cfg.train.keep_checkpoints)
 
 
 def finish(r: Run) -> dict:

@@ -113,4 +113,4 @@ def test_checkpoint_reaches_the_engine_through_its_public_protocol_only():
                   and node.func.id in ("getattr", "setattr", "vars") and node.args
                   and isinstance(node.args[0], ast.Name) and node.args[0].id == "engine"]
     assert not [a for a in used if a.startswith("_")] and not reflective, (used, reflective)
-    assert used <= {"state_dict", "load_state_dict", "layout", "agree", "barrier"}, used
+    assert used <= {"state_dict", "load_state_dict", "layout", "agree", "total", "barrier"}, used

@@ -110,6 +110,8 @@ def test_meta_device_model_trains_exactly_as_an_eager_one(tmp_path_factory, cach
     ("model.vocab=100", "set model.vocab >= "),
     ("strategy.name=GNN", "Principle 1"),
     ("log.interval=0", "log.interval must be an integer >= 1"),
+    ("train.resume=maybe", "train.resume must be true, false or auto, got 'maybe'"),
+    ("train.keep_checkpoints=0", "train.keep_checkpoints must be an integer >= 1"),
 ])
 def test_bad_configurations_fail_with_a_clear_message(tmp_path, cache, override, message):
     cmd = [sys.executable, "-m", "shard.train", f"train.out_dir={tmp_path}", f"data.cache_dir={cache}", *SMALL,

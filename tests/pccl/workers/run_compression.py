@@ -15,7 +15,7 @@ The references, per case:
                    codec's unit of it (int8 1/254, bf16 2^-9, fp16 2^-11, zfp:R 2^-(R-5));
                    all-reduce results identical on every rank (per message: not)
 The C++ executor runs the native codecs itself: its results equal the Python executor's
-bit for bit (same plan, same kernels, same order of reductions).
+bit for bit (same plan, same kernels, same order of reductions; checked at one size).
 Two-level plans (2 ranks per emulated node) compress their inter-node phases only.
 The report maps case names to failures (empty lists pass).
 """
@@ -81,7 +81,7 @@ def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool, tw
         encodes = verify_compressed(collective, algorithm, p, per_message)["encodes"]
     out = call(comm, collective, algorithm, compression, case, n)
     problems = []
-    if twin is not None and c.native is not None and \
+    if twin is not None and c.native is not None and n == SIZES[1] and \
             not torch.equal(out, call(twin, collective, algorithm, compression, case, n)):
         problems.append(f"{case}: the C++ and Python executors disagree")
     if collective == "all_gather":

@@ -1,0 +1,120 @@
+"""Checkpoints under injected faults, on one rank in this process: a corrupted, truncated
+or missing file is named on load, and fallback takes the newest intact snapshot; a full
+disk mid-save leaves the previous snapshot intact and raises clearly; old snapshots are
+kept and pruned as asked. (Several ranks: tests/shard/workers/run_engine.py.)"""
+import errno
+import json
+
+import pytest
+import torch
+from mpi4py import MPI
+
+import pccl
+import shard.checkpoint as ckpt
+from shard import CheckpointError, CheckpointSaveError, Engine
+from shard.config import EngineConfig
+from tests.shard.test_engine_state import build, train_step
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return pccl.Communicator(MPI.COMM_SELF, timeout=60)
+
+
+@pytest.fixture
+def engines():
+    built = []
+    yield built
+    for engine in built:
+        engine.close()
+
+
+def trained(engines, comm, steps: int) -> Engine:
+    engine = build(engines, comm, "mlp", EngineConfig(strategy="zero3", min_shard_numel=0), seed=0)
+    for step in range(steps):
+        train_step(engine, "mlp", step)
+    return engine
+
+
+def shard_file(snap):
+    (path,) = snap.glob("shard-*.pt")
+    return path
+
+
+def test_damaged_snapshots_are_named_and_fallback_takes_the_newest_intact(comm, engines, tmp_path):
+    engine = trained(engines, comm, 1)
+    engine.save(tmp_path, extra={"step": 1}, keep=3)
+    first = engine.full_state_dict()
+    train_step(engine, "mlp", 1)
+    engine.save(tmp_path, extra={"step": 2}, keep=3)
+    newest, older = ckpt.snapshots(tmp_path)[:2]
+    assert ckpt.latest(tmp_path) == newest and ckpt.problems(newest) is None
+    manifest = json.loads((newest / "meta.json").read_text())
+    assert manifest["files"][shard_file(newest).name]["bytes"] == shard_file(newest).stat().st_size
+    path = shard_file(newest)
+    data = path.read_bytes()
+    for damage, message in ((lambda: path.write_bytes(data[:-1] + bytes([data[-1] ^ 1])), "is corrupted"),
+                            (lambda: path.write_bytes(data[:100]), "has 100 bytes, the manifest says"),
+                            (lambda: path.unlink(), "is missing")):
+        damage()
+        loader = trained(engines, comm, 0)
+        with pytest.raises(CheckpointError, match=f"{path.name} {message}"):
+            loader.load(tmp_path)
+        restored = loader.restore(tmp_path, fallback=True)
+        assert restored.extra == {"step": 1} and restored.snapshot == older
+        assert len(restored.skipped) == 1 and message in restored.skipped[0]
+        assert all(torch.equal(v, first[k]) for k, v in loader.full_state_dict().items())
+        path.write_bytes(data)
+    (newest / "meta.json").unlink()
+    with pytest.raises(CheckpointError, match="meta.json is missing"):
+        trained(engines, comm, 0).load(tmp_path)
+    for snap in (newest, older):
+        shard_file(snap).write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="no intact checkpoint .* to fall back to"):
+        trained(engines, comm, 0).load(tmp_path, fallback=True)
+
+
+def test_a_full_disk_mid_save_leaves_the_previous_snapshot_intact(comm, engines, tmp_path, monkeypatch):
+    engine = trained(engines, comm, 1)
+    engine.save(tmp_path, extra={"step": 1})
+    good = ckpt.latest(tmp_path)
+    before = engine.full_state_dict()
+    train_step(engine, "mlp", 1)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    for target in ("torch.save", "the manifest"):
+        with monkeypatch.context() as patch:
+            if target == "torch.save":
+                patch.setattr(torch, "save", no_space)
+            else:
+                real = ckpt.write_atomic
+                patch.setattr(ckpt, "write_atomic", lambda path, content: no_space() if path.name == "meta.json"
+                              else real(path, content))
+            with pytest.raises(CheckpointSaveError, match=f"no space left .* the previous snapshot {good.name} is "
+                                                          "intact") as failure:
+                engine.save(tmp_path, extra={"step": 2})
+        assert failure.value.errno == errno.ENOSPC
+        assert ckpt.snapshots(tmp_path) == [good] and ckpt.latest(tmp_path) == good   # no partial snapshot left
+        loader = trained(engines, comm, 0)
+        assert loader.load(tmp_path) == {"step": 1}
+        assert all(torch.equal(v, before[k]) for k, v in loader.full_state_dict().items())
+    engine.save(tmp_path, extra={"step": 2})   # the disk has room again
+    assert ckpt.snapshots(tmp_path)[0] == ckpt.latest(tmp_path) != good
+
+
+def test_snapshots_are_kept_as_asked_and_an_abandoned_future_is_removed(comm, engines, tmp_path):
+    engine = trained(engines, comm, 1)
+    for step in range(1, 5):
+        engine.save(tmp_path, extra={"step": step}, keep=2)
+        train_step(engine, "mlp", step)
+    assert [ckpt._step(s) for s in ckpt.snapshots(tmp_path)] == [4, 3]   # the engine's steps at each save
+    # A run resumed from step 3 (the newest was lost, say) abandons the snapshots of step 3
+    # and later when it saves: they belong to a future it will not have.
+    resumed = trained(engines, comm, 0)
+    (tmp_path / "LATEST").write_text(ckpt.snapshots(tmp_path)[1].name)
+    resumed.load(tmp_path)
+    resumed.save(tmp_path, extra={"step": 3}, keep=2)
+    assert ckpt.snapshots(tmp_path) == [ckpt.latest(tmp_path)] and ckpt._step(ckpt.latest(tmp_path)) == 3
+    with pytest.raises(ValueError, match="keep must be an integer >= 1"):
+        engine.save(tmp_path, keep=0)
