@@ -11,6 +11,7 @@ as built and the world it ran on), metrics.jsonl, checkpoints/, loss.png, summar
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import sys
@@ -26,6 +27,7 @@ import pccl
 from pccl.util.files import write_atomic
 from shard.models import GPT, GPTConfig
 
+from . import checkpoint, faults
 from .config import EngineConfig, OptimizerConfig
 from .engine import Engine, StepResult
 from .lr_schedule import learning_rate
@@ -248,6 +250,7 @@ class Run:
     log: Optional[RunLog] = None
     step: int = 0                       # optimizer steps done
     val_loss: Optional[float] = None    # the latest validation loss
+    faults: set = field(default_factory=faults.planned)   # injected on purpose (shard/faults.py)
 
     @property
     def checkpoints(self) -> Path:
@@ -281,7 +284,8 @@ def setup(cfg) -> Run:
                              ("train.micro_batch", t.micro_batch, 1), ("train.seq_len", t.seq_len, 1),
                              ("train.eval_batches", t.eval_batches, 1), ("train.eval_interval", t.eval_interval, 0),
                              ("train.checkpoint_interval", t.checkpoint_interval, 0),
-                             ("train.keep_checkpoints", t.keep_checkpoints, 1)):
+                             ("train.keep_checkpoints", t.keep_checkpoints, 1),
+                             ("train.max_skipped_steps", 0 if t.max_skipped_steps is None else t.max_skipped_steps, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
     if t.resume not in (True, False, "auto"):
@@ -383,6 +387,8 @@ def train_loop(r: Run) -> None:
     losses, started = [], _restart_interval(r.engine, r.device)
     while r.step < t.steps:
         result, loss = train_step(r)
+        if result.skipped:
+            check_skipped(r, loss)
         losses.append(loss)
         r.log.step()
         evaluate_now = r.step == t.steps or (t.eval_interval and r.step % t.eval_interval == 0)
@@ -394,6 +400,28 @@ def train_loop(r: Run) -> None:
             started = _restart_interval(r.engine, r.device)
 
 
+class TrainingError(RuntimeError):
+    """The run cannot go on (non-finite losses, too many skipped steps)."""
+
+
+def check_skipped(r: Run, loss: torch.Tensor) -> None:
+    """After a step the engine skipped (non-finite gradients, alike on every rank): stop
+    on a non-finite loss on any rank, or past train.max_skipped_steps; every rank decides
+    alike (collective)."""
+    bad_loss, = _max(r.comm, r.device, [0.0 if math.isfinite(loss.item()) else 1.0])
+    last = checkpoint.latest(r.checkpoints).name if (r.checkpoints / "LATEST").is_file() else "none yet"
+    again = f"the last good snapshot is {last} (train.resume=auto continues from it)"
+    if bad_loss:
+        raise TrainingError(f"non-finite loss at step {r.step} ({r.cfg.train.precision} training): stopping; {again}")
+    limit = r.cfg.train.max_skipped_steps
+    if limit is not None and r.engine.skipped_steps > limit:
+        raise TrainingError(f"{r.engine.skipped_steps} steps skipped for non-finite gradients (the latest: step "
+                            f"{r.step}), more than train.max_skipped_steps={limit}: stopping; {again}")
+    if r.comm.rank == 0:
+        print(f"step {r.step}: skipped (non-finite gradients; {r.engine.skipped_steps} so far)", file=sys.stderr,
+              flush=True)
+
+
 def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
     """One optimizer step over this rank's micro-batches; its result and mean loss (on the
     device, not synchronized)."""
@@ -403,6 +431,8 @@ def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
     for x, y in r.batches.next_step():
         x, y = x.to(r.device, non_blocking=True), y.to(r.device, non_blocking=True)
         loss = F.cross_entropy(r.engine(x).float().flatten(0, 1), y.flatten())
+        if r.faults:
+            loss = faults.loss(loss, r.faults, r.step + 1, r.comm.rank)
         r.engine.backward(loss)
         loss_sum += loss.detach()
     result = r.engine.step()
@@ -423,7 +453,8 @@ def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], started
               **r.meter.measure(r.global_batch_tokens * steps, elapsed),
               "exposed_comm_s": report["exposed_s"] / steps, "comm_busy_s": sum(report["busy_s"].values()) / steps,
               "step_time_s": elapsed / steps, "peak_memory_gb": peak_memory,
-              "skipped": result.skipped, "loss_scale": result.loss_scale, "epoch": r.batches.epoch}
+              "skipped": result.skipped, "skipped_steps": r.engine.skipped_steps, "loss_scale": result.loss_scale,
+              "epoch": r.batches.epoch}
     if evaluate_now:
         r.val_loss = validate(r)
         record["val_loss"] = r.val_loss

@@ -119,3 +119,36 @@ def test_bad_configurations_fail_with_a_clear_message(tmp_path, cache, override,
     run = subprocess.run(cmd, env=dict(job_env(), HYDRA_FULL_ERROR="1"), capture_output=True, text=True,
                          timeout=300, cwd=ROOT)
     assert run.returncode != 0 and message in run.stderr, run.stderr[-2000:]
+
+
+def faulty_run(tmp_path, cache, monkeypatch, faults: str, *extra) -> tuple:
+    """A 2-rank zero3 run with SHARD_FAULTS (shard/faults.py): its output directory and process."""
+    monkeypatch.setenv("SHARD_FAULTS", faults)
+    out = tmp_path / "run"
+    run = mpiexec(2, "-m shard.train", "strategy=zero3", "comm.ranks_per_node=1", f"train.out_dir={out}",
+                  f"data.cache_dir={cache}", f"train.steps={STEPS}", *SMALL, *extra, timeout=300)
+    return out, run
+
+
+def test_infinite_gradients_on_one_rank_skip_the_step_on_every_rank(tmp_path, cache, monkeypatch):
+    """Rank 1's gradients of step 2 are infinite: both ranks skip it alike (a rank that
+    stepped while the other skipped would leave them waiting on different collectives),
+    count it, log it, and train on."""
+    out, run = faulty_run(tmp_path, cache, monkeypatch, "inf-grad@2:1", "train.max_skipped_steps=1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped"] for r in records] == [False, True] + [False] * (STEPS - 2)
+    assert [r["skipped_steps"] for r in records] == [0] + [1] * (STEPS - 1)
+    assert "step 2: skipped (non-finite gradients; 1 so far)" in run.stderr
+    assert records[-1]["loss"] < records[0]["loss"] - 0.5
+
+
+@pytest.mark.parametrize("faults, extra, message", [
+    ("inf-grad@2:1,inf-grad@3:0", "train.max_skipped_steps=1",
+     "2 steps skipped for non-finite gradients (the latest: step 3), more than train.max_skipped_steps=1"),
+    ("nan-loss@4:1", "train.checkpoint_interval=2", "non-finite loss at step 4 (fp32 training): stopping; the last "
+                                                   "good snapshot is snap-00000002-"),
+])
+def test_too_many_skipped_steps_or_a_nan_loss_stop_the_run(tmp_path, cache, monkeypatch, faults, extra, message):
+    _, run = faulty_run(tmp_path, cache, monkeypatch, faults, extra, "train.precision=fp32")
+    assert run.returncode != 0 and "TrainingError" in run.stderr and message in run.stderr, run.stderr[-3000:]

@@ -260,3 +260,20 @@ def test_on_gpus_over_mpi_the_intra_node_level_defaults_to_nccl():
     assert level_transports(None, None, "mpi", "cpu") == {}
     assert level_transports(None, None, "nccl", "cuda") == {}
     assert level_transports("mpi", "gloo", "mpi", "cuda") == {"intra": "mpi", "inter": "gloo"}
+
+
+def test_fault_plans_parse_and_bad_ones_say_why():
+    from shard import faults
+
+    assert faults.planned({"SHARD_FAULTS": "inf-grad@2:1, nan-loss@4:0"}) == {("inf-grad", 2, 1), ("nan-loss", 4, 0)}
+    assert faults.planned({}) == set()
+    with pytest.raises(ValueError, match="is not KIND@STEP:RANK"):
+        faults.planned({"SHARD_FAULTS": "inf-grad@2"})
+    with pytest.raises(ValueError, match="unknown kind 'kill'"):
+        faults.planned({"SHARD_FAULTS": "kill@2:1"})
+    x = torch.ones(3, requires_grad=True)
+    loss = faults.loss((x * 2).sum(), {("inf-grad", 1, 0)}, 1, 0)
+    loss.backward()
+    assert loss.item() == 6 and torch.isinf(x.grad).all()
+    assert torch.isnan(faults.loss(torch.tensor(1.0), {("nan-loss", 3, 1)}, 3, 1))
+    assert faults.loss(torch.tensor(1.0), {("nan-loss", 3, 1)}, 3, 0).item() == 1
