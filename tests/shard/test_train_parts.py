@@ -231,7 +231,8 @@ def test_interval_record_has_the_largest_ranks_peak_memory():
     train = SimpleNamespace(micro_batch=8, seq_len=128, eval_interval=0)
     r = SimpleNamespace(comm=comm, device=torch.device("cpu"), step=10, global_batch_tokens=8192,
                         cfg=SimpleNamespace(train=train), meter=Throughput(1, 2, None),
-                        engine=SimpleNamespace(lr=1e-3, comm_report=lambda reset: {"exposed_s": 0.0, "busy_s": {}}),
+                        engine=SimpleNamespace(lr=1e-3, skipped_steps=0,
+                                               comm_report=lambda reset: {"exposed_s": 0.0, "busy_s": {}}),
                         log=SimpleNamespace(log=logged.append), batches=SimpleNamespace(epoch=0))
     result = StepResult(grad_norm=1.0, skipped=False, loss_scale=1.0)
     log_interval(r, result, [torch.tensor(1.0)] * 2, 0.0, False)
