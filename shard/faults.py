@@ -6,17 +6,22 @@ break, where and when, as KIND@STEP:RANK entries separated by commas, e.g.
   inf-grad  rank RANK's gradients of train step STEP become infinite (its loss stays
             finite): the engine must skip that step on every rank alike
   nan-loss  rank RANK's loss of train step STEP becomes NaN: the run must stop
+  kill      rank RANK kills itself (SIGKILL) at the start of train step STEP, once per
+            output directory (a marker file there keeps a relaunch that resumes from an
+            earlier checkpoint from dying at the same step again)
 
-Steps count from 1, as the training log does. Unset, nothing is injected (one dict lookup
+Steps count from 1, as the training log does. Unset, nothing is injected (one set lookup
 per step).
 """
 from __future__ import annotations
 
 import os
+import signal
+from pathlib import Path
 
 import torch
 
-KINDS = ("inf-grad", "nan-loss")
+KINDS = ("inf-grad", "nan-loss", "kill")
 
 
 class _InfiniteGradient(torch.autograd.Function):
@@ -53,3 +58,15 @@ def loss(value: torch.Tensor, faults: set, step: int, rank: int) -> torch.Tensor
     if ("inf-grad", step, rank) in faults:
         value = _InfiniteGradient.apply(value)
     return value
+
+
+def kill_if_planned(faults: set, step: int, rank: int, out_dir: Path) -> None:
+    """SIGKILL this process at `step` if `faults` say so and it has not happened in
+    `out_dir` yet."""
+    if ("kill", step, rank) not in faults:
+        return
+    marker = Path(out_dir) / f".fault-kill@{step}:{rank}"
+    if marker.exists():
+        return
+    marker.touch()
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -428,6 +428,8 @@ def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
     t, o = r.cfg.train, r.cfg.optim
     r.engine.lr = learning_rate(r.step, o.lr, o.min_lr, o.warmup_steps, o.decay_steps, t.steps)
     loss_sum = torch.zeros((), dtype=torch.float64, device=r.device)
+    if r.faults:
+        faults.kill_if_planned(r.faults, r.step + 1, r.comm.rank, r.out_dir)
     for x, y in r.batches.next_step():
         x, y = x.to(r.device, non_blocking=True), y.to(r.device, non_blocking=True)
         loss = F.cross_entropy(r.engine(x).float().flatten(0, 1), y.flatten())

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch"
 SCRIPTS = ["local.sh", "frontier.sbatch", "perlmutter.sbatch", "torchrun.sh"]
 # Variables of a surrounding job or of the caller that the scripts read.
-SCRUB = ("SLURM_", "MASTER_", "NNODES", "NPROC", "RANKS_PER_NODE", "MODEL", "STRATEGY", "COMM",
+SCRUB = ("SLURM_", "MASTER_", "NNODES", "NPROC", "RANKS_PER_NODE", "MODEL", "STRATEGY", "COMM", "RESTARTS",
          "DEVICE", "PYTHON", "MPIEXEC", "TORCHRUN", "OMP_NUM_THREADS", "DRY_RUN", "MODULES",
          "SRUN_ARGS", "REPO", "CPUS_PER_TASK", "GPU_BIND", "RDZV_ID", "PMI_", "OMPI_", "HYDRA_")
 USER = ["train.steps=100", "train.out_dir=runs/x y", "optim.lr=3e-4", "+extra='quoted'"]
@@ -302,6 +302,8 @@ def test_local_defaults_and_overrides():
     ({"NPROC": "4", "RANKS_PER_NODE": "x"}, "RANKS_PER_NODE must be a positive integer"),
     ({"DEVICE": "gpu"}, "DEVICE"),
     ({"PYTHON": "/nonexistent/python"}, "PYTHON"),
+    ({"RESTARTS": "-1"}, "RESTARTS must be an integer >= 0, got '-1'"),
+    ({"RESTARTS": "two"}, "RESTARTS must be an integer >= 0"),
 ])
 def test_local_errors(env, message):
     fail(run("local.sh", **env), "local.sh: error", message)
@@ -320,3 +322,31 @@ def test_local_runs_the_printed_command(tmp_path):
     assert proc.returncode == 0, proc.stderr
     threads, *argv = log.read_text().splitlines()
     assert threads == "1" and [str(fake), *argv] == printed
+
+
+def test_local_restarts_a_failed_run_with_resume_auto(tmp_path):
+    """RESTARTS=N relaunches a failing run up to N times, every attempt with
+    train.resume=auto and one output directory (a fake mpiexec fails its first calls)."""
+    calls, log = tmp_path / "calls", tmp_path / "argv"
+    fake = tmp_path / "mpiexec"
+
+    def fake_failing(times: int) -> None:
+        calls.write_text("0")
+        fake.write_text(f'#!/bin/bash\n[[ $1 == --version ]] && {{ echo "fake MPI"; exit 0; }}\n'
+                        f'n=$(( $(cat {calls}) + 1 )); echo $n > {calls}\n'
+                        f'printf "%s\\n" "$@" >> {shlex.quote(str(log))}\n'
+                        f'(( n > {times} )) || exit 7\n')
+        fake.chmod(0o755)
+
+    fake_failing(2)
+    _, printed, _ = parsed(run("local.sh", "train.steps=3", MPIEXEC=str(fake), RESTARTS="2"))
+    assert overrides(printed)["train.resume"] == "auto" and overrides(printed)["train.out_dir"].startswith("runs/")
+    proc = run("local.sh", "train.steps=3", "train.out_dir=runs/mine", dry=False, MPIEXEC=str(fake), RESTARTS="2")
+    assert proc.returncode == 0 and calls.read_text().strip() == "3", proc.stderr
+    assert "restart 1 of 2 with train.resume=auto" in proc.stderr and "restart 2 of 2" in proc.stderr
+    assert log.read_text().count("train.resume=auto") == 3 and log.read_text().count("train.out_dir=runs/mine") == 3
+    fake_failing(5)
+    proc = run("local.sh", dry=False, MPIEXEC=str(fake), RESTARTS="1")
+    assert proc.returncode == 7 and calls.read_text().strip() == "2"
+    assert "failed (exit 7) after 1 restart(s); giving up" in proc.stderr
+    fail(run("local.sh", "train.resume=true", RESTARTS="1"), "RESTARTS sets train.resume=auto itself")

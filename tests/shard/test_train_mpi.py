@@ -152,3 +152,24 @@ def test_infinite_gradients_on_one_rank_skip_the_step_on_every_rank(tmp_path, ca
 def test_too_many_skipped_steps_or_a_nan_loss_stop_the_run(tmp_path, cache, monkeypatch, faults, extra, message):
     _, run = faulty_run(tmp_path, cache, monkeypatch, faults, extra, "train.precision=fp32")
     assert run.returncode != 0 and "TrainingError" in run.stderr and message in run.stderr, run.stderr[-3000:]
+
+
+def test_a_killed_rank_relaunched_with_resume_auto_ends_as_the_uninterrupted_run(tmp_path_factory, cache,
+                                                                                  monkeypatch):
+    """launch/local.sh RESTARTS=1: rank 1 is SIGKILLed at the start of step 4 (checkpoints
+    every 2 steps); the job fails, is relaunched with train.resume=auto, resumes from step
+    2's snapshot, and its losses equal the uninterrupted run's exactly."""
+    _, reference = train(tmp_path_factory, cache, "zero3-2", 2, "zero3")
+    out = tmp_path_factory.mktemp("killed") / "run"
+    small = [a for a in SMALL if not a.startswith("train.checkpoint_interval=")]
+    env = dict(job_env(), SHARD_FAULTS="kill@4:1", RESTARTS="1", NPROC="2", RANKS_PER_NODE="1",
+               PYTHON=sys.executable, MODEL="", STRATEGY="zero3")
+    run = subprocess.run(["bash", str(ROOT / "launch" / "local.sh"), f"train.out_dir={out}", f"data.cache_dir={cache}",
+                          f"train.steps={STEPS}", "train.checkpoint_interval=2", *small],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "restart 1 of 1 with train.resume=auto" in run.stderr
+    assert "resumed at step 2 from snap-" in run.stdout + run.stderr   # not a fresh start, which would match too
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in records] == [r["loss"] for r in reference]
