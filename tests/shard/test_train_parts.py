@@ -270,8 +270,8 @@ def test_fault_plans_parse_and_bad_ones_say_why():
     assert faults.planned({}) == set()
     with pytest.raises(ValueError, match="is not KIND@STEP:RANK"):
         faults.planned({"SHARD_FAULTS": "inf-grad@2"})
-    with pytest.raises(ValueError, match="unknown kind 'kill'"):
-        faults.planned({"SHARD_FAULTS": "kill@2:1"})
+    with pytest.raises(ValueError, match="unknown kind 'explode'"):
+        faults.planned({"SHARD_FAULTS": "explode@2:1"})
     x = torch.ones(3, requires_grad=True)
     loss = faults.loss((x * 2).sum(), {("inf-grad", 1, 0)}, 1, 0)
     loss.backward()
