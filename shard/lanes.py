@@ -166,7 +166,7 @@ class Lane:
     def _run(self, stage: str, level: str, collective: str, full: torch.Tensor, *args, codec=None) -> None:
         comm, members = self.comms[level]
         algorithm = comm.resolve(collective, self._algorithm(collective), full.numel() * full.element_size(),
-                                 full.device.type, compressed=codec is not None)
+                                 full.device.type, codec, full.dtype)
         if comm.size > 1 and stage is not None:  # stage None: scalars, not counted
             self.ledger.record(stage, comm, members, collective, algorithm, full.numel(), full.dtype, codec)
             if self.log is not None:

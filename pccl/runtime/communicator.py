@@ -228,32 +228,37 @@ class Communicator:
 
         return self.mpi_comm.allgather(MPI.COMM_WORLD.rank)
 
-    def resolve(self, collective: str, algorithm, nbytes: int, device: str = "cpu", compressed: bool = False):
+    def resolve(self, collective: str, algorithm, nbytes: int, device: str = "cpu", compression=None,
+                dtype: torch.dtype = torch.float32):
         """What `algorithm` runs for `nbytes` (the full buffer) of `device` tensors: a flat
         algorithm's name, "native", or a plan spec; "auto" resolved as a call would resolve
         it, among what can take the device. A plan whose levels cannot carry the device is
-        refused before anything is sent. `compressed`: the blocks travel compressed, which
-        HO-Ring's all-gather cannot do consistently (its concurrent phases move a block both
-        exactly and encoded, so ranks would end with different values): auto takes the
-        hierarchical plan, which encodes each block once, and asking for HO-Ring raises
-        (plans.compresses_consistently; the all-reduce's all-gather half alike)."""
+        refused before anything is sent. `compression` (a codec, or one per plan level, as
+        the collectives take it; `dtype` the payload's): auto takes the fastest candidate
+        predicted with it (Tuner.choose_for), and HO-Ring's all-gather and all-reduce, whose
+        concurrent phases move a block both exactly and encoded so that ranks would end with
+        different values, are refused (plans.compresses_consistently)."""
         spec = plans.spec_of(algorithm)
         if spec is None:
             validation.check_algorithm(collective, algorithm)
             if algorithm != "auto":
                 return algorithm
-            tuner = self.tuner if device in self.plan_devices else self._flat_tuner
-            spec = tuner.choose(collective, nbytes)
+            tuner = self._tuner(device)
+            name = tuner.choose_for(collective, nbytes, dtype, compression) if compression else \
+                tuner.name(collective, nbytes)
+            spec = plans.NAMED.get(name, name)
             if isinstance(spec, str):
                 return spec
-            if compressed and not plans.compresses_consistently(spec, collective):
-                spec = plans.NAMED["hierarchical"]
-        elif compressed and not plans.compresses_consistently(spec, collective):
+        elif compression and not plans.compresses_consistently(spec, collective):
             raise ValueError(f"a compressed {collective.replace('_', '-')} cannot run HO-Ring: its concurrent phases "
                              "move each block both exactly and encoded, so ranks would end with different values; "
                              "use 'hierarchical' or a flat schedule")
         transports.check_level_devices(device, self.level_transports, self.plan_devices)
         return spec
+
+    def _tuner(self, device: str) -> Tuner:
+        """The tuner for `device` tensors: with the plans where they can carry them."""
+        return self.tuner if device in self.plan_devices else self._flat_tuner
 
     def _check_executor(self, executor: str) -> str:
         valid = EXECUTORS[self.transport]
@@ -281,30 +286,24 @@ class Communicator:
         in a plan, for the inter-node level only unless a dict names the levels ({"intra":
         ..., "inter": ...}); None (default: PCCL_COMPRESSION, else none) compresses nothing.
         "auto": the codec (or none) and, with algorithm="auto", the algorithm the cost model
-        predicts fastest (Tuner.choose_compressed; none on GPU tensors). A compressed call's
-        algorithm="auto" is the fastest predicted with its codec (Tuner.choose_for).
-        Checked before anything is sent."""
+        predicts fastest (Tuner.choose_compressed; none on GPU tensors). Checked before
+        anything is sent."""
         if compression is None:
             compression = os.environ.get("PCCL_COMPRESSION") or None
         if isinstance(compression, str) and compression.strip().lower() == "auto":
             if like.device.type != "cpu":
                 return {}, algorithm
-            tuner = self.tuner if like.device.type in self.plan_devices else self._flat_tuner
             spec = plans.spec_of(algorithm)
             if spec is None:
                 validation.check_algorithm(collective, algorithm)
-            compression, algorithm = tuner.choose_compressed(collective, like.numel() * like.element_size(),
-                                                             like.dtype, algorithm if spec is None else spec)
+            compression, algorithm = self._tuner(like.device.type).choose_compressed(
+                collective, like.numel() * like.element_size(), like.dtype, algorithm if spec is None else spec)
         codecs = per_level(compression)
         for c in codecs.values():
             c.check(like.dtype)
             if like.device.type != "cpu" and (c.native is None or self.transport != "torch"):
                 raise ValueError(f"compression of {like.device.type} tensors runs the native codecs (int8, bf16, fp16) "
                                  f"over the torch transport (NCCL, RCCL), got {c.name} over {self.transport}")
-        if codecs and isinstance(algorithm, str) and algorithm == "auto":
-            tuner = self.tuner if like.device.type in self.plan_devices else self._flat_tuner
-            algorithm = tuner.choose_for(collective, like.numel() * like.element_size(), like.dtype,
-                                         {level: c.name for level, c in codecs.items()})
         return codecs, algorithm
 
     def _compressing(self, codec):
@@ -324,7 +323,7 @@ class Communicator:
              native: Callable[[], None], scheduled: Callable[[Schedule, object], None],
              planned: Callable[[Plan, PlanExecutor], None], codecs: dict) -> Optional[Work]:
         algorithm = self.resolve(collective, algorithm, like.numel() * like.element_size(), like.device.type,
-                                 compressed=bool(codecs))
+                                 codecs, like.dtype)
         if not isinstance(algorithm, str):
             plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec
             fn = lambda: planned(plan, self._plan_executor())  # noqa: E731
@@ -409,7 +408,6 @@ class Communicator:
                          lambda: self._native.native_all_reduce(tensor, op),
                          lambda sched, runner, codec: runner.all_reduce(sched, tensor, op, codec),
                          lambda plan, run: run.all_reduce(plan, tensor, op, codecs), codecs)
-
 
 
 def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,

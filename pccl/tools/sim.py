@@ -67,10 +67,9 @@ def evaluate(collective: str, topology: Topology, prof: profiles.Profile, sizes:
     out = {"algorithms": times, "auto": [tuner.name(collective, s) for s in sizes]}
     if codecs:
         for c in codecs:
-            for name in tuner.candidates(collective):
-                if plans.compresses_consistently(plans.spec_of(name), collective):
-                    times[f"{name}+{c}"] = cost_model.predict(collective, plans.NAMED.get(name, name), topology, prof,
-                                                              nbytes, compression=c)
+            for name in tuner.compressible(collective):
+                times[f"{name}+{c}"] = cost_model.predict(collective, plans.NAMED.get(name, name), topology, prof,
+                                                          nbytes, compression=c)
         chosen = [tuner.choose_compressed(collective, s, torch.float32) for s in sizes]
         out["auto_compressed"] = [name if c is None else f"{name}+{c}" for c, name in chosen]
     return out

@@ -54,6 +54,13 @@ def forced(collective: str) -> Optional[str]:
     return None
 
 
+def compresses(algorithm, collective: str) -> bool:
+    """Whether `algorithm` (a name or plan spec) can run `collective` compressed, every
+    rank ending alike: not the transport's own collective, not HO-Ring's all-gather or
+    all-reduce (plans.compresses_consistently)."""
+    return algorithm != "native" and plans.compresses_consistently(plans.spec_of(algorithm), collective)
+
+
 def bucket(nbytes: int) -> int:
     return math.floor(BUCKETS_PER_DOUBLING * math.log2(nbytes)) if nbytes > 0 else -1
 
@@ -84,19 +91,28 @@ class Tuner:
                                          self.profile, nbytes)
                 for name in self.candidates(collective)}
 
+    def _forced(self, collective: str) -> Optional[str]:
+        """The environment's forced choice for `collective`, where it can run here."""
+        name = forced(collective)
+        return None if name in PLAN_NAMES and not self.plans_apply else name
+
+    def _decided(self, key: tuple, nbytes, decide):
+        """decide(edge) once per `key` and size bucket, at the bucket's lower edge."""
+        key = (*key, bucket(nbytes))
+        if key not in self._decisions:
+            self._decisions[key] = decide(2 ** (key[-1] / BUCKETS_PER_DOUBLING) if nbytes > 0 else 0)
+        return self._decisions[key]
+
+    def compressible(self, collective: str) -> tuple:
+        """The candidates that run `collective` compressed with every rank ending alike."""
+        return tuple(n for n in self.candidates(collective) if compresses(n, collective))
+
     def name(self, collective: str, nbytes: int) -> str:
         """The name (as the API takes it) of what auto runs for `nbytes`."""
-        name = forced(collective)
-        if name in PLAN_NAMES and not self.plans_apply:
-            name = None
-        if name is None:
-            key = (collective, bucket(nbytes))
-            if key not in self._decisions:
-                edge = 2 ** (key[1] / BUCKETS_PER_DOUBLING) if nbytes > 0 else 0
-                times = self.predictions(collective, edge)
-                self._decisions[key] = min(times, key=times.get)
-            name = self._decisions[key]
-        return name
+        def fastest(edge):
+            times = self.predictions(collective, edge)
+            return min(times, key=times.get)
+        return self._forced(collective) or self._decided((collective,), nbytes, fastest)
 
     def choose(self, collective: str, nbytes: int):
         """A flat algorithm's name, "native", or a plan spec (pccl.Hierarchical, pccl.HORing)."""
@@ -111,9 +127,7 @@ class Tuner:
         codecs = [None] + [c for c in AUTO_CODECS if c in known and dtype in codec(c).dtypes]
         return {(c, name): cost_model.predict(collective, plans.NAMED.get(name, name), self.topology, self.profile,
                                               nbytes, compression=c, dtype=dtype)
-                for name in names for c in codecs
-                if not (c and (name == "native" or
-                               not plans.compresses_consistently(plans.spec_of(name), collective)))}
+                for name in names for c in codecs if c is None or compresses(name, collective)}
 
     def choose_compressed(self, collective: str, nbytes: int, dtype: torch.dtype,
                           algorithm: str = "auto") -> tuple[Optional[str], str]:
@@ -121,37 +135,31 @@ class Tuner:
         of `dtype` values, with `algorithm` ("auto": chosen too; the environment's forcing
         applies as for name())."""
         if algorithm == "auto":
-            algorithm = forced(collective) or "auto"
-            if algorithm in PLAN_NAMES and not self.plans_apply:
-                algorithm = "auto"
-        key = ("compressed", collective, bucket(nbytes), dtype, algorithm)
-        if key not in self._decisions:
-            edge = 2 ** (key[2] / BUCKETS_PER_DOUBLING) if nbytes > 0 else 0
+            algorithm = self._forced(collective) or "auto"
+
+        def fastest(edge):
             times = self.compressed_predictions(collective, edge, dtype, algorithm)
             exact = min((k for k in times if k[0] is None), key=times.get)
             best = min(times, key=times.get)
-            self._decisions[key] = best if times[best] <= GAIN_FOR_LOSS * times[exact] else exact
-        return self._decisions[key]
+            return best if times[best] <= GAIN_FOR_LOSS * times[exact] else exact
+        return self._decided(("compressed", collective, dtype, algorithm), nbytes, fastest)
 
     def choose_for(self, collective: str, nbytes: int, dtype: torch.dtype, compression) -> str:
         """The algorithm auto runs for a call compressed with `compression` (a codec, or
         one per plan level): the fastest candidate that compresses consistently, predicted
         with the codec (uncompressed where the profile lacks the codec's speed); the
         environment's forcing applies as for name()."""
-        name = forced(collective)
-        if name is not None and not (name in PLAN_NAMES and not self.plans_apply) and \
-                plans.compresses_consistently(plans.spec_of(name), collective):
+        name = self._forced(collective)
+        if name is not None and compresses(name, collective):
             return name
-        key = ("coded", collective, bucket(nbytes), dtype, cost_model.coded_levels(compression))
-        if key not in self._decisions:
-            edge = 2 ** (key[2] / BUCKETS_PER_DOUBLING) if nbytes > 0 else 0
-            names = [n for n in self.candidates(collective)
-                     if plans.compresses_consistently(plans.spec_of(n), collective)]
+
+        def fastest(edge):
+            def predict(n, **coded):
+                return cost_model.predict(collective, plans.NAMED.get(n, n), self.topology, self.profile, edge,
+                                          **coded)
             try:
-                times = {n: cost_model.predict(collective, plans.NAMED.get(n, n), self.topology, self.profile, edge,
-                                               compression=compression, dtype=dtype) for n in names}
+                times = {n: predict(n, compression=compression, dtype=dtype) for n in self.compressible(collective)}
             except ValueError:   # no speed for the codec in the profile
-                times = {n: cost_model.predict(collective, plans.NAMED.get(n, n), self.topology, self.profile, edge)
-                         for n in names}
-            self._decisions[key] = min(times, key=times.get)
-        return self._decisions[key]
+                times = {n: predict(n) for n in self.compressible(collective)}
+            return min(times, key=times.get)
+        return self._decided(("coded", collective, dtype, cost_model.coded_levels(compression)), nbytes, fastest)
