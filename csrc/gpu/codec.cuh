@@ -96,7 +96,17 @@ void by_float_dtype(DType dtype, F f) {
   }
 }
 
-void check_cast(int codec, DType dtype) {
+void check_codec(int codec, DType dtype) {
   if (codec < 0 || codec > 2) throw std::invalid_argument("unknown native codec code " + std::to_string(codec));
   if (codec != 0 && dtype != DType::F32) throw std::invalid_argument("the bf16 and fp16 codecs take float32 values");
+}
+
+// Calls int8(T*) for the int8 codec (T: the payload's type), else cast(H*) (H: the wire
+// type of the bf16 or fp16 cast), after checking the codec takes `dtype`.
+template <typename Int8, typename Cast>
+void by_codec(int codec, DType dtype, Int8 int8, Cast cast) {
+  check_codec(codec, dtype);
+  if (codec == 0) return by_float_dtype(dtype, int8);
+  if (codec == 1) return cast(static_cast<bfloat16_t*>(nullptr));
+  cast(static_cast<half_t*>(nullptr));
 }

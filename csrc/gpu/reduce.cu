@@ -111,39 +111,36 @@ void scale(void* buf, int64_t n, DType dtype, double factor, void* stream) {
 }
 
 void encode(int codec, void* dst, const void* src, int64_t n, DType dtype, void* stream) {
-  check_cast(codec, dtype);
-  if (n == 0) return;
+  if (n == 0) return check_codec(codec, dtype);
   auto s = static_cast<gpuStream_t>(stream);
-  if (codec == 0) {
-    by_float_dtype(dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      int8_encode_kernel<T><<<codec_groups_grid(n), kCodecGroup, 0, s>>>(static_cast<char*>(dst),
-                                                                          static_cast<const T*>(src), n);
-    });
-  } else if (codec == 1) {
-    narrow_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<bfloat16_t*>(dst), static_cast<const float*>(src), n);
-  } else {
-    narrow_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<half_t*>(dst), static_cast<const float*>(src), n);
-  }
+  by_codec(
+      codec, dtype,
+      [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        int8_encode_kernel<T><<<codec_groups_grid(n), kCodecGroup, 0, s>>>(static_cast<char*>(dst),
+                                                                            static_cast<const T*>(src), n);
+      },
+      [&](auto* wire) {
+        using H = std::remove_pointer_t<decltype(wire)>;
+        narrow_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<H*>(dst), static_cast<const float*>(src), n);
+      });
   check(gpuGetLastError(), "encode kernel launch");
 }
 
 void decode(int codec, void* dst, const void* src, int64_t n, DType dtype, int op, void* stream) {
-  check_cast(codec, dtype);
-  if (n == 0) return;
+  if (n == 0) return check_codec(codec, dtype);
   auto s = static_cast<gpuStream_t>(stream);
-  if (codec == 0) {
-    by_float_dtype(dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      int8_decode_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(dst), static_cast<const char*>(src),
-                                                                n, op);
-    });
-  } else if (codec == 1) {
-    widen_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<float*>(dst), static_cast<const bfloat16_t*>(src), n,
-                                                    op);
-  } else {
-    widen_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<float*>(dst), static_cast<const half_t*>(src), n, op);
-  }
+  by_codec(
+      codec, dtype,
+      [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        int8_decode_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(dst), static_cast<const char*>(src),
+                                                                  n, op);
+      },
+      [&](auto* wire) {
+        using H = std::remove_pointer_t<decltype(wire)>;
+        widen_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<float*>(dst), static_cast<const H*>(src), n, op);
+      });
   check(gpuGetLastError(), "decode kernel launch");
 }
 

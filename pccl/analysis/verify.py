@@ -218,15 +218,19 @@ class Encoded(Provenance):
         self.decoded[r].add(token)
         return self.tokens[token]
 
+    def _encode(self, r: int, b: int) -> None:
+        """Rank r encodes its value of block b: a new token."""
+        self.tokens.append(self.state[r][b].copy())
+        self.maker.append(b)
+        self.enc[r][b] = len(self.tokens) - 1
+
     def begin(self, r: int, index: int) -> None:
         for b in self.plans[r].steps[index].encode:
             if b in self.frozen[r]:
                 self._fail(r, f"step {index} encodes block {b}, which it holds only encoded")
             if self.schedules[r].collective == "all_gather" and not self.state[r][b].any():
                 self._fail(r, f"step {index} encodes block {b}, which it does not hold")
-            self.tokens.append(self.state[r][b].copy())
-            self.maker.append(b)
-            self.enc[r][b] = len(self.tokens) - 1
+            self._encode(r, b)
 
     def payload(self, r: int, index: int, t) -> object:
         missing = [b for b in t.blocks if b not in self.enc[r]]
@@ -256,17 +260,15 @@ class Encoded(Provenance):
     def finish(self) -> list[np.ndarray]:
         for r, plan in enumerate(self.plans):
             for b in plan.seal:
-                self.tokens.append(self.state[r][b].copy())
-                self.maker.append(b)
-                self.enc[r][b] = len(self.tokens) - 1
+                self._encode(r, b)
             for b in (*plan.decode, *plan.settle, *plan.seal):
                 token = self.enc[r][b]
                 self.state[r][b] = self._decode(r, token)
                 self.final[r][b] = token
                 self.frozen[r].discard(b)
-            if self.frozen[r] & set(result_blocks(plan.schedule)):
-                self._fail(r, "ends holding result blocks only encoded")
             ends = set(result_blocks(plan.schedule))
+            if self.frozen[r] & ends:
+                self._fail(r, "ends holding result blocks only encoded")
             if plan.schedule.collective == "all_reduce" and plan.schedule.steps and not self.per_message and \
                     set(self.final[r]) != ends:
                 self._fail(r, f"ends with all-reduce blocks {sorted(ends - set(self.final[r]))} that are not "

@@ -85,11 +85,15 @@ class ScheduleExecutor(ABC):
             return codec.encoded_nbytes(offsets[b + 1] - offsets[b], buf.dtype)
 
         encodings: dict[int, torch.Tensor] = {}
+
+        def encode(b: int) -> None:
+            encodings[b] = torch.empty(nbytes(b), dtype=torch.uint8, device=buf.device)
+            if values(b).numel():
+                codec.encode(values(b), encodings[b])
+
         for index, step in enumerate(plan.steps):
             for b in step.encode:
-                encodings[b] = torch.empty(nbytes(b), dtype=torch.uint8, device=buf.device)
-                if values(b).numel():
-                    codec.encode(values(b), encodings[b])
+                encode(b)
             sends, recvs, landed = [], [], []
             for t in step.sends:
                 for first, count in t.runs:
@@ -121,9 +125,7 @@ class ScheduleExecutor(ABC):
                     codec.decode(encoding, values(b), op)
                     encodings.pop(b, None)
         for b in plan.seal:
-            encodings[b] = torch.empty(nbytes(b), dtype=torch.uint8, device=buf.device)
-            if values(b).numel():
-                codec.encode(values(b), encodings[b])
+            encode(b)
         for b in (*plan.decode, *plan.settle, *plan.seal):
             if values(b).numel():
                 codec.decode(encodings[b], values(b))

@@ -7,26 +7,11 @@ import json
 
 import pytest
 import torch
-from mpi4py import MPI
 
-import pccl
 import shard.checkpoint as ckpt
 from shard import CheckpointError, CheckpointSaveError, Engine
 from shard.config import EngineConfig
 from tests.shard.test_engine_state import build, train_step
-
-
-@pytest.fixture(scope="module")
-def comm():
-    return pccl.Communicator(MPI.COMM_SELF, timeout=60)
-
-
-@pytest.fixture
-def engines():
-    built = []
-    yield built
-    for engine in built:
-        engine.close()
 
 
 def trained(engines, comm, steps: int) -> Engine:

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from mpi4py import MPI
 
-import pccl
 import shard.checkpoint
 from shard import Engine
 from shard.config import EngineConfig, OptimizerConfig
@@ -19,19 +17,6 @@ from tests.shard.engine_models import MLP, TinyTransformer, mlp_batch, mlp_loss,
 MODELS = {"mlp": (MLP, mlp_batch, mlp_loss), "transformer": (TinyTransformer, token_batch, token_loss)}
 COUNTERS = ("steps", "skipped_steps", "optimizer_steps", "loss_scale", "loss_scale_clean")
 
-
-@pytest.fixture(scope="module")
-def comm():
-    return pccl.Communicator(MPI.COMM_SELF, timeout=60)
-
-
-@pytest.fixture
-def engines():
-    """Engines a test builds, closed after it (their communication threads)."""
-    built = []
-    yield built
-    for engine in built:
-        engine.close()
 
 
 def build(engines: list, comm, kind: str, config: EngineConfig, seed: int, **model_options) -> Engine:
