@@ -151,8 +151,9 @@ def _agree_written(engine, root: Path, snap: Path, problem: Optional[OSError], w
     previous = (root / "LATEST").read_text().strip() if (root / "LATEST").is_file() else None
     if engine.layout.rank == 0 and previous != snap.name:
         shutil.rmtree(snap, ignore_errors=True)
-    why = "" if problem is None else (" (no space left on the device)" if problem.errno == errno.ENOSPC else "") + \
-        f": {problem}"
+    why = ""
+    if problem is not None:
+        why = f"{' (no space left on the device)' if problem.errno == errno.ENOSPC else ''}: {problem}"
     intact = f"the previous snapshot {previous} is intact" if previous else "no earlier snapshot exists"
     raise CheckpointSaveError(problem.errno if problem else errno.EIO,
                               f"saving checkpoint {snap.name} failed writing {what} on {failed} rank(s){why}; {intact}")

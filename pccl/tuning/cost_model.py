@@ -186,7 +186,7 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: Lev
         if codec is not None:
             plan = compress(sched, codec.startswith("p2p:"))
             coded_work(plan, count["encode"][i], count["decode"][i], scale)
-            coded_work(plan, count["calls"][i], count["calls"][i], 1.0)
+            coded_work(plan, count["calls"][i], count["calls"][i], 1.0)   # one call per block coded
         step, kind, blocks = ops[:, 0], ops[:, 1], ops[:, 4] * scale
         crossing = node[members[ops[:, 2]]] != node[r]
         sending = kind == Kind.SEND
@@ -234,7 +234,7 @@ class LocalCost:
     blocks: int
     reduces: bool
 
-    def seconds(self, profile: Profile, block_bytes: np.ndarray) -> np.ndarray:
+    def seconds(self, profile: Profile, block_bytes: np.ndarray, dtype: torch.dtype = torch.float32) -> np.ndarray:
         return (profile.gamma if self.reduces else profile.copy_beta) * self.blocks * np.asarray(block_bytes, float)
 
 
@@ -283,8 +283,6 @@ def parts(collective: str, algorithm, topology: Topology, natives: tuple = (), c
 def part_seconds(part: Part, profile: Profile, block_bytes: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     if isinstance(part, tuple):
         return np.max([part_seconds(p, profile, block_bytes, dtype) for p in part], axis=0)
-    if isinstance(part, LocalCost):
-        return part.seconds(profile, block_bytes)
     return part.seconds(profile, block_bytes, dtype)
 
 
