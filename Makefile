@@ -2,6 +2,7 @@
 #   make train   the main job: shard-train on the embedded default (tiny GPT, synthetic corpus)
 #   make test    ruff, then the test suite (single-process and multi-rank under mpiexec)
 # make test-fast runs the quick single-process tests (pytest -m "not mpi and not slow"),
+# make test-faults the fault-injection suite (a table of what each injected fault did),
 # make lint runs ruff alone, and make bench runs pccl-bench on 4 local ranks over a small
 # size sweep.
 # Both create .venv if missing and install what is needed; re-running is quick.
@@ -74,6 +75,12 @@ test: lint
 
 test-fast: build
 	$(PY) -m pytest -q -m "not mpi and not slow" tests
+
+# make test-faults: the fault-injection suite alone (tests/faults; also part of make test):
+# ranks killed, stopped and a disk filled on purpose, ending with the table of outcomes.
+.PHONY: test-faults
+test-faults: build
+	$(PY) -m pytest -q -rs -m faults tests/faults
 
 # make test-gpu: the GPU test suite (docs/gpu.md, "GPU test suite"). It builds the GPU kernels
 # (GPU=cuda where nvidia-smi exists, hip where rocm-smi does) and runs every test marked gpu,

@@ -49,6 +49,16 @@ MpiComm::MpiComm(MPI_Comm comm, double timeout_s, bool gpu_aware, Allocator allo
       watchdog_(comm_, timeout_s) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  // Translated once, so that a timeout's message names the peers as the launcher numbers them.
+  MPI_Group mine, world;
+  MPI_Comm_group(comm_, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks(size_);
+  for (int r = 0; r < size_; ++r) ranks[r] = r;
+  world_ranks_.resize(size_);
+  MPI_Group_translate_ranks(mine, size_, ranks.data(), world, world_ranks_.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
 }
 
 MpiComm::~MpiComm() {
@@ -91,7 +101,30 @@ void MpiComm::post(bool is_send, char* ptr, int64_t bytes, int peer) {
     check(err, is_send ? "MPI_Isend" : "MPI_Irecv");
     reqs_.push_back(req);
     req_peers_.push_back(peer);
+    req_sends_.push_back(is_send);
   }
+}
+
+// The peers of the requests still pending, as "receive from 1, 3; send to 2", each with
+// its world rank where that differs (a sub-communicator's ranks are not the launcher's).
+std::string MpiComm::waited_peers() const {
+  std::string out;
+  for (int send = 0; send < 2; ++send) {
+    std::vector<int> peers;
+    for (size_t i = 0; i < reqs_.size(); ++i)
+      if (reqs_[i] != MPI_REQUEST_NULL && req_sends_[i] == send &&
+          std::find(peers.begin(), peers.end(), req_peers_[i]) == peers.end())
+        peers.push_back(req_peers_[i]);
+    if (peers.empty()) continue;
+    out += out.empty() ? "" : "; ";
+    out += send ? "send to " : "receive from ";
+    for (size_t i = 0; i < peers.size(); ++i) {
+      out += (i ? ", " : "") + std::to_string(peers[i]);
+      const int w = world_ranks_[peers[i]];
+      if (w != peers[i]) out += " (world rank " + std::to_string(w) + ")";
+    }
+  }
+  return out;
 }
 
 // Polls instead of blocking so that a missing peer becomes a Timeout. Spins (yielding the
@@ -114,22 +147,21 @@ void MpiComm::wait_all(int64_t step) {
     if (done) break;
     const auto now = clock::now();
     if (now > deadline) {
-      std::string peers;
-      for (size_t i = 0; i < reqs_.size(); ++i) {
-        if (reqs_[i] == MPI_REQUEST_NULL) continue;
-        if (peers.find(" " + std::to_string(req_peers_[i]) + ",") == std::string::npos)
-          peers += " " + std::to_string(req_peers_[i]) + ",";
-        MPI_Cancel(&reqs_[i]);
-        MPI_Request_free(&reqs_[i]);
+      const std::string peers = waited_peers();
+      for (auto& req : reqs_) {
+        if (req == MPI_REQUEST_NULL) continue;
+        MPI_Cancel(&req);
+        MPI_Request_free(&req);
       }
       reqs_.clear();
       req_peers_.clear();
+      req_sends_.clear();
       broken_ = true;
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%g", timeout_s_);
       throw Timeout("pccl: rank " + std::to_string(rank_) + " timed out after " + seconds + " s at step " +
-                    std::to_string(step) + " waiting for peers" + peers.substr(0, peers.size() - 1) +
-                    " (did every rank call the same collective?)");
+                    std::to_string(step) + " waiting to " + peers +
+                    " (a peer died, or did not call the same collective)");
     }
     if (now - start < kSpin) {
       sched_yield();
@@ -140,6 +172,7 @@ void MpiComm::wait_all(int64_t step) {
   }
   reqs_.clear();
   req_peers_.clear();
+  req_sends_.clear();
 }
 
 // Where the current values of blocks [first, first+count) are: in source while none was

@@ -116,7 +116,10 @@ class MpiComm {
   Workspace mirror_{Workspace::kStaging}, landing_{Workspace::kStaging}, host_out_{Workspace::kStaging},
       host_in_{Workspace::kStaging};
   std::vector<MPI_Request> reqs_;
-  std::vector<int> req_peers_;
+  std::vector<int> req_peers_;   // the peer of each request
+  std::vector<char> req_sends_;  // whether each request is a send
+  std::vector<int> world_ranks_;  // MPI_COMM_WORLD's rank of each rank, for messages
+  std::string waited_peers() const;
   // A receive to finish after the step: reduce it into place, or, staged, copy it to the device.
   struct Pending { int64_t first, count; char* dst; const char* a; char* landing; bool reduce; };
   std::vector<Pending> pending_;

@@ -5,8 +5,12 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <mpi4py/mpi4py.h>
 
 #if defined(OPEN_MPI) && OPEN_MPI
@@ -143,6 +147,18 @@ NB_MODULE(_native, m) {
       },
       timeout);
   m.attr("compiled_mpi") = compiled_mpi();
+  // A process whose collective failed may hang in MPI_Finalize, waiting for the dead peer:
+  // this thread ends it after `seconds` (it needs no GIL: at that point Python is
+  // shutting down). If the process exits first, the thread goes with it.
+  m.def("exit_if_stuck", [](double seconds, int code) {
+    std::thread([seconds, code] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      static const char msg[] =
+          "pccl: still finalizing MPI after a failed collective (a peer is gone): exiting without it\n";
+      (void)!write(2, msg, sizeof msg - 1);
+      _exit(code);
+    }).detach();
+  }, nb::arg("seconds"), nb::arg("code"));
   m.def("mpi_gpu_support", &mpi_gpu_support, nb::arg("platform"),
         "1 if the MPI library says it takes device pointers of platform ('cuda' or 'hip'), 0 if it says "
         "not, -1 if it has no query");

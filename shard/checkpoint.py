@@ -37,7 +37,7 @@ import json
 import shutil
 import uuid
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -87,8 +87,11 @@ def snapshots(path) -> list[Path]:
     return sorted(Path(path).glob("snap-*"), reverse=True)
 
 
-def save(engine, path, extra: Optional[dict] = None, keep: int = 1) -> None:
-    """Write a snapshot of `engine` under `path`, keeping the newest `keep` snapshots."""
+def save(engine, path, extra: Optional[dict] = None, keep: int = 1,
+         written: Optional[Callable[[], None]] = None) -> None:
+    """Write a snapshot of `engine` under `path`, keeping the newest `keep` snapshots.
+    `written`: called on each rank once its files are written, before the ranks agree
+    (where fault injection kills a rank mid-save)."""
     if not (isinstance(keep, int) and keep >= 1):
         raise ValueError(f"keep must be an integer >= 1 (snapshots kept), got {keep!r}")
     root = Path(path)
@@ -101,11 +104,13 @@ def save(engine, path, extra: Optional[dict] = None, keep: int = 1) -> None:
     try:
         snap.mkdir(parents=True, exist_ok=True)
         if shards:
-            write_atomic(snap / f"shard-{rank}.pt", lambda f: torch.save(shards, f))
+            write_atomic(snap / f"shard-{rank}.pt", lambda f: _save_tensors(shards, f))
             digest = json.dumps(_digest(snap / f"shard-{rank}.pt")).encode()
             write_atomic(snap / f"shard-{rank}.json", digest)
     except OSError as e:
         problem = e
+    if written is not None:
+        written()
     _agree_written(engine, root, snap, problem, "its shard files")
     problem = None
     if rank == 0:
@@ -125,6 +130,20 @@ def save(engine, path, extra: Optional[dict] = None, keep: int = 1) -> None:
         for old in stale(root, snap, keep):
             shutil.rmtree(old, ignore_errors=True)
     engine.barrier()
+
+
+def _save_tensors(obj, f) -> None:
+    """torch.save, raising the OSError of a failed write (a full disk) itself: torch's zip
+    writer masks it with a RuntimeError ("unexpected pos") as it closes."""
+    try:
+        torch.save(obj, f)
+    except RuntimeError as e:
+        cause = e.__context__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__context__
+        if cause is None:
+            raise
+        raise cause from e
 
 
 def _step(snap: Path) -> int:

@@ -216,7 +216,7 @@ class Engine:
         def task() -> None:
             for u, view in zip(self.units, self._os_views):
                 u.refresh(self.gathers, stage, view)
-        self.gathers.submit(task).wait()
+        self.gathers.submit(task, what=f"parameter refresh ({stage})").wait()
 
     @staticmethod
     def _checkpoint_activations(module: nn.Module) -> None:
@@ -361,7 +361,7 @@ class Engine:
                 # each optimizer shard is held by `replicas` ranks: count it once
                 squares.add_(grad[a:b].double().square().sum() / self.layout.replicas(u.strategy.os))
             self.reductions.all_reduce(None, squares.view(1), Scope.N)
-        self.reductions.submit(task, grad, squares).wait()
+        self.reductions.submit(task, grad, squares, what="gradient reduction and norm").wait()
         if squares.is_meta:   # a dry run (predict.py) has no values to clip by
             return 0.0
         total = squares.item()
@@ -403,11 +403,13 @@ class Engine:
     def comm_report(self, reset: bool = False) -> dict:
         """Bytes this rank sent per stage (forward, backward, update), intra-group and
         inter-group, since the engine was built or last reset; seconds each communication
-        lane was busy and seconds the training loop waited for it (exposed); how many
+        lane was busy and seconds the training loop waited for it (exposed), and its longest
+        single wait (longest_wait_s, with what it waited for: longest_wait); how many
         parameter gathers units needed and how many of them prefetch had started."""
         report = {stage: dict(self.ledger.sent[stage]) for stage in STAGES}
         report["busy_s"] = dict(self.ledger.busy)
         report["exposed_s"] = self.ledger.exposed
+        report["longest_wait_s"], report["longest_wait"] = self.ledger.longest_wait
         report["gathers"] = dict(self.gather_stats)
         if reset:
             self.ledger.reset()
@@ -476,14 +478,15 @@ class Engine:
         self._refresh("update")
         self.ledger.reset()   # restoring is not training traffic
 
-    def save(self, path, extra: Optional[dict] = None, keep: int = 1) -> None:
+    def save(self, path, extra: Optional[dict] = None, keep: int = 1,
+             written: Optional[Callable[[], None]] = None) -> None:
         """Write a sharded checkpoint into the directory `path` (see shard/checkpoint.py),
         with a manifest of every file's size and checksum, keeping the newest `keep`
         snapshots: a crash or a failed write mid-save leaves the previous checkpoint there
         loadable (a failure raises checkpoint.CheckpointSaveError on every rank). `extra`:
         rank 0's JSON-serializable state of the caller (a training loop's step, data
-        position), kept with the snapshot. Collective."""
-        checkpoint.save(self, path, extra, keep)
+        position), kept with the snapshot. `written`: see checkpoint.save. Collective."""
+        checkpoint.save(self, path, extra, keep, written)
 
     def load(self, path, fallback: bool = False) -> Optional[dict]:
         """Restore the latest checkpoint in `path`, written at any world size, group size or

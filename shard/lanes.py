@@ -30,13 +30,15 @@ STAGES = ("forward", "backward", "update")
 
 class Ledger:
     """Bytes this rank sent per stage (intra-group, inter-group), seconds each lane was
-    busy, and seconds the caller waited for communication (the exposed part)."""
+    busy, seconds the caller waited for communication (the exposed part), and the longest
+    single wait with what it waited for (a straggler shows there)."""
 
     def __init__(self, layout: Layout):
         self.layout = layout
         self.sent = {stage: {"intra": 0, "inter": 0} for stage in STAGES}
         self.busy: dict[str, float] = {}
         self.exposed = 0.0
+        self.longest_wait: tuple[float, str] = (0.0, "")
         self._lock = threading.Lock()
         self._cache: dict = {}
 
@@ -61,9 +63,11 @@ class Ledger:
         with self._lock:
             self.busy[lane] = self.busy.get(lane, 0.0) + seconds
 
-    def add_exposed(self, seconds: float) -> None:
+    def add_exposed(self, seconds: float, what: str) -> None:
         with self._lock:
             self.exposed += seconds
+            if seconds > self.longest_wait[0]:
+                self.longest_wait = (seconds, what)
 
     def reset(self) -> None:
         with self._lock:
@@ -71,16 +75,17 @@ class Ledger:
                 self.sent[stage] = {"intra": 0, "inter": 0}
             self.busy.clear()
             self.exposed = 0.0
+            self.longest_wait = (0.0, "")
 
 
 class Handle:
     """A lane task; wait() blocks until it is queued on the device (done, on CPU; `work`
     None: it already is), orders the caller's GPU stream after it without blocking the
-    CPU, and counts the time spent waiting as exposed communication."""
+    CPU, and counts the time spent waiting as exposed communication, waiting for `what`."""
 
     def __init__(self, work: Optional[Work], side: Optional[SideStream], done: list, ledger: Ledger,
-                 traced: Optional[tuple[StepTrace, int]] = None):
-        self._work, self._side, self._done, self._ledger = work, side, done, ledger
+                 traced: Optional[tuple[StepTrace, int]] = None, what: str = ""):
+        self._work, self._side, self._done, self._ledger, self._what = work, side, done, ledger, what
         self._traced = traced
         self._waited = False
 
@@ -94,7 +99,7 @@ class Handle:
             self._work.wait()
         if self._side is not None:
             self._side.wait(self._done[0])
-        self._ledger.add_exposed(time.perf_counter() - start)
+        self._ledger.add_exposed(time.perf_counter() - start, self._what)
         self._waited = True
 
 
@@ -128,11 +133,13 @@ class Lane:
         self._side = SideStream(torch.cuda.Stream(device)) if device.type == "cuda" else None
         self.inline = self._side is not None and all(c.queues_on_device("cuda") for c, _ in self.comms.values())
 
-    def submit(self, fn: Callable[[], None], *buffers: torch.Tensor) -> Handle:
+    def submit(self, fn: Callable[[], None], *buffers: torch.Tensor, what: str = "") -> Handle:
         """Run `fn` after everything queued before it on this lane; on GPUs on the lane's
         stream, ordered after the caller's stream as it is now. `buffers`: the tensors `fn`
         reads or writes that it did not allocate itself; on GPUs each stays allocated until
-        the lane's stream is done with it (pccl.executors.streams)."""
+        the lane's stream is done with it (pccl.executors.streams). `what`: the task in
+        words, for the straggler report (default: the lane's name)."""
+        what = f"{self.name}: {what}" if what else self.name
         side, done, trace = self._side, [], self.trace
         ready = side.mark() if side is not None else None
         traced = (trace, trace.submit(self.name)) if trace is not None else None
@@ -149,8 +156,8 @@ class Lane:
 
         if self.inline:
             task()
-            return Handle(None, side, done, self.ledger, traced)
-        return Handle(self._queue.run(task, async_op=True), side, done, self.ledger, traced)
+            return Handle(None, side, done, self.ledger, traced, what)
+        return Handle(self._queue.run(task, async_op=True), side, done, self.ledger, traced, what)
 
     def close(self) -> None:
         """Finish the queued tasks and free the lane's communicators (every rank calls it)."""

@@ -57,6 +57,10 @@ class RunLog:
         if record.get("val_loss") is not None:
             line += f"  val {record['val_loss']:.4f}"
         self.write(line)
+        if record.get("straggler"):
+            s = record["straggler"]
+            self.write(f"straggler at step {record['step']}: rank {s['rank']} (rank {s['waiter']} waited "
+                       f"{s['wait_s']:.1f} s for {s['operation']})")
 
     def write(self, line: str) -> None:
         if not self.active:

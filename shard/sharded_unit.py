@@ -85,7 +85,7 @@ class ShardedUnit:
         shard = self.params
         codec = self.codecs.get("params")
         self.gathering = lane.submit(lambda: lane.gather(stage, full, shard, self.strategy.p, Scope.N, codec), full,
-                                     shard)
+                                     shard, what=f"all-gather of {self.name}'s parameters ({stage})")
         self.full = full
 
     def ensure_gathered(self, lane: Lane, stage: str) -> bool:
@@ -149,7 +149,7 @@ class ShardedUnit:
         # `flat` comes from the backward on the caller's stream and is dropped by the caller
         # at once: without keeping it, its memory could go to the next unit's kernels while
         # the lane still reduces it.
-        return lane.submit(task, flat)
+        return lane.submit(task, flat, what=f"reduction of {self.name}'s gradients")
 
     def finish_gradients(self, lane: Lane, out: torch.Tensor, scale: float) -> None:
         """The summed gradient of this rank's optimizer shard into `out` (fp32), times

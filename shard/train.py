@@ -104,10 +104,10 @@ def _communicator(c, device: torch.device) -> pccl.Communicator:
     return comm
 
 
-def _share(comm: pccl.Communicator, device: torch.device, text: str, width: int = 4096) -> str:
-    """Rank 0's `text` on every rank (a sum in which the other ranks add zeros)."""
+def _share(comm: pccl.Communicator, device: torch.device, text: str, width: int = 4096, root: int = 0) -> str:
+    """Rank `root`'s `text` on every rank (a sum in which the other ranks add zeros)."""
     codes = torch.zeros(width, dtype=torch.int32, device=device)
-    if comm.rank == 0:
+    if comm.rank == root:
         data = text.encode()
         if len(data) > width:
             raise ConfigError(f"{text[:60]!r}... is longer than {width} bytes")
@@ -250,7 +250,7 @@ class Run:
     log: Optional[RunLog] = None
     step: int = 0                       # optimizer steps done
     val_loss: Optional[float] = None    # the latest validation loss
-    faults: set = field(default_factory=faults.planned)   # injected on purpose (shard/faults.py)
+    faults: dict = field(default_factory=faults.planned)   # injected on purpose (shard/faults.py)
 
     @property
     def checkpoints(self) -> Path:
@@ -285,6 +285,7 @@ def setup(cfg) -> Run:
                              ("train.eval_batches", t.eval_batches, 1), ("train.eval_interval", t.eval_interval, 0),
                              ("train.checkpoint_interval", t.checkpoint_interval, 0),
                              ("train.keep_checkpoints", t.keep_checkpoints, 1),
+                             ("train.straggler_seconds", t.straggler_seconds, 0),
                              ("train.max_skipped_steps", 0 if t.max_skipped_steps is None else t.max_skipped_steps, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -325,6 +326,8 @@ def load_data(r: Run) -> None:
     from .data import Batches, eval_batches
 
     t = r.cfg.train
+    if r.faults:
+        faults.kill_if_planned(r.faults, "kill-data", 0, r.comm.rank, r.out_dir)
     r.data = _prepare_data(r.cfg.data, r.comm, r.device, r.model.vocab)
     check_vocab(r.model, r.data.vocab_size)
     r.batches = Batches(r.data.train, t.seq_len, t.micro_batch, r.accumulation, r.comm.rank, r.comm.size, t.seed)
@@ -429,13 +432,16 @@ def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
     r.engine.lr = learning_rate(r.step, o.lr, o.min_lr, o.warmup_steps, o.decay_steps, t.steps)
     loss_sum = torch.zeros((), dtype=torch.float64, device=r.device)
     if r.faults:
-        faults.kill_if_planned(r.faults, r.step + 1, r.comm.rank, r.out_dir)
+        faults.kill_if_planned(r.faults, "kill", r.step + 1, r.comm.rank, r.out_dir)
+        faults.stop_if_planned(r.faults, r.step + 1, r.comm.rank)
     for x, y in r.batches.next_step():
         x, y = x.to(r.device, non_blocking=True), y.to(r.device, non_blocking=True)
         loss = F.cross_entropy(r.engine(x).float().flatten(0, 1), y.flatten())
         if r.faults:
             loss = faults.loss(loss, r.faults, r.step + 1, r.comm.rank)
         r.engine.backward(loss)
+        if r.faults:
+            faults.kill_if_planned(r.faults, "kill-backward", r.step + 1, r.comm.rank, r.out_dir)
         loss_sum += loss.detach()
     result = r.engine.step()
     r.step += 1
@@ -456,11 +462,31 @@ def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], started
               "exposed_comm_s": report["exposed_s"] / steps, "comm_busy_s": sum(report["busy_s"].values()) / steps,
               "step_time_s": elapsed / steps, "peak_memory_gb": peak_memory,
               "skipped": result.skipped, "skipped_steps": r.engine.skipped_steps, "loss_scale": result.loss_scale,
-              "epoch": r.batches.epoch}
+              "epoch": r.batches.epoch, "straggler": find_straggler(r, report)}
     if evaluate_now:
         r.val_loss = validate(r)
         record["val_loss"] = r.val_loss
     r.log.log(record)
+
+
+def find_straggler(r: Run, report: dict) -> Optional[dict]:
+    """When some rank waited train.straggler_seconds or longer for one operation in the
+    interval: {"rank": the straggler, the rank that waited least in all (the others waited
+    for it), "waiter": the rank that waited longest, "operation": what it waited for,
+    "wait_s"}; else None. Collective (a small all-reduce at each logged interval)."""
+    limit, n = r.cfg.train.straggler_seconds, r.comm.size
+    if not limit or n == 1:
+        return None
+    table = torch.zeros(2 * n, dtype=torch.float64, device=r.device)
+    table[r.comm.rank], table[n + r.comm.rank] = report["longest_wait_s"], report["exposed_s"]
+    r.comm.all_reduce(table)
+    longest, exposed = table[:n].tolist(), table[n:].tolist()
+    waiter = max(range(n), key=longest.__getitem__)
+    if longest[waiter] < limit:
+        return None
+    operation = _share(r.comm, r.device, report["longest_wait"], root=waiter)
+    return {"rank": min(range(n), key=exposed.__getitem__), "waiter": waiter, "operation": operation,
+            "wait_s": round(longest[waiter], 3)}
 
 
 def validate(r: Run) -> float:
@@ -471,9 +497,11 @@ def validate(r: Run) -> float:
 
 def save_checkpoint(r: Run) -> None:
     """The engine's state with the step and the data position, to resume from."""
+    injected = (lambda: faults.kill_if_planned(r.faults, "kill-save", r.step, r.comm.rank, r.out_dir)) \
+        if r.faults else None
     r.engine.save(r.checkpoints, extra={"step": r.step, "data": r.batches.state_dict(),
                                         "model": r.resolved["model"], "strategy": r.resolved["strategy"]},
-                  keep=r.cfg.train.keep_checkpoints)
+                  keep=r.cfg.train.keep_checkpoints, written=injected)
 
 
 def finish(r: Run) -> dict:

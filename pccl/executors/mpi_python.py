@@ -10,7 +10,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from pccl.core.errors import CollectiveTimeout
+from pccl.core.errors import CollectiveTimeout, waited_peers
 from pccl.executors.base import ScheduleExecutor
 
 TAG = 7002
@@ -29,6 +29,9 @@ class MpiPythonExecutor(ScheduleExecutor):
         self.rank, self.size = self.comm.rank, self.comm.size
         self.timeout = timeout
         self.broken = False
+        # Translated once: a timeout names the peers as the launcher numbers them.
+        self.world_ranks = MPI.Group.Translate_ranks(self.comm.Get_group(), list(range(self.size)),
+                                                     MPI.COMM_WORLD.Get_group())
 
     def exchange(self, sends, recvs, step):
         if self.broken:
@@ -42,15 +45,16 @@ class MpiPythonExecutor(ScheduleExecutor):
         while not MPI.Request.Testall(reqs):
             now = time.monotonic()
             if now > deadline:
+                directions = [(p, False) for p, _ in recvs] + [(p, True) for p, _ in sends]
+                pending = [d for d, r in zip(directions, reqs) if r != MPI.REQUEST_NULL]
                 for r in reqs:
                     if r != MPI.REQUEST_NULL:
                         r.Cancel()
                         r.Free()
                 self.broken = True
-                peers = sorted({p for p, _ in sends + recvs})
                 raise CollectiveTimeout(
-                    f"pccl: rank {self.rank} timed out after {self.timeout} s at step {step} "
-                    f"waiting for peers {peers} (did every rank call the same collective?)")
+                    f"pccl: rank {self.rank} timed out after {self.timeout:g} s at step {step} waiting to "
+                    f"{waited_peers(pending, self.world_ranks)} (a peer died, or did not call the same collective)")
             if now - start < SPIN:
                 os.sched_yield()
             else:

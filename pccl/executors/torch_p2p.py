@@ -3,11 +3,12 @@ tensors, NCCL/RCCL for GPU tensors; and the backend's own collectives as the bas
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from pccl.core.errors import CollectiveTimeout
+from pccl.core.errors import CollectiveTimeout, PeerLost, waited_peers
 from pccl.executors.base import ScheduleExecutor
 
 # torch >= 2.13 names the tensor collectives *_single; older releases *_tensor.
@@ -30,15 +31,30 @@ class TorchP2PExecutor(ScheduleExecutor):
         # watchdog applies the process group's timeout instead.
         self.wait_timeout = None if "nccl" in dist.get_backend(group) else self.timeout
 
-    def _wait(self, works, what: str) -> None:
+    def _wait(self, issue: Callable[[], list], what: str, pending=()) -> None:
+        """Issue the works (`issue()`) and wait for them. A timeout becomes CollectiveTimeout,
+        a broken transport PeerLost (a peer died: gloo's "Connection reset/closed by peer",
+        at issue or while waiting; NCCL's remote error), each naming `what` and the (peer,
+        is_send) pairs `pending`; other errors at issue (bad arguments) stay as they are."""
+        try:
+            works = issue()
+        except RuntimeError as e:
+            if not any(word in str(e).lower() for word in ("connection", "by peer", "remote")):
+                raise
+            raise self._failure(e, what, pending) from e
         try:
             for w in works:
                 w.wait() if self.wait_timeout is None else w.wait(self.wait_timeout)
         except RuntimeError as e:
-            if "timed out" in str(e).lower() or "timeout" in str(e).lower():
-                raise CollectiveTimeout(f"pccl: rank {self.rank}: {what} timed out after "
-                                        f"{self.timeout.total_seconds()} s: {e}") from e
-            raise
+            raise self._failure(e, what, pending) from e
+
+    def _failure(self, e: RuntimeError, what: str, pending) -> CollectiveTimeout:
+        peers = f" waiting to {waited_peers(pending, self.global_rank)}" if pending else ""
+        text = str(e).lower()
+        if "timed out" in text or "timeout" in text:
+            return CollectiveTimeout(f"pccl: rank {self.rank}: {what} timed out after "
+                                     f"{self.timeout.total_seconds():g} s{peers}: {e}")
+        return PeerLost(f"pccl: rank {self.rank}: {what}: the transport failed{peers} (did a peer die?): {e}")
 
     def exchange(self, sends, recvs, step):
         # Each (peer, direction) carries its runs in order; the run index is the tag.
@@ -48,19 +64,21 @@ class TorchP2PExecutor(ScheduleExecutor):
                 tag = seen[(fn, peer)] = seen.get((fn, peer), -1) + 1
                 ops.append(dist.P2POp(fn, t, self.global_rank[peer], group=self.group, tag=tag))
         if ops:
-            self._wait(dist.batch_isend_irecv(ops), f"step {step}")
+            self._wait(lambda: dist.batch_isend_irecv(ops), f"step {step}",
+                       [(p, False) for p, _ in recvs] + [(p, True) for p, _ in sends])
 
     def native_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        self._wait([all_gather_single(output, input, group=self.group, async_op=True)],
+        self._wait(lambda: [all_gather_single(output, input, group=self.group, async_op=True)],
                    "all_gather_single")
 
     def native_reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
-        self._wait([reduce_scatter_single(output, input, op=TORCH_OPS[op], group=self.group, async_op=True)],
+        self._wait(lambda: [reduce_scatter_single(output, input, op=TORCH_OPS[op], group=self.group, async_op=True)],
                    "reduce_scatter_single")
         if op == "avg":
             output.div_(self.size)
 
     def native_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
-        self._wait([dist.all_reduce(tensor, op=TORCH_OPS[op], group=self.group, async_op=True)], "all_reduce")
+        self._wait(lambda: [dist.all_reduce(tensor, op=TORCH_OPS[op], group=self.group, async_op=True)],
+                   "all_reduce")
         if op == "avg":
             tensor.div_(self.size)

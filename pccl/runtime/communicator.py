@@ -11,19 +11,21 @@ from pccl import plans
 from pccl.algorithms import schedule
 from pccl.compression.codecs import per_level
 from pccl.core.dtypes import op_code
+from pccl.core.errors import CollectiveTimeout, during
 from pccl.core.topology import Topology, TopologyError
 from pccl.executors.plan import PlanExecutor
 from pccl.executors.streams import StreamWork
 from pccl.executors.torch_p2p import TorchP2PExecutor
 from pccl.ir.plan import Plan
 from pccl.ir.schedule import Schedule
-from pccl.runtime import transports, validation
+from pccl.runtime import teardown, transports, validation
 from pccl.runtime.detect import detect, detect_torch
 from pccl.runtime.rendezvous import init_torch_distributed, mpi_world
 from pccl.runtime.work import SerialQueue, Work
 from pccl.tuning.profiles import Profile, from_environment
 from pccl.tuning.profiles import load as load_profile
 from pccl.tuning.selection import Tuner
+from pccl.util.sizes import size_label
 
 DEFAULT_TIMEOUT = float(os.environ.get("PCCL_TIMEOUT", 300.0))
 EXECUTORS = {"mpi": ("cpp", "python"), "torch": ("torch",)}
@@ -45,6 +47,18 @@ def on_callers_stream(fn: Callable[[], None], like: torch.Tensor) -> Callable[[]
         with torch.cuda.stream(stream):
             fn()
     return on_stream
+
+
+def naming_failures(fn: Callable[[], None], what: Callable[[], str]) -> Callable[[], None]:
+    """`fn`, whose CollectiveTimeout (or PeerLost) names the operation it interrupted,
+    what() (worded only then: nothing on the hot path)."""
+    def named() -> None:
+        try:
+            fn()
+        except CollectiveTimeout as e:
+            teardown.exit_if_finalize_hangs()
+            raise during(e, what()) from e
+    return named
 
 
 class Communicator:
@@ -101,6 +115,7 @@ class Communicator:
             self.devices = transports.devices_of("mpi", gpu_mpi)
         self.executor = executor
         self.rank, self.size = self._native.rank, self._native.size
+        self.label = ""   # what a failure message calls it ("inter-node level"); empty: the communicator
         self._queue = SerialQueue(f"pccl-{self.transport}")
         self._owns_group = False   # a torch group made by split, destroyed by close
         self.topology = self._topology(topology, ranks_per_node, nics_per_node)
@@ -173,8 +188,11 @@ class Communicator:
         (made with this communicator where they are torch groups, else on first use;
         creating them is collective over this communicator)."""
         if self._plans is None:
-            self._plans = PlanExecutor({level: self.split(self.topology.level_groups(level), transport)
-                                        for level, transport in self.level_transports.items()})
+            levels = {level: self.split(self.topology.level_groups(level), transport)
+                      for level, transport in self.level_transports.items()}
+            for level, comm in levels.items():
+                comm.label = f"the {level}-node level's "
+            self._plans = PlanExecutor(levels)
         return self._plans
 
     def split(self, groups, transport: Optional[str] = None) -> "Communicator":
@@ -322,8 +340,8 @@ class Communicator:
     def _run(self, collective: str, algorithm, like: torch.Tensor, async_op: bool,
              native: Callable[[], None], scheduled: Callable[[Schedule, object], None],
              planned: Callable[[Plan, PlanExecutor], None], codecs: dict) -> Optional[Work]:
-        algorithm = self.resolve(collective, algorithm, like.numel() * like.element_size(), like.device.type,
-                                 codecs, like.dtype)
+        nbytes = like.numel() * like.element_size()
+        algorithm = self.resolve(collective, algorithm, nbytes, like.device.type, codecs, like.dtype)
         if not isinstance(algorithm, str):
             plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec
             fn = lambda: planned(plan, self._plan_executor())  # noqa: E731
@@ -337,7 +355,9 @@ class Communicator:
             codec = codecs.get("flat")
             runner = self._compressing(codec) if codec is not None else self._executor
             fn = lambda: scheduled(sched, runner, codec)  # noqa: E731
-        return self._queue.run(on_callers_stream(fn, like), async_op,
+        what = lambda: (f"{self.label}{collective.replace('_', '-')} ({algorithm}, {size_label(nbytes)} bytes of "  # noqa: E731
+                        f"{str(like.dtype).removeprefix('torch.')})")
+        return self._queue.run(on_callers_stream(naming_failures(fn, what), like), async_op,
                                StreamWork if self.queues_on_device(like.device.type) else None)
 
     def queues_on_device(self, device: str) -> bool:

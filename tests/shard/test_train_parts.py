@@ -266,12 +266,15 @@ def test_on_gpus_over_mpi_the_intra_node_level_defaults_to_nccl():
 def test_fault_plans_parse_and_bad_ones_say_why():
     from shard import faults
 
-    assert faults.planned({"SHARD_FAULTS": "inf-grad@2:1, nan-loss@4:0"}) == {("inf-grad", 2, 1), ("nan-loss", 4, 0)}
-    assert faults.planned({}) == set()
-    with pytest.raises(ValueError, match="is not KIND@STEP:RANK"):
-        faults.planned({"SHARD_FAULTS": "inf-grad@2"})
-    with pytest.raises(ValueError, match="unknown kind 'explode'"):
-        faults.planned({"SHARD_FAULTS": "explode@2:1"})
+    assert faults.planned({"SHARD_FAULTS": "inf-grad@2:1, nan-loss@4:0, stop@3:2:0.5, stop@5:0, kill-data@0:1"}) == {
+        ("inf-grad", 2, 1): 0.0, ("nan-loss", 4, 0): 0.0, ("stop", 3, 2): 0.5, ("stop", 5, 0): faults.STOP_SECONDS,
+        ("kill-data", 0, 1): 0.0}
+    assert faults.planned({}) == {}
+    for entry, message in (("inf-grad@2", "is not KIND@STEP:RANK"), ("kill@2:1:3", "is not KIND@STEP:RANK"),
+                           ("stop@2:1:soon", "is not KIND@STEP:RANK"), ("explode@2:1", "unknown kind 'explode'"),
+                           ("kill-data@3:1", "give STEP 0"), ("kill@-1:0", "must not be negative")):
+        with pytest.raises(ValueError, match=message):
+            faults.planned({"SHARD_FAULTS": entry})
     x = torch.ones(3, requires_grad=True)
     loss = faults.loss((x * 2).sum(), {("inf-grad", 1, 0)}, 1, 0)
     loss.backward()

@@ -1,0 +1,163 @@
+"""The fault-injection suite: each scenario launches a small job, breaks it on purpose and
+records what happened (outcome, seconds to the end, exit code, the survivors' errors).
+
+    make test-faults                  # the scenarios as tests, then the table
+    python -m tests.faults.suite      # the table alone (Markdown)
+
+Two families:
+
+- Collectives (tests/faults/collective_worker.py, 4 ranks as 2 emulated nodes of 2): rank 1
+  is SIGKILLed in a flat ring all-gather, in either level of a two-level plan, in an async
+  all-gather on the communicator's worker thread, or in the transport's own collective; for
+  the C++, Python and torch (gloo) executors. Launchers: `mpiexec` as users run it (it kills
+  the job when a rank dies), "mpiexec-unnoticed": mpiexec with each rank under a shell that
+  lingers after its rank was killed, so the launcher never learns of the death (as when a
+  node drops off the network): only pccl's own timeouts can end the job; and torchrun.
+- Training (shard-train through launch/local.sh, tiny model): a rank SIGKILLed at a
+  step's start, mid-backward with reductions in flight, mid-checkpoint-save (then
+  relaunched with RESTARTS=1) or as the data loads; a rank stopped (SIGSTOP, SIGCONT later):
+  the run goes on with the same losses and reports the straggler; a checkpoint save onto a
+  full disk (a small tmpfs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from pccl.util.mpirun import launcher
+from tests.support.mpirun import ROOT, job_env
+
+TIMEOUT = 2.0            # the communicators' timeout in every scenario, seconds
+SLACK = 30.0             # the issue's bound: every survivor ends within TIMEOUT + SLACK
+STARTUP = 30.0           # launching and importing on an oversubscribed 2-core machine
+RANKS, VICTIM = 4, 1
+TRAIN = ["model.width=64", "model.layers=2", "model.heads=2", "model.vocab=512", "train.seq_len=32",
+         "train.micro_batch=4", "train.global_batch_tokens=1024", "optim.warmup_steps=2", "optim.decay_steps=20",
+         "train.eval_interval=0", "train.eval_batches=1", "log.interval=1", "log.progress=false",
+         "data.documents=300", "data.vocab_size=512"]
+
+
+@dataclass
+class Outcome:
+    """What one scenario did."""
+    fault: str
+    place: str
+    executor: str
+    launcher: str
+    seconds: float = 0.0
+    exit_code: Optional[int] = None
+    hung: bool = False
+    reports: list = field(default_factory=list)   # the survivors' rank-R.json reports (collectives)
+    output: str = ""                              # the job's stdout and stderr
+    out_dir: Optional[Path] = None
+    summary: str = ""                             # the outcome in words, for the table
+
+    def row(self) -> str:
+        code = "-" if self.exit_code is None else str(self.exit_code)
+        return (f"| {self.fault} | {self.place} | {self.executor} | {self.launcher} | "
+                f"{'HANG' if self.hung else self.summary} | {self.seconds:.1f} | {code} |")
+
+
+def bounded(cmd: list[str], env: dict, limit: float) -> tuple[Optional[int], float, str, bool]:
+    """Run `cmd` in its own session; past `limit` seconds, kill the whole session (a hang).
+    Returns (exit code, seconds, output, hung)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=limit)
+        return proc.returncode, time.monotonic() - start, output, False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return None, time.monotonic() - start, output, True
+
+
+def collective(place: str, executor: str, how: str, out: Path) -> Outcome:
+    """Rank VICTIM SIGKILLed at `place` of a collective on `executor`, launched `how`
+    ("mpiexec", "mpiexec-unnoticed" or "torchrun")."""
+    out.mkdir(parents=True, exist_ok=True)
+    worker = [sys.executable, "-m", "tests.faults.collective_worker", "--executor", executor, "--place", place,
+              "--out", str(out), "--timeout", str(TIMEOUT), "--victim", str(VICTIM)]
+    if how == "mpiexec":
+        cmd = [*launcher(), "-n", str(RANKS), *worker]
+    elif how == "mpiexec-unnoticed":
+        # The killed rank's shell stays (exit status 137: SIGKILL), so mpiexec sees no rank
+        # end; the job's abort ends it.
+        cmd = [*launcher(), "-n", str(RANKS), "sh", "-c",
+               " ".join(worker) + "; code=$?; if [ $code = 137 ]; then sleep 3600; fi; exit $code"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}", *worker[1:]]
+    code, seconds, output, hung = bounded(cmd, job_env(), TIMEOUT + SLACK + STARTUP)
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+    o = Outcome("kill", place, executor, how, seconds, code, hung, reports, output, out)
+    raised = [r for r in reports if r["outcome"] == "raised"]
+    errors = sorted({r["error"] for r in raised})
+    aborted = RANKS - 1 - len(reports)
+    o.summary = (f"{len(raised)} raised {'/'.join(errors) or '-'}" if raised else "no survivor raised") + \
+        (f", {aborted} ended by the {'job' if how == UNNOTICED else 'launcher'}'s abort" if aborted else "")
+    if "did not complete within the timeout" in output:
+        o.summary += "; watchdog named the stuck call"
+    return o
+
+
+def training(fault: str, place: str, out: Path, *extra: str, restarts: int = 0, ranks: int = 2,
+             cache: Optional[Path] = None, timeout: float = TIMEOUT) -> Outcome:
+    """shard-train through launch/local.sh with SHARD_FAULTS=`fault` (empty: none), the
+    communicators' `timeout`, the data cache in `cache` (default: beside `out`)."""
+    run_env = dict(job_env(), SHARD_FAULTS=fault, NPROC=str(ranks), RANKS_PER_NODE="1", PYTHON=sys.executable,
+                   MODEL="", STRATEGY="zero3", RESTARTS=str(restarts))
+    cmd = ["bash", str(ROOT / "launch" / "local.sh"), f"train.out_dir={out}",
+           f"data.cache_dir={cache or out.parent / 'data'}", f"comm.timeout={timeout}", *TRAIN, *extra]
+    limit = (timeout + SLACK + STARTUP) * (restarts + 1) + 60
+    code, seconds, output, hung = bounded(cmd, run_env, limit)
+    return Outcome(fault.split("@")[0] if fault else "none", place, "cpp", "local.sh" + (
+        f" RESTARTS={restarts}" if restarts else ""), seconds, code, hung, [], output, out)
+
+
+def losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def mount_tmpfs(path: Path, nbytes: int) -> bool:
+    """A tmpfs of `nbytes` at `path` (root only); False where it cannot be mounted."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={nbytes}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def unmount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+PLACES = ("flat", "plan-intra", "plan-inter", "lane")
+UNNOTICED = "mpiexec-unnoticed"
+COLLECTIVES = [(place, executor, UNNOTICED) for executor in ("cpp", "python", "torch") for place in PLACES] + \
+    [("native", "cpp", UNNOTICED), ("native", "torch", UNNOTICED),
+     ("flat", "cpp", "mpiexec"), ("plan-inter", "torch", "torchrun")]
+TABLE_HEAD = ("| fault | place | executor | launcher | outcome | seconds | exit |\n"
+              "|---|---|---|---|---|---|---|")
+
+
+def main() -> None:
+    """Run the collective scenarios and print the table (the training ones run as tests)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        print(TABLE_HEAD)
+        for i, (place, executor, how) in enumerate(COLLECTIVES):
+            print(collective(place, executor, how, Path(tmp) / str(i)).row(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

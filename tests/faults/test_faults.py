@@ -1,0 +1,121 @@
+"""The fault-injection suite as tests (tests/faults/suite.py says what each scenario does);
+each outcome is a row of the table printed at the end of the run (conftest.py)."""
+import json
+import re
+
+import pytest
+
+from shard import checkpoint
+from tests.faults import suite
+from tests.faults.suite import COLLECTIVES, VICTIM, Outcome
+
+pytestmark = [pytest.mark.mpi, pytest.mark.faults]
+ROWS: list[Outcome] = []   # the table's rows, in run order (conftest.py prints them)
+
+
+def recorded(o: Outcome) -> Outcome:
+    ROWS.append(o)
+    assert not o.hung, f"the job was still running after {o.seconds:.0f} s (a hang):\n{o.output[-3000:]}"
+    return o
+
+
+def waits_on(message: str, rank: int) -> bool:
+    """Whether a pccl error says it was waiting on `rank` (as a peer or its world rank)."""
+    return re.search(rf"(receive from|send to)[^;]*\b(world rank )?{rank}\b", message) is not None
+
+
+@pytest.mark.parametrize("place,executor,how", COLLECTIVES, ids=["-".join(c) for c in COLLECTIVES])
+def test_a_killed_rank_ends_the_job_naming_the_collective_and_the_peer(place, executor, how, tmp_path):
+    o = recorded(suite.collective(place, executor, how, tmp_path))
+    assert o.exit_code != 0, o.output[-3000:]
+    assert all(r["rank"] != VICTIM for r in o.reports)
+    assert all(r["outcome"] == "raised" for r in o.reports), o.reports   # no survivor went on as if nothing happened
+    assert len(o.reports) <= suite.RANKS - 1
+    for r in o.reports:
+        assert r["error"] in ("CollectiveTimeout", "PeerLost"), r
+        assert "during all-gather (" in r["message"], r["message"]   # the collective, named
+        assert r["seconds"] <= suite.TIMEOUT + suite.SLACK, r
+        if place.startswith("plan-"):
+            assert re.search(r"the (intra|inter)-node level's all-gather \(ring", r["message"]), r["message"]
+    if how == "mpiexec-unnoticed":
+        if place == "native" and executor == "cpp":
+            # MPI's own blocking collective cannot be cancelled: the watchdog names it and aborts.
+            assert "MPI_Allgather did not complete within the timeout" in o.output, o.output[-3000:]
+        else:
+            assert o.reports, f"no surviving rank raised:\n{o.output[-3000:]}"
+        if place != "native":
+            # Some survivor waited on the dead rank itself (others wait on ranks that wait on it).
+            assert any(waits_on(r["message"], VICTIM) for r in o.reports), [r["message"] for r in o.reports]
+    elif how == "mpiexec":
+        assert "BAD TERMINATION" in o.output or "Killed" in o.output, o.output[-3000:]
+    else:
+        assert re.search(rf"rank\s*:\s*{VICTIM}\b.*\n.*SIGKILL", o.output) or "Signal 9" in o.output, o.output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run (6 steps, checkpoints every 2): its losses and snapshots."""
+    out = tmp_path_factory.mktemp("faults") / "reference"
+    o = recorded(suite.training("", "-", out, "train.steps=6", "train.checkpoint_interval=2"))
+    o.summary = "completed (the reference)"
+    assert o.exit_code == 0, o.output[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("fault,place", [("kill@3:1", "step start"), ("kill-backward@3:1", "backward (lane busy)"),
+                                         ("kill-data@0:1", "data loader start")])
+def test_a_killed_training_rank_fails_the_launch_quickly(fault, place, reference):
+    out = reference.parent / fault.replace("@", "-").replace(":", "-")
+    o = recorded(suite.training(fault, place, out, "train.steps=6", "train.checkpoint_interval=2"))
+    o.summary = "launcher abort"
+    assert o.exit_code not in (0, None), o.output[-3000:]
+    assert "BAD TERMINATION" in o.output or "Killed" in o.output, o.output[-3000:]
+
+
+def test_a_rank_killed_mid_save_keeps_the_previous_snapshot_and_the_relaunch_resumes_exactly(reference):
+    """kill-save@4: rank 1 dies after writing its files of step 4's snapshot, before the
+    manifest: LATEST still names step 2's snapshot, intact; RESTARTS=1 relaunches with
+    train.resume=auto, which resumes from step 2 and ends with the uninterrupted losses."""
+    out = reference.parent / "kill-save"
+    o = recorded(suite.training("kill-save@4:1", "checkpoint save", out, "train.steps=6", "train.checkpoint_interval=2",
+                          restarts=1))
+    o.summary = "relaunched, resumed exactly"
+    assert o.exit_code == 0, o.output[-3000:]
+    assert "restart 1 of 1" in o.output and "resumed at step 2 from snap-00000002-" in o.output, o.output[-3000:]
+    assert suite.losses(out) == suite.losses(reference)
+    assert [checkpoint.problems(s) for s in checkpoint.snapshots(out / "checkpoints")] == [None, None]
+
+
+def test_a_stopped_rank_is_reported_as_a_straggler_and_changes_nothing(reference):
+    out = reference.parent / "stop"
+    o = recorded(suite.training("stop@3:1:4", "step start", out, "train.steps=6", "train.checkpoint_interval=2",
+                          "train.straggler_seconds=2", timeout=30))   # stopped for less than the timeout
+    assert o.exit_code == 0, o.output[-3000:]
+    record = next(r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["step"] == 3)
+    straggler = record["straggler"]
+    o.summary = f"run completed, straggler rank {straggler['rank']} reported ({straggler['wait_s']:.1f} s)"
+    assert straggler["rank"] == 1 and straggler["waiter"] != 1 and straggler["wait_s"] >= 3, straggler
+    assert "all-gather" in straggler["operation"], straggler
+    assert "straggler at step 3: rank 1" in o.output
+    assert suite.losses(out) == suite.losses(reference)
+
+
+def test_a_full_disk_fails_the_save_clearly_and_keeps_the_previous_snapshot(reference, tmp_path):
+    """out_dir on a tmpfs that holds one snapshot and the run's logs, not two snapshots:
+    the second save fails on every rank with CheckpointSaveError, the first stays intact."""
+    snapshot = sum(f.stat().st_size for f in checkpoint.snapshots(reference / "checkpoints")[0].iterdir())
+    disk = tmp_path / "disk"
+    if not suite.mount_tmpfs(disk, int(snapshot * 1.6) + 64 * 1024):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        o = recorded(suite.training("", "checkpoint save", disk / "run", "train.steps=4", "train.checkpoint_interval=2",
+                              cache=reference.parent / "data"))
+        o.fault, o.summary = "full disk", "save failed clearly, previous snapshot intact"
+        assert o.exit_code != 0 and "CheckpointSaveError" in o.output, o.output[-3000:]
+        assert "No space left on device" in o.output, o.output[-3000:]
+        snaps = checkpoint.snapshots(disk / "run" / "checkpoints")
+        assert checkpoint.latest(disk / "run" / "checkpoints").name.startswith("snap-00000002-")
+        assert checkpoint.problems(checkpoint.latest(disk / "run" / "checkpoints")) is None
+        assert all(s.name.startswith("snap-00000002-") for s in snaps)   # the failed one was removed
+    finally:
+        suite.unmount(disk)
