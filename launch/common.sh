@@ -39,6 +39,47 @@ trainer_overrides() {
     add_override strategy "$STRATEGY" "$@"
     add_override comm "$COMM" "$@"
 }
+# With RESTARTS > 0, every attempt must find the same checkpoints: train.out_dir fixed to
+# $1 (unless the trainer's arguments, the rest, set it) and train.resume=auto (which they
+# must leave out), appended to `overrides`.
+restart_overrides() {
+    local out_dir=$1
+    shift
+    (( RESTARTS > 0 )) || return 0
+    [[ -n $out_dir ]] || has_override train.out_dir "$@" ||
+        die "RESTARTS needs one output directory for every attempt: give train.out_dir"
+    add_override train.out_dir "$out_dir" "$@"
+    has_override train.resume "$@" && die "RESTARTS sets train.resume=auto itself; leave train.resume out"
+    overrides+=(train.resume=auto)
+}
+# A Slurm job's overrides: train.out_dir fixed per job (runs/slurm-<job id>: the same when
+# Slurm requeues the job, as `sbatch --requeue` lets it after a node failure) and
+# train.resume=auto, so a requeued job continues from its newest intact checkpoint and a
+# new job starts fresh; each unless the trainer's arguments (the rest) set it. With RESTARTS
+# > 0 as restart_overrides.
+slurm_overrides() {
+    local out_dir="runs/slurm-${SLURM_JOB_ID:-$(date -u +%Y-%m-%d_%H-%M-%S)}"
+    restart_overrides "$out_dir" "$@"
+    (( RESTARTS > 0 )) && return 0
+    add_override train.out_dir "$out_dir" "$@"
+    has_override train.resume "$@" || overrides+=(train.resume=auto)
+}
+# Run the array `cmd`, relaunching it after a failure up to RESTARTS times (restart_overrides
+# made every attempt resume); exits with the last attempt's status.
+run_restarting() {
+    local attempt status
+    (( RESTARTS > 0 )) || exec "${cmd[@]}"
+    for (( attempt = 0; ; attempt++ )); do
+        status=0
+        "${cmd[@]}" || status=$?
+        (( status == 0 )) && exit 0
+        if (( attempt >= RESTARTS )); then
+            echo "$NAME: the run failed (exit $status) after $RESTARTS restart(s); giving up" >&2
+            exit "$status"
+        fi
+        echo "$NAME: the run failed (exit $status); restart $((attempt + 1)) of $RESTARTS with train.resume=auto" >&2
+    done
+}
 # A command line that a shell (or Python's shlex.split) reads back as the same words.
 quote_words() {
     local re='^[A-Za-z0-9_./:=,+@%-]+$' out=() a
@@ -71,3 +112,5 @@ load_modules() {
 
 DRY_RUN=${DRY_RUN:-0}
 [[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1, got '$DRY_RUN'"
+RESTARTS=${RESTARTS:-0}
+[[ $RESTARTS =~ ^[0-9]+$ ]] || die "RESTARTS must be an integer >= 0, got '$RESTARTS'"

@@ -36,7 +36,6 @@ STRATEGY=${STRATEGY-zero3}
 COMM=${COMM-pccl}
 DEVICE=${DEVICE-auto}
 MPIEXEC_ARGS=${MPIEXEC_ARGS:-}
-RESTARTS=${RESTARTS:-0}
 default_python "$ROOT"
 
 is_posint "$NPROC" || die "NPROC must be a positive integer, got '$NPROC'"
@@ -45,7 +44,6 @@ if [[ -n $RANKS_PER_NODE ]]; then
     (( NPROC % RANKS_PER_NODE == 0 )) ||
         die "NPROC ($NPROC) must be divisible by RANKS_PER_NODE ($RANKS_PER_NODE)"
 fi
-[[ $RESTARTS =~ ^[0-9]+$ ]] || die "RESTARTS must be an integer >= 0, got '$RESTARTS'"
 [[ -z $DEVICE || $DEVICE == auto || $DEVICE == cpu || $DEVICE == cuda ]] || die "DEVICE must be auto, cpu or cuda, got '$DEVICE'"
 PYTHON_PATH=$(command -v "$PYTHON") || die "PYTHON '$PYTHON' not found"
 
@@ -66,12 +64,7 @@ fi
 read -r -a extra <<< "$MPIEXEC_ARGS"
 
 trainer_overrides "$RANKS_PER_NODE" "$DEVICE" "$@"
-if (( RESTARTS > 0 )); then
-    # Every attempt must find the same checkpoints: one output directory, resumed from.
-    add_override train.out_dir "runs/$(date -u +%Y-%m-%d_%H-%M-%S)" "$@"
-    has_override train.resume "$@" && die "RESTARTS sets train.resume=auto itself; leave train.resume out"
-    overrides+=(train.resume=auto)
-fi
+restart_overrides "runs/$(date -u +%Y-%m-%d_%H-%M-%S)" "$@"
 
 cmd=("${launcher[@]}" "${extra[@]}" -n "$NPROC" "$PYTHON" -m shard.train "${overrides[@]}" "$@")
 
@@ -83,14 +76,4 @@ if [[ $DRY_RUN == 1 ]]; then
     quote_words "${cmd[@]}"
     exit 0
 fi
-(( RESTARTS > 0 )) || exec "${cmd[@]}"
-for (( attempt = 0; ; attempt++ )); do
-    status=0
-    "${cmd[@]}" || status=$?
-    (( status == 0 )) && exit 0
-    if (( attempt >= RESTARTS )); then
-        echo "$NAME: the run failed (exit $status) after $RESTARTS restart(s); giving up" >&2
-        exit "$status"
-    fi
-    echo "$NAME: the run failed (exit $status); restart $((attempt + 1)) of $RESTARTS with train.resume=auto" >&2
-done
+run_restarting

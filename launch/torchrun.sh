@@ -24,6 +24,10 @@
 #   TORCHRUN        torchrun command, split on spaces (default: the torchrun next to PYTHON,
 #                   else "PYTHON -m torch.distributed.run")
 #   TORCHRUN_ARGS   extra torchrun arguments, split on spaces (default none)
+#   RESTARTS        torchrun --max-restarts: after a rank fails, restart every rank up to this
+#                   many times, each with train.resume=auto in one train.out_dir (default
+#                   runs/slurm-<job id> under Slurm, a new runs/<date> on one node; give
+#                   train.out_dir for several nodes outside Slurm) (default 0)
 #   DRY_RUN         1: print the command line, run nothing (default 0)
 set -euo pipefail
 
@@ -82,6 +86,15 @@ fi
 read -r -a extra <<< "$TORCHRUN_ARGS"
 
 trainer_overrides "$NPROC_PER_NODE" "$DEVICE" "$@"
+if [[ -n ${SLURM_JOB_ID:-} ]]; then
+    restart_out="runs/slurm-$SLURM_JOB_ID"
+elif (( NNODES == 1 )); then
+    restart_out="runs/$(date -u +%Y-%m-%d_%H-%M-%S)"
+else
+    restart_out=""   # each node would pick its own
+fi
+restart_overrides "$restart_out" "$@"
+(( RESTARTS == 0 )) || extra+=(--max-restarts="$RESTARTS")
 
 cmd=("${torchrun[@]}" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --rdzv-backend=c10d
      --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$RDZV_ID" "${extra[@]}"

@@ -16,7 +16,7 @@ import os
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -27,8 +27,8 @@ import pccl
 from pccl.util.files import write_atomic
 from shard.models import GPT, GPTConfig
 
-from . import checkpoint, faults
-from .config import EngineConfig, OptimizerConfig
+from . import checkpoint, faults, preflight
+from .config import EngineConfig
 from .engine import Engine, StepResult
 from .lr_schedule import learning_rate
 from .run_log import RunLog
@@ -36,13 +36,9 @@ from .throughput import Throughput, peak_tflops
 
 CONFIGS = next(p for p in (Path(__file__).resolve().parents[1] / "configs",   # source tree, editable install
                            Path(__file__).resolve().parent / "configs") if p.is_dir())   # wheel
-MODEL_FIELDS = ("vocab", "context", "width", "layers", "heads", "tied", "positions", "bias")
 META_INIT_PARAMS = 10 ** 9    # meta_init=auto builds models above this size on the meta device
+ConfigError = preflight.ConfigError
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run, with what was expected."""
 
 
 def device_type(name: str, cuda_available: Callable[[], bool] = torch.cuda.is_available) -> str:
@@ -130,11 +126,6 @@ def _max(comm: pccl.Communicator, device: torch.device, values: list[float]) -> 
     return t.tolist()
 
 
-def model_config(m) -> GPTConfig:
-    """The preset with the fields the config sets (null keeps the preset's value)."""
-    return GPTConfig.preset(m.preset, **{k: m[k] for k in MODEL_FIELDS if m.get(k) is not None})
-
-
 def check_vocab(cfg: GPTConfig, tokenizer_vocab: int) -> None:
     if cfg.vocab < tokenizer_vocab:
         raise ConfigError(f"the tokenizer has {tokenizer_vocab} tokens but model.vocab is {cfg.vocab}; "
@@ -208,9 +199,15 @@ def _prepare_data(d, comm: pccl.Communicator, device: torch.device, vocab: int):
     if spec.get("vocab_size") is None:
         spec["vocab_size"] = vocab
     path = ""
-    if comm.rank == 0:   # one rank tokenizes (once: cached); the others read the result
-        path = str(prepare(spec, Path(d.cache_dir)).resolve())
-    return TokenData(_share(comm, device, path))
+    if comm.rank == 0:   # one rank tokenizes (once: cached); the others read the result, or its error
+        try:
+            path = str(prepare(spec, Path(d.cache_dir)).resolve())
+        except (OSError, ValueError, RuntimeError) as e:   # RuntimeError: sentencepiece's
+            path = f"!{type(e).__name__}: {e}"[:4000]   # a resolved path starts with "/"
+    path = _share(comm, device, path)
+    if path.startswith("!"):
+        raise ConfigError(f"preparing the data failed on rank 0: {path[1:]}")
+    return TokenData(path)
 
 
 def _restart_interval(engine: Engine, device: torch.device) -> float:
@@ -280,44 +277,28 @@ def setup(cfg) -> Run:
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     t = cfg.train
-    for name, value, low in (("train.steps", t.steps, 1), ("log.interval", cfg.log.interval, 1),
-                             ("train.micro_batch", t.micro_batch, 1), ("train.seq_len", t.seq_len, 1),
-                             ("train.eval_batches", t.eval_batches, 1), ("train.eval_interval", t.eval_interval, 0),
-                             ("train.checkpoint_interval", t.checkpoint_interval, 0),
-                             ("train.keep_checkpoints", t.keep_checkpoints, 1),
-                             ("train.straggler_seconds", t.straggler_seconds, 0),
-                             ("train.max_skipped_steps", 0 if t.max_skipped_steps is None else t.max_skipped_steps, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-    if t.resume not in (True, False, "auto"):
-        raise ConfigError(f"train.resume must be true, false or auto, got {t.resume!r}")
+    mcfg = preflight.check(resolved)   # every key, before anything starts
     device = _device(t.device)
-    settings = engine_config(resolved, _precision(t.precision, device))
+    settings = preflight.engine_config(resolved, _precision(t.precision, device))
     comm = _communicator(cfg.comm, device)
     # every rank fails alike, before any collective
     _, accumulation = global_batch(t.global_batch_tokens, t.accumulation, comm.size, t.micro_batch, t.seq_len)
     torch.set_num_threads(t.threads or (1 if comm.size > 1 else os.cpu_count() or 1))
     torch.manual_seed(t.seed)
     out_dir = Path(_share(comm, device, str(Path(str(t.out_dir)).resolve())))
-    if comm.rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    problem = ""
+    if comm.rank == 0:   # rank 0 writes the run's files: it checks, and every rank hears the outcome
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(out_dir / ".writable", b"")
+            (out_dir / ".writable").unlink()
+        except OSError as e:
+            problem = str(e)
+    problem = _share(comm, device, problem)
+    if problem:
+        raise ConfigError(f"train.out_dir={out_dir} cannot be written (on rank 0: {problem})")
     resolved["train"]["out_dir"] = str(out_dir)
-    mcfg = model_config(cfg.model)
-    if t.seq_len > mcfg.context:
-        raise ConfigError(f"train.seq_len={t.seq_len} exceeds the model's context of {mcfg.context}")
     return Run(cfg, resolved, device, comm, out_dir, accumulation, mcfg, settings)
-
-
-def engine_config(resolved: dict, precision: str) -> EngineConfig:
-    """The engine's settings from the resolved configuration: the strategy group (its name
-    is the strategy), the optimizer group's AdamW fields, comm.algorithm, comm.compression
-    and `precision`."""
-    strategy, optim = dict(resolved["strategy"]), resolved["optim"]
-    compression = resolved["comm"].get("compression") or {}
-    return EngineConfig(strategy=strategy.pop("name"), **strategy, precision=precision,
-                        algorithm=resolved["comm"]["algorithm"], compress_params=compression.get("params"),
-                        compress_grads=compression.get("grads"),
-                        optimizer=OptimizerConfig(**{f.name: optim[f.name] for f in fields(OptimizerConfig)}))
 
 
 def load_data(r: Run) -> None:

@@ -42,6 +42,7 @@ def _build(spec: dict, ident: dict, key: str, directory: Path) -> None:
     if spec["tokenizer"] is None:
         tokenizer.train(documents, spec["vocab_size"], model)
     else:
+        tokenizer.load(spec["tokenizer"])   # a damaged file is named as the user gave it
         write_atomic(model, Path(spec["tokenizer"]).read_bytes())
     counts = pack(documents, tokenizer.load(model), directory, spec["val_fraction"])
     # meta.json last: TokenData and _complete treat a directory without it as unfinished.

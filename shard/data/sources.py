@@ -42,6 +42,9 @@ def _file_documents(path: Path, field: str, hf_cache) -> Iterator[str]:
     import datasets
 
     suffix = path.suffix.lower()
+    size = path.stat().st_size
+    if size < 1 << 16 and not path.read_bytes().strip():   # datasets cannot infer a schema from nothing
+        raise ValueError(f"{path}: the file is empty (no documents)")
     if suffix in TEXT_SUFFIXES:
         ds = datasets.load_dataset("text", data_files=str(path), sample_by="paragraph", split="train",
                                    cache_dir=hf_cache)

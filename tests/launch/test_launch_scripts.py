@@ -143,7 +143,7 @@ def test_frontier_srun_line_and_environment():
     assert args[-len(USER):] == USER  # passed through unchanged, in order
     assert overrides(words) == {**dict(a.split("=", 1) for a in USER), "comm.ranks_per_node": "8",
                                      "train.device": "cuda", "model": "gpt_7b", "strategy": "paro-iig",
-                                     "comm": "pccl"}
+                                     "comm": "pccl", "train.resume": "auto"}
     # The paper's environment, exactly pccl.core.topology.FRONTIER_ENV, plus MPI's thread
     # safety, the NIC count and threads.
     assert {k: v for k, v in env.items() if k in FRONTIER_ENV} == FRONTIER_ENV
@@ -172,8 +172,10 @@ def test_frontier_parameters():
     assert opt(words, "-n") == "8" and opt(words, "--ntasks-per-node") == "4" and opt(words, "-c") == "14"
     assert words.index("--cpu-bind=verbose") + 1 == words.index("--exclusive") < words.index("-m")
     # An override among the arguments replaces the script's own (no duplicate keys for Hydra).
-    assert trainer_args(words) == ["comm.ranks_per_node=4", "train.device=cuda", "strategy=zero3",
-                                   "model=gpt_13b", "comm=torch"]
+    args = trainer_args(words)
+    assert args[:3] + args[-2:] == ["comm.ranks_per_node=4", "train.device=cuda", "strategy=zero3",
+                                    "model=gpt_13b", "comm=torch"]
+    assert args[3].startswith("train.out_dir=runs/slurm-") and args[4] == "train.resume=auto"   # no SLURM_JOB_ID
     assert env["OMP_NUM_THREADS"] == "3" and comments == []
 
 
@@ -215,6 +217,31 @@ def test_perlmutter_parameters_and_errors():
     fail(run("perlmutter.sbatch", SLURM_NNODES="3", GPU_BIND="single"), "GPU_BIND")
     fail(run("perlmutter.sbatch", SLURM_NNODES="3", RANKS_PER_NODE="8"), "RANKS_PER_NODE")
     fail(run("perlmutter.sbatch"), "sbatch -N")
+
+
+@pytest.mark.parametrize("script", ["frontier.sbatch", "perlmutter.sbatch"])
+def test_sbatch_jobs_resume_after_a_requeue_and_restart_srun(script, tmp_path):
+    """A job's output directory is runs/slurm-<job id>, the same when Slurm requeues it, and
+    it resumes (train.resume=auto) unless told otherwise; RESTARTS=N relaunches a failing
+    srun up to N times (a fake srun fails its first call)."""
+    o = overrides(parsed(run(script, SLURM_NNODES="2", SLURM_JOB_ID="4242"))[1])
+    assert (o["train.out_dir"], o["train.resume"]) == ("runs/slurm-4242", "auto")
+    o = overrides(parsed(run(script, "train.resume=false", "train.out_dir=mine", SLURM_NNODES="2",
+                             SLURM_JOB_ID="4242"))[1])
+    assert (o["train.out_dir"], o["train.resume"]) == ("mine", "false")
+    fail(run(script, "train.resume=true", SLURM_NNODES="2", RESTARTS="1"), "RESTARTS sets train.resume=auto")
+    fail(run(script, SLURM_NNODES="2", RESTARTS="x"), "RESTARTS must be an integer >= 0")
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    calls.write_text("0")
+    (bin_dir / "srun").write_text(f'#!/bin/bash\nn=$(( $(cat {calls}) + 1 )); echo $n > {calls}\n'
+                                  f'printf "%s\\n" "$@" >> {tmp_path / "argv"}\n(( n > 1 )) || exit 3\n')
+    (bin_dir / "srun").chmod(0o755)
+    proc = run(script, dry=False, SLURM_NNODES="2", SLURM_JOB_ID="4242", RESTARTS="1", MODULES="",
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert proc.returncode == 0 and calls.read_text().strip() == "2", proc.stderr
+    assert "restart 1 of 1 with train.resume=auto" in proc.stderr
+    assert (tmp_path / "argv").read_text().count("train.resume=auto") == 2
 
 
 # --- torchrun -------------------------------------------------------------------------
@@ -259,6 +286,20 @@ def test_torchrun_parameters(fake_scontrol):
     # One node outside Slurm: a local rendezvous.
     _, words, _ = parsed(run("torchrun.sh", NPROC_PER_NODE="2"))
     assert opt(words, "--nnodes") == "1" and opt(words, "--rdzv-endpoint") == "127.0.0.1:29500"
+
+
+def test_torchrun_restarts_every_rank_with_resume_auto(fake_scontrol):
+    path, _ = fake_scontrol
+    _, words, _ = parsed(run("torchrun.sh", NPROC_PER_NODE="2", RESTARTS="3"))
+    o = overrides(words)
+    assert opt(words, "--max-restarts") == "3" and o["train.resume"] == "auto"
+    assert o["train.out_dir"].startswith("runs/")
+    _, words, _ = parsed(run("torchrun.sh", SLURM_NNODES="4", SLURM_JOB_NODELIST="nid[001000-001003]",
+                             SLURM_JOB_ID="777", SLURM_GPUS_ON_NODE="8", RESTARTS="1", **path))
+    assert overrides(words)["train.out_dir"] == "runs/slurm-777"   # one directory for every node
+    assert "--max-restarts" not in " ".join(parsed(run("torchrun.sh", NPROC_PER_NODE="2"))[1])
+    fail(run("torchrun.sh", NNODES="2", MASTER_ADDR="node0", NPROC_PER_NODE="4", RESTARTS="1"),
+         "RESTARTS needs one output directory")
 
 
 @pytest.mark.parametrize("env, message", [

@@ -61,8 +61,41 @@ def test_nccl_waits_do_not_block_the_cpu_gloo_waits_time_out(recorded, backend, 
 
     calls = []
     executor = TorchP2PExecutor(dist.new_group([0], backend=backend), timeout=7)
-    executor._wait([Work()], "test")
+    executor._wait(lambda: [Work()], "test")
     assert calls == ([(executor.timeout,)] if timeout else [()])
+
+
+def test_a_broken_transport_names_the_peers_it_waited_on(recorded):
+    """gloo's errors: a timeout becomes CollectiveTimeout, a broken connection (at issue or
+    while waiting) PeerLost, both naming the pending peers; a bad argument at issue stays."""
+    from pccl.core.errors import CollectiveTimeout, PeerLost
+    from pccl.executors.torch_p2p import TorchP2PExecutor
+
+    class Failing:
+        def __init__(self, text):
+            self.text = text
+
+        def wait(self, *args):
+            raise RuntimeError(self.text)
+
+    executor = TorchP2PExecutor(dist.new_group([0], backend="gloo"), timeout=7)
+    pending = [(0, False), (0, True)]
+    with pytest.raises(PeerLost, match=r"step 3: the transport failed waiting to receive from 0; send to 0 .*"
+                                       r"Connection closed by peer"):
+        executor._wait(lambda: [Failing("Connection closed by peer [127.0.0.1]:99")], "step 3", pending)
+    with pytest.raises(CollectiveTimeout, match=r"step 3 timed out after 7 s waiting to receive from 0") as e:
+        executor._wait(lambda: [Failing("Timed out waiting 7000ms for recv operation")], "step 3", pending)
+    assert not isinstance(e.value, PeerLost)
+
+    def refused():
+        raise RuntimeError("Connection reset by peer")
+    with pytest.raises(PeerLost, match="Connection reset by peer"):
+        executor._wait(refused, "step 0", pending)
+
+    def bad_argument():
+        raise RuntimeError("tensors must be contiguous")
+    with pytest.raises(RuntimeError, match="^tensors must be contiguous$"):
+        executor._wait(bad_argument, "step 0", pending)
 
 
 def test_children_of_a_gloo_communicator_are_gloo(recorded):

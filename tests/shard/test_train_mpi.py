@@ -7,9 +7,12 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
+from shard import checkpoint
 from tests.support.mpirun import ROOT, job_env, mpiexec
 
 pytestmark = pytest.mark.mpi
@@ -81,19 +84,40 @@ def test_strategies_and_world_sizes_follow_one_trajectory(tmp_path_factory, cach
         assert losses == pytest.approx(reference, rel=1e-4), key
 
 
+def first_half(tmp_path_factory, cache) -> Path:
+    """A 2-rank ZeRO-3 run stopped after STEPS // 2 steps, with its final checkpoint (once)."""
+    if "first-half" not in RUNS:
+        out = tmp_path_factory.mktemp("first-half")
+        run = mpiexec(2, "-m shard.train", "strategy=zero3", "comm.ranks_per_node=1", f"train.out_dir={out}",
+                      f"data.cache_dir={cache}", f"train.steps={STEPS // 2}", *SMALL)
+        assert run.returncode == 0, run.stderr[-3000:]
+        RUNS["first-half"] = out
+    return RUNS["first-half"]
+
+
 def test_resume_continues_with_the_uninterrupted_losses(tmp_path_factory, cache):
     _, uninterrupted = train(tmp_path_factory, cache, "zero3-2", 2, "zero3")
-    first = tmp_path_factory.mktemp("first-half")
-    run = mpiexec(2, "-m shard.train", "strategy=zero3", "comm.ranks_per_node=1", f"train.out_dir={first}",
-                  f"data.cache_dir={cache}", f"train.steps={STEPS // 2}", *SMALL)
-    assert run.returncode == 0, run.stderr[-3000:]
     resumed = tmp_path_factory.mktemp("resumed") / "run"
-    shutil.copytree(first, resumed)
+    shutil.copytree(first_half(tmp_path_factory, cache), resumed)
     _, records = train(tmp_path_factory, cache, "resumed", 2, "zero3", "train.resume=true", out=resumed)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))   # the log continues, without repeats
     after = slice(STEPS // 2, None)
     assert [r["loss"] for r in records[after]] == [r["loss"] for r in uninterrupted[after]]   # exactly
     assert [r["grad_norm"] for r in records[after]] == [r["grad_norm"] for r in uninterrupted[after]]
+
+
+def test_resume_auto_on_another_world_size_and_strategy_continues_the_trajectory(tmp_path_factory, cache):
+    """The 2-rank ZeRO-3 checkpoint resumed by 4 ranks under PaRO-IIG (resharded on load):
+    the same step and data position, so the uninterrupted run's losses up to summation
+    order (as test_strategies_and_world_sizes_follow_one_trajectory)."""
+    _, uninterrupted = train(tmp_path_factory, cache, "zero3-2", 2, "zero3")
+    resumed = tmp_path_factory.mktemp("resharded") / "run"
+    shutil.copytree(first_half(tmp_path_factory, cache), resumed)
+    _, records = train(tmp_path_factory, cache, "resharded", 4, "paro-iig", "train.resume=auto", out=resumed)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    after = slice(STEPS // 2, None)
+    assert [r["loss"] for r in records[after]] == pytest.approx([r["loss"] for r in uninterrupted[after]], rel=1e-4)
+    assert "world: 4" in (resumed / "config.yaml").read_text()
 
 
 def test_meta_device_model_trains_exactly_as_an_eager_one(tmp_path_factory, cache):
@@ -102,23 +126,38 @@ def test_meta_device_model_trains_exactly_as_an_eager_one(tmp_path_factory, cach
     assert [r["loss"] for r in meta] == [r["loss"] for r in eager]
 
 
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("bad-input")
+    (d / "empty.txt").write_text("")
+    (d / "short.txt").write_text("hello world")
+    (d / "garbage.model").write_bytes(bytes(range(256)) * 8)
+    (d / "a-file").write_text("not a directory")
+    return d
+
+
 @pytest.mark.parametrize("override, message", [
     ("train.global_batch_tokens=1000", "not a multiple of world size"),
-    ("train.global_batch_tokens=0", "train.global_batch_tokens must be a positive integer, or null"),
-    ("train.accumulation=0 train.global_batch_tokens=null", "train.accumulation must be an integer >= 1"),
-    ("model.context=16", "exceeds the model's context"),
     ("model.vocab=100", "set model.vocab >= "),
     ("strategy.name=GNN", "Principle 1"),
-    ("log.interval=0", "log.interval must be an integer >= 1"),
-    ("train.resume=maybe", "train.resume must be true, false or auto, got 'maybe'"),
-    ("train.keep_checkpoints=0", "train.keep_checkpoints must be an integer >= 1"),
+    ("train.resume=maybe", "train.resume must be one of (True, False, 'auto'), got 'maybe'"),
+    ("data=text data.files=[{d}/empty.txt]", "empty.txt: the file is empty (no documents)"),
+    ("data=text data.files=[{d}/short.txt]", "need at least 2 documents"),
+    ("data.tokenizer={d}/garbage.model", "garbage.model is not a sentencepiece model"),
+    ("train.out_dir={d}/a-file/run", "cannot be written (on rank 0: [Errno 20] Not a directory"),
 ])
-def test_bad_configurations_fail_with_a_clear_message(tmp_path, cache, override, message):
-    cmd = [sys.executable, "-m", "shard.train", f"train.out_dir={tmp_path}", f"data.cache_dir={cache}", *SMALL,
-           *override.split()]
-    run = subprocess.run(cmd, env=dict(job_env(), HYDRA_FULL_ERROR="1"), capture_output=True, text=True,
-                         timeout=300, cwd=ROOT)
-    assert run.returncode != 0 and message in run.stderr, run.stderr[-2000:]
+def test_bad_input_fails_every_rank_clearly_and_leaves_nothing_to_misread(tmp_path, cache, bad_files, override,
+                                                                            message):
+    """2 ranks: each raises the same clear error (rank 0's data or output-directory failure is
+    shared with the others), the job ends without waiting out a timeout, and the output
+    directory holds nothing a later run would read (no checkpoint, no metrics)."""
+    out = tmp_path / "run"
+    small = [a for a in SMALL if not (override.startswith("data=text") and a.startswith("data.documents="))]
+    run = mpiexec(2, "-m shard.train", f"train.out_dir={out}", f"data.cache_dir={cache}", "comm.timeout=60",
+                  *small, *override.format(d=bad_files).split(), timeout=120)
+    raised = [line for line in run.stderr.splitlines() if "Error: " in line and message in line]
+    assert run.returncode != 0 and len(raised) == 2, run.stderr[-3000:]   # one from each rank
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
 
 
 def faulty_run(tmp_path, cache, monkeypatch, faults: str, *extra) -> tuple:
@@ -154,15 +193,22 @@ def test_too_many_skipped_steps_or_a_nan_loss_stop_the_run(tmp_path, cache, monk
     assert run.returncode != 0 and "TrainingError" in run.stderr and message in run.stderr, run.stderr[-3000:]
 
 
-def test_a_killed_rank_relaunched_with_resume_auto_ends_as_the_uninterrupted_run(tmp_path_factory, cache,
-                                                                                  monkeypatch):
-    """launch/local.sh RESTARTS=1: rank 1 is SIGKILLed at the start of step 4 (checkpoints
-    every 2 steps); the job fails, is relaunched with train.resume=auto, resumes from step
-    2's snapshot, and its losses equal the uninterrupted run's exactly."""
-    _, reference = train(tmp_path_factory, cache, "zero3-2", 2, "zero3")
+def snapshot_tensors(out: Path) -> dict:
+    """Every tensor of the latest checkpoint in `out`, by (file, unit, key)."""
+    snap = checkpoint.latest(out / "checkpoints")
+    return {(f.name, unit, key): value for f in sorted(snap.glob("shard-*.pt"))
+            for unit, state in torch.load(f).items() for key, value in state.items() if torch.is_tensor(value)}
+
+
+def test_a_killed_rank_relaunched_with_resume_auto_ends_as_the_uninterrupted_run(tmp_path_factory, cache):
+    """launch/local.sh RESTARTS=1, 4 ranks: rank 2 is SIGKILLed at the start of step 4
+    (checkpoints every 2 steps); the job fails, is relaunched with train.resume=auto,
+    resumes from step 2's snapshot, and its losses and final parameters and optimizer
+    state equal the uninterrupted run's exactly."""
+    reference_out, reference = train(tmp_path_factory, cache, "zero3-4", 4, "zero3")
     out = tmp_path_factory.mktemp("killed") / "run"
     small = [a for a in SMALL if not a.startswith("train.checkpoint_interval=")]
-    env = dict(job_env(), SHARD_FAULTS="kill@4:1", RESTARTS="1", NPROC="2", RANKS_PER_NODE="1",
+    env = dict(job_env(), SHARD_FAULTS="kill@4:2", RESTARTS="1", NPROC="4", RANKS_PER_NODE="2",
                PYTHON=sys.executable, MODEL="", STRATEGY="zero3")
     run = subprocess.run(["bash", str(ROOT / "launch" / "local.sh"), f"train.out_dir={out}", f"data.cache_dir={cache}",
                           f"train.steps={STEPS}", "train.checkpoint_interval=2", *small],
@@ -173,3 +219,6 @@ def test_a_killed_rank_relaunched_with_resume_auto_ends_as_the_uninterrupted_run
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in records] == [r["loss"] for r in reference]
+    mine, theirs = snapshot_tensors(out), snapshot_tensors(reference_out)
+    assert mine.keys() == theirs.keys() and len(mine) > 0
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine), [k for k in mine if not torch.equal(mine[k], theirs[k])]

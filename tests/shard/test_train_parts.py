@@ -205,13 +205,16 @@ class _Ranks:
     """A stand-in communicator: this rank's tensors meet `others`, the other ranks' values
     of each all-reduce in call order; records the ops issued."""
 
+    rank, size = 0, 2
+
     def __init__(self, *others):
         self.others, self.ops = list(others), []
 
     def all_reduce(self, t, op="sum"):
         self.ops.append(op)
         values = torch.stack([t, torch.tensor(self.others.pop(0), dtype=t.dtype)])
-        t.copy_({"max": values.max(0).values, "avg": values.mean(0)}[op])
+        reduce = {"max": lambda: values.max(0).values, "avg": lambda: values.mean(0), "sum": lambda: values.sum(0)}
+        t.copy_(reduce[op]())
 
 
 def test_max_over_ranks():
@@ -234,10 +237,34 @@ def test_interval_record_has_the_largest_ranks_peak_memory():
                         engine=SimpleNamespace(lr=1e-3, skipped_steps=0,
                                                comm_report=lambda reset: {"exposed_s": 0.0, "busy_s": {}}),
                         log=SimpleNamespace(log=logged.append), batches=SimpleNamespace(epoch=0))
+    train.straggler_seconds = 0
     result = StepResult(grad_norm=1.0, skipped=False, loss_scale=1.0)
     log_interval(r, result, [torch.tensor(1.0)] * 2, 0.0, False)
     assert comm.ops == ["avg", "max"]
-    assert logged[0]["loss"] == 2.0 and logged[0]["peak_memory_gb"] == 1000.0
+    assert logged[0]["loss"] == 2.0 and logged[0]["peak_memory_gb"] == 1000.0 and logged[0]["straggler"] is None
+
+
+def test_a_straggler_is_the_rank_the_others_waited_for():
+    """Rank 0 waited 3.5 s for one all-gather; rank 1 hardly waited at all: rank 1 is the
+    straggler, named with rank 0's operation (shared from rank 0, the waiter)."""
+    from types import SimpleNamespace
+
+    from shard.train import find_straggler
+
+    operation = "gather: all-gather of blocks.0's parameters (forward)"
+    report = {"longest_wait_s": 3.5, "exposed_s": 3.6, "longest_wait": operation}
+
+    def run(limit, *others):
+        comm = _Ranks(*others)
+        r = SimpleNamespace(comm=comm, device=torch.device("cpu"),
+                            cfg=SimpleNamespace(train=SimpleNamespace(straggler_seconds=limit)))
+        return find_straggler(r, report), comm.ops
+
+    other = [0.0, 0.01, 0.0, 0.02]   # rank 1's slots of [longest waits..., exposed...]
+    assert run(2, other, [0] * 4096) == ({"rank": 1, "waiter": 0, "operation": operation, "wait_s": 3.5},
+                                         ["sum", "sum"])
+    assert run(5, other) == (None, ["sum"])   # under the threshold: nothing shared
+    assert run(0) == (None, [])               # off: not even the table
 
 
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),

@@ -1,0 +1,109 @@
+"""Every key of configs/, in every option of every group, tried with bad values (a wrong
+type, a negative or zero number, an unknown choice): shard.preflight.check refuses each
+with a ConfigError naming the key, from the configuration alone (no communicator, no file
+written: it runs first in shard-train, on every rank alike). The bad values come from
+each key's default by rule; the tables below list only the exceptions, and every key must
+be covered."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from shard import preflight
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir())
+# Keys for which zero, or a negative number, is a valid value.
+ZERO_VALID = {"train.seed", "train.eval_interval", "train.checkpoint_interval", "train.max_skipped_steps",
+              "train.straggler_seconds", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay",
+              "strategy.prefetch", "strategy.min_shard_numel", "data.seed"}
+NEGATIVE_VALID = {"data.seed"}   # any integer seeds the synthetic corpus
+FREE_TEXT = {"train.out_dir", "comm.name", "log.wandb.project", "data.cache_dir", "data.field", "data.name",
+             "data.split", "model.preset"}   # any string goes (model.preset: an unknown one is below)
+# Keys whose default is null, so no rule can derive their bad values.
+NULL_DEFAULTS = {
+    **{f"model.{k}": ["x", 0, -1] for k in ("vocab", "context", "width", "layers", "heads")},
+    "model.tied": ["x"], "model.bias": ["x"], "model.positions": ["sideways"],
+    "train.global_batch_tokens": ["x", 0, -1], "train.max_skipped_steps": ["x", -1], "train.peak_tflops": ["x", 0],
+    "train.threads": ["x", 0], "comm.intra": ["carrier-pigeon"], "comm.inter": ["carrier-pigeon"],
+    "comm.ranks_per_node": ["x", 0], "comm.nics_per_node": ["x", 0], "comm.compression.params": ["int7", 3],
+    "comm.compression.grads": ["int7", 3], "optim.decay_steps": ["x", 0], "strategy.group_size": ["x", 0],
+    "strategy.prefetch_bytes": ["x", 0], "data.tokenizer": [3], "data.vocab_size": ["x", 10],
+    "data.config": [3], "log.wandb.entity": [3], "log.wandb.name": [3],
+}
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+def composed(overrides: list[str]) -> dict:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+
+
+def leaves(node: dict, prefix: str = ""):
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and not path == "comm.algorithm":
+            yield from leaves(value, path + ".")
+        else:
+            yield path, value
+
+
+def bad_values(path: str, value) -> list:
+    """What must fail at `path`, from its (valid) default `value`."""
+    if value is None:
+        return NULL_DEFAULTS[path]
+    if isinstance(value, bool):
+        return ["yes", 2]
+    if isinstance(value, (int, float)):
+        bad = ["x"] + ([] if path in NEGATIVE_VALID else [-1]) + ([] if path in ZERO_VALID else [0])
+        return bad
+    if isinstance(value, str):
+        return [3] + ([] if path in FREE_TEXT else ["no-such-choice"])
+    if isinstance(value, list):
+        return ["x", []]
+    raise AssertionError(f"{path}: no rule for a {type(value).__name__} default")
+
+
+def with_value(resolved: dict, path: str, value) -> dict:
+    bad = copy.deepcopy(resolved)
+    node = bad
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    return bad
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_every_key_of_every_option_refuses_bad_values_naming_the_key(group, option, tmp_path):
+    extra = [f"data.files=[{tmp_path / 'corpus.txt'}]"] if (group, option) == ("data", "text") else []
+    resolved = composed([f"{group}={option}", *extra])
+    assert preflight.check(resolved) is not None   # the option itself is valid
+    missed = []
+    for path, value in leaves(resolved):
+        for bad in bad_values(path, value):
+            try:
+                preflight.check(with_value(resolved, path, bad))
+                missed.append(f"{path}={bad!r}: accepted")
+            except preflight.ConfigError as e:
+                if path.rsplit(".", 1)[-1] not in str(e):
+                    missed.append(f"{path}={bad!r}: the error does not name the key: {e}")
+    assert not missed, "\n".join(missed)
+
+
+def test_cross_key_checks():
+    resolved = composed([])
+    for path, value, words in (("train.seq_len", 10 ** 6, "exceeds the model's context"),
+                               ("optim.min_lr", 1.0, "must not exceed optim.lr"),
+                               ("comm.algorithm", {"all_gather": "ring", "broadcast": "ring"}, "unknown collective"),
+                               ("model.preset", "gpt_9000", "unknown model preset")):
+        with pytest.raises(preflight.ConfigError, match=words):
+            preflight.check(with_value(resolved, path, value))
