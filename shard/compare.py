@@ -40,6 +40,8 @@ import sys
 import time
 from pathlib import Path
 
+from pccl.util.args import at_least
+
 COMMS = {"native": "native", "pccl": "auto", "hierarchical": "hierarchical", "ho_ring": "ho_ring"}
 LR, BETAS, EPS = 1e-3, (0.9, 0.95), 1e-8
 # Losses of runs doing the same math in fp32 differ only by rounding (sums in another
@@ -54,28 +56,31 @@ def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="shard-compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", default="fsdp2,fsdp2-pccl,zero3-native,zero3-pccl",
                     help="comma-separated: fsdp2, fsdp2-pccl, deepspeed-zero3, STRATEGY-COMM[+CODEC]")
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--ranks-per-node", type=int, default=None, help="emulated nodes of consecutive ranks")
+    ap.add_argument("--ranks", type=at_least(1), default=2)
+    ap.add_argument("--ranks-per-node", type=at_least(1), default=None, help="emulated nodes of consecutive ranks")
     ap.add_argument("--nodes", type=nodes, default=None, metavar="NxM",
                     help="N emulated nodes of M ranks (launch/emulate: network namespaces, links at --rate); "
                          "sets --ranks and --ranks-per-node")
     ap.add_argument("--rate", default="1gbit", help="with --nodes: each node's link, each direction (tc units)")
     ap.add_argument("--model", default="tiny", help="a preset of shard.models")
     for field in ("width", "layers", "heads", "vocab"):
-        ap.add_argument(f"--{field}", type=int, default=None, help=f"the preset's {field}, overridden")
-    ap.add_argument("--steps", type=int, default=10, help="steps, warm-up included")
-    ap.add_argument("--warmup", type=int, default=None, help="steps left out of the timing (default: a third)")
-    ap.add_argument("--batch", type=int, default=4, help="sequences per rank and micro-batch")
-    ap.add_argument("--micro", type=int, default=1, help="micro-batches per step (gradient accumulation)")
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--launches", type=int, default=1,
+        ap.add_argument(f"--{field}", type=at_least(1), default=None, help=f"the preset's {field}, overridden")
+    ap.add_argument("--steps", type=at_least(2), default=10, help="steps, warm-up included")
+    ap.add_argument("--warmup", type=at_least(0), default=None, help="steps left out of the timing (default: a third)")
+    ap.add_argument("--batch", type=at_least(1), default=4, help="sequences per rank and micro-batch")
+    ap.add_argument("--micro", type=at_least(1), default=1, help="micro-batches per step (gradient accumulation)")
+    ap.add_argument("--seq", type=at_least(1), default=128)
+    ap.add_argument("--launches", type=at_least(1), default=1,
                     help="launches per run; the one with the median tokens/s is reported, with all of them")
     ap.add_argument("--out", default="compare-results")
     ap.add_argument("--predict", metavar="PROFILE", default=None,
                     help="also predict each engine run's step (shard/predict.py) with this machine profile and "
                          "the compute time measured here by a compute-only launch")
     ap.add_argument("--worker", help=argparse.SUPPRESS)   # the run, inside its mpiexec launch
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.warmup is not None and args.warmup >= args.steps:
+        ap.error(f"--warmup ({args.warmup}) must leave timed steps out of --steps ({args.steps})")
+    return args
 
 
 def nodes(text: str) -> tuple[int, int]:

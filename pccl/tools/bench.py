@@ -25,6 +25,7 @@ from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DATATYPES, OPS
 from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
 from pccl.tuning.calibrate import calibrate
+from pccl.util.args import at_least
 from pccl.util.files import write_atomic
 from pccl.util.sizes import parse_size
 
@@ -359,9 +360,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add = parser.add_argument
     add("-b", "--minbytes", type=size_arg, default=parse_size("32M"), help="smallest buffer (K/M/G suffixes)")
     add("-e", "--maxbytes", type=size_arg, default=parse_size("32M"), help="largest buffer")
-    add("-f", "--stepfactor", type=int, default=2, help="multiply the size by this between rows")
-    add("-n", "--iters", type=int, default=20, help="timed calls per loop")
-    add("-w", "--warmup_iters", type=int, default=5, help="untimed calls first")
+    add("-f", "--stepfactor", type=at_least(2), default=2, help="multiply the size by this between rows")
+    add("-n", "--iters", type=at_least(1), default=20, help="timed calls per loop")
+    add("-w", "--warmup_iters", type=at_least(0), default=5, help="untimed calls first")
     add("-c", "--check", type=int, choices=(0, 1), default=1, help="check correctness")
     add("-d", "--datatype", choices=tuple(DATATYPES), default="float")
     add("-o", "--op", choices=tuple(OPS), default="sum", help="reduction (reduce_scatter, all_reduce)")
@@ -369,12 +370,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("--algorithms", type=comma_list(ALL_NAMES + PLANS), default=None,
         help="default: every algorithm of each collective, plus native and auto, plus the "
              "two-level plans when there are several nodes of several ranks")
-    add("--ranks-per-node", type=int, default=None,
+    add("--ranks-per-node", type=at_least(1), default=None,
         help="treat consecutive groups of this many ranks as nodes (default: detected)")
     add("--intra", choices=("mpi", "gloo"), default=None, help="transport of the intra-node level (MPI executors)")
     add("--inter", choices=("mpi", "gloo"), default=None, help="transport of the inter-node level (MPI executors)")
     add("--executors", type=comma_list(EXECUTORS), default=list(EXECUTORS))
-    add("--repeats", type=int, default=1, help="timed loops; the median is reported")
+    add("--repeats", type=at_least(1), default=1, help="timed loops; the median is reported")
     add("--compression", type=codec_list, default=[],
         help="codecs (int8, bf16, fp16, zfp:RATE) to add rows for: each algorithm (not native) again with "
              "compression, with its max and RMS error against the exact result")
@@ -384,10 +385,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
              "two or more nodes) and write it to PATH, for PCCL_PROFILE and pccl-sim --profile")
     add("--profile-name", default="calibrated", help="the name written into a calibrated profile")
     args = parser.parse_args(argv)
-    if args.stepfactor < 2:
-        parser.error("--stepfactor must be at least 2")
-    if min(args.iters, args.repeats) < 1 or args.warmup_iters < 0:
-        parser.error("--iters and --repeats must be >= 1, --warmup_iters >= 0")
+    if args.minbytes > args.maxbytes:
+        parser.error(f"--minbytes ({args.minbytes}) must not exceed --maxbytes ({args.maxbytes})")
     if args.op == "avg" and not DATATYPES[args.datatype].is_floating_point:
         parser.error(f"op avg needs a floating-point datatype, got {args.datatype}")
     return args

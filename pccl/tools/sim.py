@@ -31,6 +31,7 @@ from pccl.core.collectives import COLLECTIVES
 from pccl.core.topology import Topology, TopologyError
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.selection import Tuner
+from pccl.util.args import at_least
 from pccl.util.files import write_atomic
 from pccl.util.sizes import parse_size, size_label
 
@@ -157,8 +158,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("--collective", choices=COLLECTIVES, default="all_gather")
     add("--ranks", default="2048", help="ranks: a number, a comma list, or a doubling range a:b")
     add("--size", default="16M", help="buffer bytes (K/M/G): a size, a comma list, or a doubling range a:b")
-    add("--ranks-per-node", type=int, default=None, help="override the profile's node shape")
-    add("--nics-per-node", type=int, default=None, help="override the profile's NICs per node")
+    add("--ranks-per-node", type=at_least(1), default=None, help="override the profile's node shape")
+    add("--nics-per-node", type=at_least(1), default=None, help="override the profile's NICs per node")
     add("--baseline", default="ring", help="the algorithm speedups are measured against")
     add("--target", default="hierarchical", help="the heatmap's algorithm ('auto': the model's choice)")
     add("--heatmap", metavar="PREFIX", default=None, help="write PREFIX.csv and PREFIX.png")

@@ -1,0 +1,79 @@
+"""Bad flags of every command-line tool (pccl-bench, pccl-sim, shard-compare), table-driven:
+each is refused by the argument parser, before any MPI job, measurement or launch, with
+a message naming the flag and what was expected."""
+from __future__ import annotations
+
+import pytest
+
+from pccl.tools import bench, sim
+from shard import compare
+
+TOOLS = {"pccl-bench": bench.parse_args, "pccl-sim": sim.parse_args, "shard-compare": compare.parse}
+CASES = [
+    ("pccl-bench", ["-b", "12Q"], "size must be"),
+    ("pccl-bench", ["-b", "4M", "-e", "1M"], "--minbytes (4194304) must not exceed --maxbytes"),
+    ("pccl-bench", ["-f", "1"], "expected an integer >= 2, got 1"),
+    ("pccl-bench", ["-n", "0"], "expected an integer >= 1, got 0"),
+    ("pccl-bench", ["-n", "x"], "expected an integer >= 1, got 'x'"),
+    ("pccl-bench", ["-w", "-1"], "expected an integer >= 0, got -1"),
+    ("pccl-bench", ["--repeats", "0"], "expected an integer >= 1"),
+    ("pccl-bench", ["--ranks-per-node", "0"], "expected an integer >= 1"),
+    ("pccl-bench", ["-c", "2"], "invalid choice"),
+    ("pccl-bench", ["-d", "complex"], "invalid choice"),
+    ("pccl-bench", ["-d", "int32", "-o", "avg"], "op avg needs a floating-point datatype"),
+    ("pccl-bench", ["--collectives", "broadcast"], "broadcast"),
+    ("pccl-bench", ["--algorithms", "rign"], "rign"),
+    ("pccl-bench", ["--executors", "fortran"], "fortran"),
+    ("pccl-bench", ["--compression", "int7"], "int7"),
+    ("pccl-bench", ["--intra", "smoke"], "invalid choice"),
+    ("pccl-sim", ["--profile", "nowhere"], "no profile 'nowhere'"),
+    ("pccl-sim", ["--size", "0"], "--size must be positive"),
+    ("pccl-sim", ["--ranks", "0"], "--ranks must be positive"),
+    ("pccl-sim", ["--ranks", "x"], "x"),
+    ("pccl-sim", ["--ranks-per-node", "0"], "expected an integer >= 1"),
+    ("pccl-sim", ["--nics-per-node", "-2"], "expected an integer >= 1"),
+    ("pccl-sim", ["--collective", "gossip"], "invalid choice"),
+    ("pccl-sim", ["--compression", "int7"], "int7"),
+    ("shard-compare", ["--ranks", "0"], "expected an integer >= 1, got 0"),
+    ("shard-compare", ["--ranks-per-node", "x"], "expected an integer >= 1, got 'x'"),
+    ("shard-compare", ["--nodes", "2x0"], "nodes and ranks per node must be >= 1"),
+    ("shard-compare", ["--nodes", "two"], "expected NxM"),
+    ("shard-compare", ["--steps", "1"], "expected an integer >= 2, got 1"),
+    ("shard-compare", ["--steps", "4", "--warmup", "4"], "--warmup (4) must leave timed steps"),
+    ("shard-compare", ["--batch", "0"], "expected an integer >= 1"),
+    ("shard-compare", ["--micro", "-1"], "expected an integer >= 1"),
+    ("shard-compare", ["--seq", "0"], "expected an integer >= 1"),
+    ("shard-compare", ["--launches", "0"], "expected an integer >= 1"),
+    ("shard-compare", ["--width", "0"], "expected an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize("tool,argv,message", CASES, ids=[f"{t} {' '.join(a)}" for t, a, _ in CASES])
+def test_bad_flags_are_refused_before_anything_runs(tool, argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        TOOLS[tool](argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_every_numeric_flag_is_in_the_table():
+    """Each tool's int-typed flags have a bound (at_least), so none takes a negative or zero
+    count silently."""
+    import argparse
+
+    for tool, parse in TOOLS.items():
+        parser = None
+
+        def capture(self, *a, **k):
+            nonlocal parser
+            parser = self
+            raise SystemExit(0)
+        original = argparse.ArgumentParser.parse_args
+        argparse.ArgumentParser.parse_args = capture
+        try:
+            with pytest.raises(SystemExit):
+                parse([])
+        finally:
+            argparse.ArgumentParser.parse_args = original
+        unbounded = [a.option_strings for a in parser._actions if a.type is int and a.choices is None]
+        assert unbounded == [], f"{tool}: int flags without a bound: {unbounded}"
