@@ -1,0 +1,79 @@
+"""Checkpoint save and load time, and what the manifest's checksums cost (issue: verified
+checkpoints). Under mpiexec, one model and strategy per launch:
+
+    mpiexec -n 4 python -m shard.checkpoint_bench --model gpt_125m --repeats 5 --dir /tmp/ckpt
+
+Per repeat: engine.save() (writing every rank's shard, hashing it, the manifest), then
+engine.load() (rank 0 verifies every file against the manifest, then each rank reads what
+it needs). Measured apart in the same run: the hashing alone (each rank's SHA-256 of its
+own files) and the verification alone (rank 0 re-hashing every file), so "without the
+manifest" is the same save and load less those. Medians over repeats, the slowest rank.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from pccl.util.args import at_least
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="checkpoint_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny", help="a preset of shard.models")
+    ap.add_argument("--strategy", default="zero3")
+    ap.add_argument("--repeats", type=at_least(1), default=5)
+    ap.add_argument("--dir", default="checkpoint-bench", help="where the snapshots go (removed at the end)")
+    args = ap.parse_args(argv)
+
+    import pccl
+    from shard import Engine, checkpoint
+    from shard.models import GPT, GPTConfig
+
+    torch.set_num_threads(1)
+    comm = pccl.init()
+    engine = Engine(GPT(GPTConfig.preset(args.model)), comm, strategy=args.strategy)
+    root = Path(args.dir)
+    rows = {"save_s": [], "load_s": [], "hash_s": [], "verify_s": []}
+
+    def slowest(seconds: float) -> float:
+        t = torch.tensor([seconds], dtype=torch.float64)
+        comm.all_reduce(t, op="max")
+        return t.item()
+
+    for _ in range(args.repeats):
+        engine.barrier()
+        start = time.perf_counter()
+        engine.save(root, extra={"step": 0}, keep=1)
+        rows["save_s"].append(slowest(time.perf_counter() - start))
+        snap = checkpoint.latest(root)
+        start = time.perf_counter()
+        for f in snap.glob(f"shard-{comm.rank}.pt"):
+            checkpoint._digest(f)
+        rows["hash_s"].append(slowest(time.perf_counter() - start))
+        start = time.perf_counter()
+        if comm.rank == 0:
+            assert checkpoint.problems(snap) is None
+        rows["verify_s"].append(slowest(time.perf_counter() - start))
+        engine.barrier()
+        start = time.perf_counter()
+        engine.load(root)
+        rows["load_s"].append(slowest(time.perf_counter() - start))
+    if comm.rank == 0:
+        nbytes = sum(f.stat().st_size for f in checkpoint.latest(root).iterdir())
+        median = {k: statistics.median(v) for k, v in rows.items()}
+        print(json.dumps({"model": args.model, "strategy": args.strategy, "ranks": comm.size, "bytes": nbytes,
+                          "repeats": args.repeats, **{k: round(v, 4) for k, v in median.items()},
+                          "save_without_manifest_s": round(median["save_s"] - median["hash_s"], 4),
+                          "load_without_manifest_s": round(median["load_s"] - median["verify_s"], 4)}))
+        shutil.rmtree(root, ignore_errors=True)
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
