@@ -18,6 +18,7 @@ _EXPORTS = {
     "DEFAULT_TIMEOUT": "pccl.runtime.communicator",
     "Work": "pccl.runtime.work",
     "CollectiveTimeout": "pccl.core.errors",
+    "PeerLost": "pccl.core.errors",
     "Topology": "pccl.core.topology",
     "TopologyError": "pccl.core.topology",
     "MACHINES": "pccl.core.topology",

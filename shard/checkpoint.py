@@ -178,9 +178,11 @@ def _agree_written(engine, root: Path, snap: Path, problem: Optional[OSError], w
                               f"saving checkpoint {snap.name} failed writing {what} on {failed} rank(s){why}; {intact}")
 
 
-def problems(snap: Path) -> Optional[str]:
+def problems(snap: Path, part: tuple[int, int] = (0, 1)) -> Optional[str]:
     """What is wrong with snapshot `snap` (a missing or unreadable manifest, a file missing,
-    truncated or corrupted against it), or None when it is intact. Reads every file."""
+    truncated or corrupted against it), or None when it is intact. Reads every file, or
+    with part=(index, count) the manifest and every count-th file from the index-th (the
+    share of one of `count` ranks checking together)."""
     try:
         meta = json.loads((snap / "meta.json").read_text())
     except FileNotFoundError:
@@ -190,7 +192,8 @@ def problems(snap: Path) -> Optional[str]:
     if meta.get("format") not in READABLE:
         return f"{snap / 'meta.json'}: checkpoint format {meta.get('format')!r}, expected one of {READABLE}"
     files = meta["files"] if isinstance(meta["files"], dict) else dict.fromkeys(meta["files"])
-    for name, expected in files.items():
+    index, count = part
+    for name, expected in sorted(files.items())[index::count]:
         path = snap / name
         if not path.is_file():
             return f"{path} is missing"
@@ -214,29 +217,27 @@ def latest(path) -> Path:
 
 
 def choose(engine, path, fallback: bool) -> tuple[Path, list[str]]:
-    """The snapshot to load, checked by rank 0 and agreed by every rank (collective): the
-    one LATEST names, or with `fallback` the newest intact one; and the snapshots skipped,
-    with why. Raises CheckpointError on every rank when there is none to load."""
-    root, found, skipped = Path(path), None, []
-    if engine.layout.rank == 0:
-        candidates = snapshots(root) if fallback else [latest(root)] if (root / "LATEST").is_file() else []
-        for index, snap in enumerate(candidates):
-            problem = problems(snap)
-            if problem is None:
-                found = index
-                break
-            skipped.append(f"{snap.name}: {problem}")
-    choice = engine.agree(-1 if found is None else found)
-    if choice < 0:
-        if engine.layout.rank != 0:
-            raise CheckpointError(f"no checkpoint to load at {root}: rank 0 found none intact (see its error)")
-        if skipped:
-            raise CheckpointError(f"no intact checkpoint under {root}{' to fall back to' if fallback else ''}: "
-                                  + "; ".join(skipped))
-        raise CheckpointError(f"no checkpoint at {root}: " +
-                              ("it holds no snapshot" if fallback else f"{root / 'LATEST'} is missing"))
-    snap = snapshots(root)[choice] if fallback else latest(root)
-    return snap, skipped
+    """The snapshot to load: the one LATEST names, or with `fallback` the newest intact one;
+    and the snapshots skipped, with why. Every rank checks its share of each candidate's
+    files (hashing runs on all ranks at once) and the ranks agree on the outcome
+    (collective). Raises CheckpointError on every rank when there is none to load."""
+    root, skipped = Path(path), []
+    rank, world = engine.layout.rank, engine.layout.world
+    candidates = snapshots(root) if fallback else [latest(root)] if (root / "LATEST").is_file() else []
+    for i in range(engine.agree(len(candidates))):   # rank 0's list decides
+        snap = candidates[i] if i < len(candidates) else None
+        mine = problems(snap, (rank, world)) if snap is not None else "this rank does not see it"
+        if not engine.total(int(mine is not None)):
+            return snap, skipped
+        if rank == 0:   # the failure path: rank 0 words it, from its own view when it found nothing
+            skipped.append(f"{snap.name}: {mine or problems(snap) or 'damaged, as another rank found'}")
+    if rank != 0:
+        raise CheckpointError(f"no checkpoint to load at {root}: rank 0 found none intact (see its error)")
+    if skipped:
+        raise CheckpointError(f"no intact checkpoint under {root}{' to fall back to' if fallback else ''}: "
+                              + "; ".join(skipped))
+    raise CheckpointError(f"no checkpoint at {root}: " +
+                          ("it holds no snapshot" if fallback else f"{root / 'LATEST'} is missing"))
 
 
 def _check_model(state: dict, meta: dict) -> None:
