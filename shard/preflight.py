@@ -99,7 +99,7 @@ def check(resolved: dict) -> GPTConfig:
         group = _group(resolved, path)
         for key, check_key in table.items():
             check_key(f"{path}.{key}", group.get(key))
-    model = _model(_group(resolved, "model"))
+    model = model_config(_group(resolved, "model"))
     train = resolved["train"]
     if train["seq_len"] > model.context:
         raise ConfigError(f"train.seq_len={train['seq_len']} exceeds the model's context of {model.context}")
@@ -113,7 +113,7 @@ def check(resolved: dict) -> GPTConfig:
     return model
 
 
-def _model(m: dict) -> GPTConfig:
+def model_config(m: dict) -> GPTConfig:
     """The preset with the fields the config sets (null keeps the preset's value)."""
     try:
         return GPTConfig.preset(m.get("preset"), **{k: m[k] for k in MODEL_FIELDS if m.get(k) is not None})

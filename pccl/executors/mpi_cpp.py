@@ -68,6 +68,12 @@ def workspace(nbytes: int, device: int, pinned: bool) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
 
 
+def exit_if_stuck(seconds: float, code: int) -> None:
+    """A native thread that ends the process with `code` after `seconds` unless it has
+    ended by then; it needs no GIL (pccl.runtime.teardown starts it as Python exits)."""
+    _native.exit_if_stuck(seconds, code)
+
+
 class MpiCppExecutor:
     def __init__(self, comm: MPI.Comm, timeout: float):
         self.native = _native.MpiComm(comm, timeout, gpu_aware_mpi(), allocate=workspace)

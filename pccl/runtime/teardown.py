@@ -22,8 +22,8 @@ def exit_if_finalize_hangs() -> None:
 
 
 def _bound_finalize() -> None:
-    from pccl import _native
+    from pccl.executors.mpi_cpp import exit_if_stuck
 
     sys.stdout.flush()
     sys.stderr.flush()
-    _native.exit_if_stuck(FINALIZE_LIMIT, 1)
+    exit_if_stuck(FINALIZE_LIMIT, 1)

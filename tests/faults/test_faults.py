@@ -24,9 +24,15 @@ def waits_on(message: str, rank: int) -> bool:
     return re.search(rf"(receive from|send to)[^;]*\b(world rank )?{rank}\b", message) is not None
 
 
+@pytest.fixture(scope="module")
+def collectives(tmp_path_factory) -> dict:
+    """Every collective scenario's outcome, run a few at a time (suite.all_collectives)."""
+    return suite.all_collectives(tmp_path_factory.mktemp("collectives"))
+
+
 @pytest.mark.parametrize("place,executor,how", COLLECTIVES, ids=["-".join(c) for c in COLLECTIVES])
-def test_a_killed_rank_ends_the_job_naming_the_collective_and_the_peer(place, executor, how, tmp_path):
-    o = recorded(suite.collective(place, executor, how, tmp_path))
+def test_a_killed_rank_ends_the_job_naming_the_collective_and_the_peer(place, executor, how, collectives):
+    o = recorded(collectives[(place, executor, how)])
     assert o.exit_code != 0, o.output[-3000:]
     assert all(r["rank"] != VICTIM for r in o.reports)
     assert all(r["outcome"] == "raised" for r in o.reports), o.reports   # no survivor went on as if nothing happened

@@ -53,10 +53,11 @@ def test_peak_table_and_device_names():
 def test_model_configuration_from_hydra_values():
     from omegaconf import OmegaConf
 
-    from shard.train import ConfigError, check_vocab, model_config
+    from shard.preflight import model_config
+    from shard.train import ConfigError, check_vocab
     m = OmegaConf.create({"preset": "gpt_1p3b", "vocab": None, "context": 512, "width": None, "layers": 2,
                           "heads": None, "tied": None, "positions": "rotary", "bias": None})
-    cfg = model_config(m)
+    cfg = model_config(OmegaConf.to_container(m))
     check_vocab(cfg, tokenizer_vocab=1000)
     shape = (cfg.width, cfg.heads, cfg.layers, cfg.context, cfg.positions, cfg.vocab)
     assert shape == (2048, 32, 2, 512, "rotary", 50272)
@@ -69,7 +70,8 @@ def test_engine_config_from_the_hydra_configuration():
     from omegaconf import OmegaConf
 
     from shard.config import EngineConfig, OptimizerConfig
-    from shard.train import CONFIGS, engine_config
+    from shard.preflight import engine_config
+    from shard.train import CONFIGS
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("config", overrides=["strategy=paro-iig", "strategy.prefetch=2", "strategy.group_size=4",
                                            "optim.lr=2e-3", "comm.algorithm={all_gather:ring}"])
@@ -190,7 +192,8 @@ def test_transport_follows_the_device_and_must_carry_its_tensors():
 def test_precision_is_bf16_on_gpus_and_the_reduce_dtype_is_configurable():
     from omegaconf import OmegaConf
 
-    from shard.train import _precision, engine_config
+    from shard.preflight import engine_config
+    from shard.train import _precision
     assert _precision("auto", torch.device("cuda")) == "bf16" and _precision("auto", torch.device("cpu")) == "fp32"
     assert _precision("fp16", torch.device("cuda")) == "fp16" and _precision("bf16", torch.device("cpu")) == "bf16"
     for strategy in ("ddp", "zero1", "zero2", "zero3", "mics", "paro-iig", "paro-igg", "paro-nig"):
