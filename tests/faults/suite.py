@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,7 @@ TIMEOUT = 2.0            # the communicators' timeout in every scenario, seconds
 SLACK = 30.0             # the issue's bound: every survivor ends within TIMEOUT + SLACK
 STARTUP = 30.0           # launching and importing on an oversubscribed 2-core machine
 RANKS, VICTIM = 4, 1
+UNNOTICED = "mpiexec-unnoticed"
 TRAIN = ["model.width=64", "model.layers=2", "model.heads=2", "model.vocab=512", "train.seq_len=32",
          "train.micro_batch=4", "train.global_batch_tokens=1024", "optim.warmup_steps=2", "optim.decay_steps=20",
          "train.eval_interval=0", "train.eval_batches=1", "log.interval=1", "log.progress=false",
@@ -81,6 +83,13 @@ def bounded(cmd: list[str], env: dict, limit: float) -> tuple[Optional[int], flo
         return None, time.monotonic() - start, output, True
 
 
+def lingering(words: list[str]) -> list[str]:
+    """`words` under a shell that stays when the process was SIGKILLed (exit status 137),
+    so mpiexec never learns of the death: only pccl's own timeouts can end the job."""
+    return ["sh", "-c", " ".join(shlex.quote(w) for w in words) +
+            "; code=$?; if [ $code = 137 ]; then sleep 3600; fi; exit $code"]
+
+
 def collective(place: str, executor: str, how: str, out: Path) -> Outcome:
     """Rank VICTIM SIGKILLed at `place` of a collective on `executor`, launched `how`
     ("mpiexec", "mpiexec-unnoticed" or "torchrun")."""
@@ -89,11 +98,8 @@ def collective(place: str, executor: str, how: str, out: Path) -> Outcome:
               "--out", str(out), "--timeout", str(TIMEOUT), "--victim", str(VICTIM)]
     if how == "mpiexec":
         cmd = [*launcher(), "-n", str(RANKS), *worker]
-    elif how == "mpiexec-unnoticed":
-        # The killed rank's shell stays (exit status 137: SIGKILL), so mpiexec sees no rank
-        # end; the job's abort ends it.
-        cmd = [*launcher(), "-n", str(RANKS), "sh", "-c",
-               " ".join(worker) + "; code=$?; if [ $code = 137 ]; then sleep 3600; fi; exit $code"]
+    elif how == UNNOTICED:
+        cmd = [*launcher(), "-n", str(RANKS), *lingering(worker)]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}", *worker[1:]]
     code, seconds, output, hung = bounded(cmd, job_env(), TIMEOUT + SLACK + STARTUP)
@@ -123,6 +129,16 @@ def training(fault: str, place: str, out: Path, *extra: str, restarts: int = 0, 
         f" RESTARTS={restarts}" if restarts else ""), seconds, code, hung, [], output, out)
 
 
+def training_unnoticed(fault: str, place: str, out: Path, cache: Path, *extra: str) -> Outcome:
+    """shard-train on 2 ranks with SHARD_FAULTS=`fault`, the victim's death unnoticed by
+    mpiexec (lingering): the survivor's engine must time out and end the job."""
+    words = [sys.executable, "-m", "shard.train", f"train.out_dir={out}", f"data.cache_dir={cache}",
+             f"comm.timeout={TIMEOUT}", "strategy=zero3", "comm.ranks_per_node=1", *TRAIN, *extra]
+    code, seconds, output, hung = bounded([*launcher(), "-n", "2", *lingering(words)],
+                                          dict(job_env(), SHARD_FAULTS=fault), TIMEOUT + SLACK + STARTUP + 30)
+    return Outcome(fault.split("@")[0], place, "cpp", UNNOTICED, seconds, code, hung, [], output, out)
+
+
 def losses(out: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -141,7 +157,6 @@ def unmount(path: Path) -> None:
 
 
 PLACES = ("flat", "plan-intra", "plan-inter", "lane")
-UNNOTICED = "mpiexec-unnoticed"
 COLLECTIVES = [(place, executor, UNNOTICED) for executor in ("cpp", "python", "torch") for place in PLACES] + \
     [("native", "cpp", UNNOTICED), ("native", "torch", UNNOTICED),
      ("flat", "cpp", "mpiexec"), ("plan-inter", "torch", "torchrun")]

@@ -78,6 +78,39 @@ def test_a_killed_training_rank_fails_the_launch_quickly(fault, place, reference
     assert "BAD TERMINATION" in o.output or "Killed" in o.output, o.output[-3000:]
 
 
+UNNOTICED_TRAINING = [("kill-data@0:1", "data loader start"), ("kill-backward@3:1", "backward (lane busy)"),
+                      ("kill-save@4:1", "checkpoint save")]
+
+
+@pytest.fixture(scope="module")
+def unnoticed_training(reference) -> dict:
+    """The UNNOTICED_TRAINING runs, all at once (each mostly waits for its timeout)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(UNNOTICED_TRAINING)) as pool:
+        root = reference.parent
+        futures = {fault: pool.submit(suite.training_unnoticed, fault, place, root / f"unnoticed-{fault.split('@')[0]}",
+                                      root / "data", "train.steps=6", "train.checkpoint_interval=2")
+                   for fault, place in UNNOTICED_TRAINING}
+        return {fault: f.result() for fault, f in futures.items()}
+
+
+@pytest.mark.parametrize("fault", [f for f, _ in UNNOTICED_TRAINING])
+def test_a_training_rank_killed_unnoticed_ends_the_job_through_pccls_timeout(fault, unnoticed_training):
+    """The surviving rank's engine (its lanes, the data broadcast, the save's agreement)
+    times out naming the collective, and the job ends non-zero; a save cut short leaves
+    the previous snapshot the latest, intact."""
+    o = recorded(unnoticed_training[fault])
+    assert o.exit_code != 0, o.output[-3000:]
+    raised = [line for line in o.output.splitlines() if line.startswith("pccl.core.errors.CollectiveTimeout")]
+    error = raised[-1] if raised else ""   # the outermost: with the operation named
+    assert "waiting to" in error and "during " in error, o.output[-3000:]
+    o.summary = "survivor raised CollectiveTimeout " + error[error.index("during "):][:60]
+    if fault.startswith("kill-save"):
+        latest = checkpoint.latest(o.out_dir / "checkpoints")
+        assert latest.name.startswith("snap-00000002-") and checkpoint.problems(latest) is None
+
+
 def test_a_rank_killed_mid_save_keeps_the_previous_snapshot_and_the_relaunch_resumes_exactly(reference):
     """kill-save@4: rank 1 dies after writing its files of step 4's snapshot, before the
     manifest: LATEST still names step 2's snapshot, intact; RESTARTS=1 relaunches with

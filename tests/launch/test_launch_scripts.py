@@ -119,10 +119,11 @@ def test_sbatch_copy_finds_the_checkout(script, tmp_path):
     launch/common.sh) is found through SLURM_SUBMIT_DIR, or REPO, else a clear error."""
     copy = tmp_path / script
     copy.write_text((LAUNCH / script).read_text())
-    expected = parsed(run(script, "train.steps=5", SLURM_NNODES="2"))
+    job = dict(SLURM_NNODES="2", SLURM_JOB_ID="99")   # a job's id: the same out_dir in every run
+    expected = parsed(run(script, "train.steps=5", **job))
     for env in ({"SLURM_SUBMIT_DIR": str(ROOT)}, {"SLURM_SUBMIT_DIR": str(LAUNCH)},
                 {"SLURM_SUBMIT_DIR": str(tmp_path), "REPO": str(ROOT)}):
-        assert parsed(run(str(copy), "train.steps=5", SLURM_NNODES="2", **env)) == expected, env
+        assert parsed(run(str(copy), "train.steps=5", **job, **env)) == expected, env
     fail(run(str(copy), SLURM_NNODES="2", SLURM_SUBMIT_DIR=str(tmp_path)), f"{script}: error", "REPO")
 
 # --- Frontier -------------------------------------------------------------------------
