@@ -308,6 +308,8 @@ class Communicator:
         anything is sent."""
         if compression is None:
             compression = os.environ.get("PCCL_COMPRESSION") or None
+        if compression is None or compression == "none":   # the common case, without per_level's work
+            return {}, algorithm
         if isinstance(compression, str) and compression.strip().lower() == "auto":
             if like.device.type != "cpu":
                 return {}, algorithm
