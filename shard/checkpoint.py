@@ -16,8 +16,8 @@ config), replaces LATEST (an atomic rename) and removes snapshots beyond the new
 naming a complete snapshot; a failed save removes its partial snapshot and raises on
 every rank, naming the intact one.
 
-Loading verifies the snapshot first (rank 0 reads every file against the manifest; a
-missing, truncated or corrupted file is named with what is wrong) and raises
+Loading verifies the snapshot first (every rank reads its share of the files against the
+manifest; a missing, truncated or corrupted file is named with what is wrong) and raises
 CheckpointError on every rank. With fallback, it takes the newest intact snapshot instead
 and says which it skipped and why.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from pccl.algorithms import ALL_NAMES, SPECIAL, algorithms_for
+from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DTYPES
 
 
@@ -32,8 +33,7 @@ def check_numel(name: str, actual: int, expected: int, why: str) -> None:
 
 
 # What each collective takes, as sets: the check runs on every call.
-VALID = {collective: frozenset(algorithms_for(collective) + SPECIAL) for collective in ("all_gather", "reduce_scatter",
-                                                                                       "all_reduce")}
+VALID = {collective: frozenset(algorithms_for(collective) + SPECIAL) for collective in COLLECTIVES}
 
 
 def check_algorithm(collective: str, algorithm) -> None:

@@ -7,7 +7,7 @@ so the difference between consecutive rows is what that layer adds:
 
   mpi4py         MPI_Allreduce through mpi4py on a numpy buffer (MPI's own fixed cost)
   native entry   the C++ executor's MPI_Allreduce, called directly (binding, pointers)
-  schedule       the C++ executor running a schedule (recursive doubling), called directly
+  schedule       the C++ executor running the ring schedule, called directly
   call(ring)     Communicator.all_reduce with an explicit algorithm (validation, resolve,
                  schedule lookup, the work queue, the executor)
   call(native)   Communicator.all_reduce(algorithm="native")
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import torch
@@ -28,21 +26,8 @@ from mpi4py import MPI
 
 import pccl
 from pccl.algorithms import schedule
+from pccl.tools.cli import time_per_call
 from pccl.util.args import at_least
-
-
-def per_call(call, calls: int, repeats: int, world) -> float:
-    """Microseconds per call: the slowest rank's mean, median over repeats."""
-    for _ in range(max(10, calls // 10)):
-        call()
-    samples = []
-    for _ in range(repeats):
-        world.Barrier()
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        samples.append(world.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX))
-    return statistics.median(samples) * 1e6
 
 
 def main(argv=None) -> None:
@@ -60,7 +45,7 @@ def main(argv=None) -> None:
     tensor = torch.ones(n)
     array = np.ones(n, dtype=np.float32)
     out = np.empty_like(array)
-    sched = schedule("all_reduce", "recursive_doubling", comm.size, comm.rank)
+    sched = schedule("all_reduce", "ring", comm.size, comm.rank)   # what call(ring) runs
     executor = comm._executor
     rows = {
         "mpi4py": lambda: world.Allreduce(array, out, op=MPI.SUM),
@@ -70,7 +55,8 @@ def main(argv=None) -> None:
         "call(native)": lambda: comm.all_reduce(tensor, algorithm="native"),
         "call(auto)": lambda: comm.all_reduce(tensor),
     }
-    times = {name: per_call(call, args.calls, args.repeats, world) for name, call in rows.items()}
+    times = {name: 1e6 * time_per_call(call, args.calls, max(10, args.calls // 10), args.repeats, world)
+             for name, call in rows.items()}
     if world.rank == 0:
         if args.json:
             print(json.dumps({"ranks": world.size, "bytes": args.bytes, "executor": args.executor,
