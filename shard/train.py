@@ -118,6 +118,16 @@ def _mean(comm: pccl.Communicator, device: torch.device, values: list[float]) ->
     return t.tolist()
 
 
+def _gather(comm: pccl.Communicator, device: torch.device, values: list[float]) -> list[list[float]]:
+    """Every rank's `values`, row by rank: one small all-gather however many scalars (the
+    logged interval's loss, memory and waits), where a reduction per scalar would be one
+    collective each. Collective."""
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    rows = torch.empty(comm.size, len(values), dtype=torch.float64, device=device)
+    comm.all_gather(rows, mine)
+    return rows.tolist()
+
+
 def _max(comm: pccl.Communicator, device: torch.device, values: list[float]) -> list[float]:
     """The largest of each value over the ranks. Collective: every rank calls it, in the
     same order as the other collectives."""
@@ -435,33 +445,32 @@ def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], started
     loss when due."""
     local_loss = torch.stack(losses).mean().item()   # synchronizes the device
     elapsed, steps = time.perf_counter() - started, len(losses)
-    loss, = _mean(r.comm, r.device, [local_loss])
-    peak_memory, = _max(r.comm, r.device, [_peak_memory_gb(r.device)])
     report = r.engine.comm_report(reset=True)
-    record = {"step": r.step, "loss": loss, "lr": r.engine.lr, "grad_norm": result.grad_norm,
+    rows = _gather(r.comm, r.device, [local_loss, _peak_memory_gb(r.device), report["longest_wait_s"],
+                                      report["exposed_s"]])
+    loss, peak_memory, longest, exposed = (list(column) for column in zip(*rows))
+    record = {"step": r.step, "loss": sum(loss) / len(loss), "lr": r.engine.lr, "grad_norm": result.grad_norm,
               **r.meter.measure(r.global_batch_tokens * steps, elapsed),
               "exposed_comm_s": report["exposed_s"] / steps, "comm_busy_s": sum(report["busy_s"].values()) / steps,
-              "step_time_s": elapsed / steps, "peak_memory_gb": peak_memory,
+              "step_time_s": elapsed / steps, "peak_memory_gb": max(peak_memory),
               "skipped": result.skipped, "skipped_steps": r.engine.skipped_steps, "loss_scale": result.loss_scale,
-              "epoch": r.batches.epoch, "straggler": find_straggler(r, report)}
+              "epoch": r.batches.epoch, "straggler": find_straggler(r, report, longest, exposed)}
     if evaluate_now:
         r.val_loss = validate(r)
         record["val_loss"] = r.val_loss
     r.log.log(record)
 
 
-def find_straggler(r: Run, report: dict) -> Optional[dict]:
+def find_straggler(r: Run, report: dict, longest: list[float], exposed: list[float]) -> Optional[dict]:
     """When some rank waited train.straggler_seconds or longer for one operation in the
-    interval: {"rank": the straggler, the rank that waited least in all (the others waited
-    for it), "waiter": the rank that waited longest, "operation": what it waited for,
-    "wait_s"}; else None. Collective (a small all-reduce at each logged interval)."""
+    interval (`longest`: each rank's longest wait, `exposed`: its waits in all, as
+    log_interval gathers them): {"rank": the straggler, the rank that waited least in all
+    (the others waited for it), "waiter": the rank that waited longest, "operation": what
+    it waited for, "wait_s"}; else None. Collective only then (rank `waiter` names the
+    operation)."""
     limit, n = r.cfg.train.straggler_seconds, r.comm.size
     if not limit or n == 1:
         return None
-    table = torch.zeros(2 * n, dtype=torch.float64, device=r.device)
-    table[r.comm.rank], table[n + r.comm.rank] = report["longest_wait_s"], report["exposed_s"]
-    r.comm.all_reduce(table)
-    longest, exposed = table[:n].tolist(), table[n:].tolist()
     waiter = max(range(n), key=longest.__getitem__)
     if longest[waiter] < limit:
         return None

@@ -54,7 +54,7 @@ def gpu_available() -> bool:
 
 def placement(t: torch.Tensor) -> tuple[int, int]:
     """(device index, stream handle) for the native layer; (-1, 0) for host memory."""
-    if t.device.type == "cpu":
+    if t.is_cpu:
         return -1, 0
     return t.device.index, torch.cuda.current_stream(t.device).cuda_stream
 

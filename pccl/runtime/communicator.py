@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional
 
 import torch
@@ -16,8 +18,6 @@ from pccl.core.topology import Topology, TopologyError
 from pccl.executors.plan import PlanExecutor
 from pccl.executors.streams import StreamWork
 from pccl.executors.torch_p2p import TorchP2PExecutor
-from pccl.ir.plan import Plan
-from pccl.ir.schedule import Schedule
 from pccl.runtime import teardown, transports, validation
 from pccl.runtime.detect import detect, detect_torch
 from pccl.runtime.rendezvous import init_torch_distributed, mpi_world
@@ -29,6 +29,45 @@ from pccl.util.sizes import size_label
 
 DEFAULT_TIMEOUT = float(os.environ.get("PCCL_TIMEOUT", 300.0))
 EXECUTORS = {"mpi": ("cpp", "python"), "torch": ("torch",)}
+MAX_CACHED_CALLS = 4096   # resolved calls kept per communicator (then the cache starts over)
+
+
+def compression_from_environment():
+    """PCCL_COMPRESSION, the codec of calls that name none (None: no compression); read
+    when a communicator is made, as NCCL reads its variables."""
+    return os.environ.get("PCCL_COMPRESSION") or None
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call resolved once and kept for the next with the same collective, algorithm,
+    op and buffers (dtype, element count, device): fn(*flat buffers) runs it."""
+
+    fn: Callable[..., None]
+    what: Callable[[], str]   # what a failure message says it was doing (worded only then)
+    enqueues: bool            # it only queues GPU work: issued on the caller's thread (queues_on_device)
+
+
+def call_key(head: tuple, *buffers) -> Optional[tuple]:
+    """The call cache's key of `buffers` (their dtype, element count and device), or None
+    where they must go through the full checks: not tensors, not contiguous, or on a
+    device other than the host or a GPU. Contiguity is a property of the tensor, not of
+    its shape, so it is checked on every call."""
+    for t in buffers:
+        if not isinstance(t, torch.Tensor) or not t.is_contiguous():
+            return None
+        if t.is_cpu:
+            head += (t.dtype, t.numel(), -1)
+        elif t.is_cuda:
+            head += (t.dtype, t.numel(), t.get_device())
+        else:
+            return None
+    return head
+
+
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """The 1-d view the executors and plans slice (a 1-d tensor itself: no new view)."""
+    return t if t.dim() == 1 else t.view(-1)
 
 
 def _thread_level_names(MPI) -> dict[int, str]:
@@ -39,7 +78,7 @@ def _thread_level_names(MPI) -> dict[int, str]:
 def on_callers_stream(fn: Callable[[], None], like: torch.Tensor) -> Callable[[], None]:
     """GPU tensors: run `fn` (maybe later, on the worker thread) on the stream that is
     current for the caller now, so the collective is ordered after the caller's work."""
-    if like.device.type != "cuda":
+    if not like.is_cuda:
         return fn
     stream = torch.cuda.current_stream(like.device)
 
@@ -49,16 +88,22 @@ def on_callers_stream(fn: Callable[[], None], like: torch.Tensor) -> Callable[[]
     return on_stream
 
 
+def named(e: CollectiveTimeout, what: Callable[[], str]) -> CollectiveTimeout:
+    """A collective's CollectiveTimeout (or PeerLost), naming the operation it interrupted,
+    what() (worded only then: nothing on the hot path); the process will not hang in
+    MPI_Finalize over it."""
+    teardown.exit_if_finalize_hangs()
+    return during(e, what())
+
+
 def naming_failures(fn: Callable[[], None], what: Callable[[], str]) -> Callable[[], None]:
-    """`fn`, whose CollectiveTimeout (or PeerLost) names the operation it interrupted,
-    what() (worded only then: nothing on the hot path)."""
-    def named() -> None:
+    """`fn`, whose CollectiveTimeout names the operation it interrupted (named)."""
+    def run() -> None:
         try:
             fn()
         except CollectiveTimeout as e:
-            teardown.exit_if_finalize_hangs()
-            raise during(e, what()) from e
-    return named
+            raise named(e, what) from e
+    return run
 
 
 class Communicator:
@@ -116,6 +161,8 @@ class Communicator:
         self.executor = executor
         self.rank, self.size = self._native.rank, self._native.size
         self.label = ""   # what a failure message calls it ("inter-node level"); empty: the communicator
+        self.default_compression = compression_from_environment()
+        self._calls: dict[tuple, Call] = {}
         self._queue = SerialQueue(f"pccl-{self.transport}")
         self._owns_group = False   # a torch group made by split, destroyed by close
         self.topology = self._topology(topology, ranks_per_node, nics_per_node)
@@ -302,12 +349,13 @@ class Communicator:
     def _compression(self, compression, like: torch.Tensor, collective: str, algorithm) -> tuple[dict, object]:
         """({level: codec}, algorithm) of a call: one codec for a flat schedule ("flat") and,
         in a plan, for the inter-node level only unless a dict names the levels ({"intra":
-        ..., "inter": ...}); None (default: PCCL_COMPRESSION, else none) compresses nothing.
+        ..., "inter": ...}); None (default: PCCL_COMPRESSION as it was when the communicator
+        was made, else none) compresses nothing.
         "auto": the codec (or none) and, with algorithm="auto", the algorithm the cost model
         predicts fastest (Tuner.choose_compressed; none on GPU tensors). Checked before
         anything is sent."""
         if compression is None:
-            compression = os.environ.get("PCCL_COMPRESSION") or None
+            compression = self.default_compression
         if compression is None or compression == "none":   # the common case, without per_level's work
             return {}, algorithm
         if isinstance(compression, str) and compression.strip().lower() == "auto":
@@ -339,14 +387,33 @@ class Communicator:
             self._compressed = MpiPythonExecutor(self.mpi_comm, self.timeout)
         return self._compressed
 
-    def _run(self, collective: str, algorithm, like: torch.Tensor, async_op: bool,
-             native: Callable[[], None], scheduled: Callable[[Schedule, object], None],
-             planned: Callable[[Plan, PlanExecutor], None], codecs: dict) -> Optional[Work]:
+    def _cached(self, head: Optional[tuple], *buffers) -> tuple[Optional[tuple], Optional[Call]]:
+        """(key, the call resolved before for it or None); key None: not cacheable (a
+        call naming its compression, buffers call_key refuses, an unhashable algorithm)."""
+        key = None if head is None else call_key(head, *buffers)
+        if key is None:
+            return None, None
+        try:
+            return key, self._calls.get(key)
+        except TypeError:   # an unhashable algorithm argument: checked in full, never kept
+            return None, None
+
+    def _keep(self, key: Optional[tuple], call: Call) -> None:
+        if key is not None:
+            if len(self._calls) >= MAX_CACHED_CALLS:
+                self._calls.clear()
+            self._calls[key] = call
+
+    def _prepare(self, collective: str, algorithm, like: torch.Tensor, codecs: dict,
+                 native: Callable[..., None], scheduled: Callable[..., None],
+                 planned: Callable[..., None]) -> Call:
+        """Resolve a validated call: native(*buffers), scheduled(schedule, executor, codec,
+        *buffers) or planned(plan, plan executor, *buffers) is what it runs."""
         nbytes = like.numel() * like.element_size()
         algorithm = self.resolve(collective, algorithm, nbytes, like.device.type, codecs, like.dtype)
         if not isinstance(algorithm, str):
             plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec
-            fn = lambda: planned(plan, self._plan_executor())  # noqa: E731
+            fn = lambda *buffers: planned(plan, self._plan_executor(), *buffers)  # noqa: E731
         elif algorithm == "native":
             if codecs:
                 raise ValueError("compression runs inside pccl's schedules; 'native' is the transport's own "
@@ -355,12 +422,21 @@ class Communicator:
         else:
             sched = schedule(collective, algorithm, self.size, self.rank)
             codec = codecs.get("flat")
-            runner = self._compressing(codec) if codec is not None else self._executor
-            fn = lambda: scheduled(sched, runner, codec)  # noqa: E731
+            fn = partial(scheduled, sched, self._compressing(codec) if codec is not None else self._executor, codec)
         what = lambda: (f"{self.label}{collective.replace('_', '-')} ({algorithm}, {size_label(nbytes)} bytes of "  # noqa: E731
                         f"{str(like.dtype).removeprefix('torch.')})")
-        return self._queue.run(on_callers_stream(naming_failures(fn, what), like), async_op,
-                               StreamWork if self.queues_on_device(like.device.type) else None)
+        return Call(fn, what, self.queues_on_device(like.device.type))
+
+    def _issue(self, call: Call, async_op: bool, *buffers: torch.Tensor) -> Optional[Work]:
+        """Run `call` on the (flat) buffers after what is queued: at once on this thread
+        where it is synchronous and nothing is queued."""
+        if not async_op and self._queue.idle() and not buffers[0].is_cuda:   # the common case, without closures
+            try:
+                return call.fn(*buffers)
+            except CollectiveTimeout as e:
+                raise named(e, call.what) from e
+        run = naming_failures(partial(call.fn, *buffers), call.what)
+        return self._queue.run(on_callers_stream(run, buffers[0]), async_op, StreamWork if call.enqueues else None)
 
     def queues_on_device(self, device: str) -> bool:
         """Whether collectives on `device` tensors only queue work on GPU streams (NCCL, with
@@ -396,40 +472,48 @@ class Communicator:
         or per plan level {"intra": ..., "inter": ...}, or "auto" (the cost model chooses
         a codec, or none, with the algorithm); each block is encoded once, by its owner, and
         every rank's output is the same decoding."""
-        self._check_buffers(output, input, full="output")
-        codecs, algorithm = self._compression(compression, output, "all_gather", algorithm)
-        output, input = output.view(-1), input.view(-1)   # executors and plans slice flat buffers
-        return self._run("all_gather", algorithm, output, async_op,
-                         lambda: self._native.native_all_gather(output, input),
-                         lambda sched, runner, codec: runner.all_gather(sched, output, input, codec),
-                         lambda plan, run: run.run(plan, {"input": input, "output": output}, input.numel(), "sum",
-                                                   codecs), codecs)
+        key, call = self._cached(("all_gather", algorithm) if compression is None else None, output, input)
+        if call is None:
+            self._check_buffers(output, input, full="output")
+            codecs, resolved = self._compression(compression, output, "all_gather", algorithm)
+            call = self._prepare(
+                "all_gather", resolved, output, codecs, self._native.native_all_gather,
+                lambda sched, runner, codec, out, inp: runner.all_gather(sched, out, inp, codec),
+                lambda plan, run, out, inp: run.run(plan, {"input": inp, "output": out}, inp.numel(), "sum", codecs))
+            self._keep(key, call)
+        return self._issue(call, async_op, flat(output), flat(input))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
                        algorithm: str = "auto", async_op: bool = False, compression=None) -> Optional[Work]:
         """Reduce `input` over all ranks; this rank receives block `rank` in `output`.
         compression: as all_gather's; partial sums are encoded at each step."""
-        self._check_buffers(output, input, full="input")
-        op_code(op, input.dtype)
-        codecs, algorithm = self._compression(compression, input, "reduce_scatter", algorithm)
-        output, input = output.view(-1), input.view(-1)
-        return self._run("reduce_scatter", algorithm, input, async_op,
-                         lambda: self._native.native_reduce_scatter(output, input, op),
-                         lambda sched, runner, codec: runner.reduce_scatter(sched, output, input, op, codec),
-                         lambda plan, run: run.run(plan, {"input": input, "output": output}, output.numel(), op,
-                                                   codecs), codecs)
+        key, call = self._cached(("reduce_scatter", algorithm, op) if compression is None else None, output, input)
+        if call is None:
+            self._check_buffers(output, input, full="input")
+            op_code(op, input.dtype)
+            codecs, resolved = self._compression(compression, input, "reduce_scatter", algorithm)
+            call = self._prepare(
+                "reduce_scatter", resolved, input, codecs,
+                lambda out, inp: self._native.native_reduce_scatter(out, inp, op),
+                lambda sched, runner, codec, out, inp: runner.reduce_scatter(sched, out, inp, op, codec),
+                lambda plan, run, out, inp: run.run(plan, {"input": inp, "output": out}, out.numel(), op, codecs))
+            self._keep(key, call)
+        return self._issue(call, async_op, flat(output), flat(input))
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
                    async_op: bool = False, compression=None) -> Optional[Work]:
         """Reduce `tensor` over all ranks, in place. compression: as all_gather's."""
-        validation.check_tensor("tensor", tensor, self.devices)
-        op_code(op, tensor.dtype)
-        codecs, algorithm = self._compression(compression, tensor, "all_reduce", algorithm)
-        tensor = tensor.view(-1)
-        return self._run("all_reduce", algorithm, tensor, async_op,
-                         lambda: self._native.native_all_reduce(tensor, op),
-                         lambda sched, runner, codec: runner.all_reduce(sched, tensor, op, codec),
-                         lambda plan, run: run.all_reduce(plan, tensor, op, codecs), codecs)
+        key, call = self._cached(("all_reduce", algorithm, op) if compression is None else None, tensor)
+        if call is None:
+            validation.check_tensor("tensor", tensor, self.devices)
+            op_code(op, tensor.dtype)
+            codecs, resolved = self._compression(compression, tensor, "all_reduce", algorithm)
+            call = self._prepare(
+                "all_reduce", resolved, tensor, codecs, lambda t: self._native.native_all_reduce(t, op),
+                lambda sched, runner, codec, t: runner.all_reduce(sched, t, op, codec),
+                lambda plan, run, t: run.all_reduce(plan, t, op, codecs))
+            self._keep(key, call)
+        return self._issue(call, async_op, flat(tensor))
 
 
 def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,

@@ -21,7 +21,7 @@ from pccl import plans
 from pccl.core.dtypes import op_code
 from pccl.core.topology import Topology
 from pccl.runtime import validation
-from pccl.runtime.communicator import Communicator
+from pccl.runtime.communicator import Communicator, compression_from_environment
 from pccl.runtime.work import SerialQueue
 from pccl.tuning import cost_model
 from pccl.tuning.profiles import Profile
@@ -48,6 +48,7 @@ class DryRunCommunicator(Communicator):
         self.group = self.mpi_comm = None
         self.devices = self.plan_devices = DEVICES
         self.level_transports = {"intra": "dry-run", "inter": "dry-run"}
+        self.default_compression = compression_from_environment()
         self.tuner = Tuner(topology, profile)
         self._flat_tuner = Tuner(topology, profile, with_plans=False)
         self._queue = SerialQueue("pccl-dry-run")

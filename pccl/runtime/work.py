@@ -44,6 +44,10 @@ class SerialQueue:
         self._last = self._pool.submit(fn)
         return self._last
 
+    def idle(self) -> bool:
+        """Whether nothing queued is still running: a synchronous call may run at once."""
+        return self._last is None or self._last.done()
+
     def run(self, fn: Callable[[], None], async_op: bool, enqueued: Optional[Callable[[], Any]] = None):
         """Run `fn` after what is queued. `enqueued` given: `fn` only enqueues GPU work, so it
         runs now on this thread, and an async call returns enqueued(), its handle (a
@@ -55,7 +59,7 @@ class SerialQueue:
             return enqueued() if async_op else None
         if async_op:
             return Work(self._submit(fn))
-        if self._last is not None and not self._last.done():
+        if not self.idle():
             self._submit(fn).result()
         else:
             fn()

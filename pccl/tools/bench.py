@@ -23,8 +23,8 @@ from pccl.algorithms import ALL_NAMES, algorithms_for
 from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DATATYPES, OPS
-from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
-from pccl.tuning.calibrate import calibrate
+from pccl.tools.cli import comma_list, round_size, size_arg, size_sweep, time_per_call
+from pccl.tuning.calibrate import CALL_SIZES, REPEATS, calibrate, calibrated
 from pccl.util.args import at_least
 from pccl.util.files import write_atomic
 from pccl.util.sizes import parse_size
@@ -319,6 +319,27 @@ def summary(collective: str, rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def auto_summary(collective: str, rows: list[Row]) -> str:
+    """Per size and executor running auto: auto's time against the fastest concrete
+    algorithm of the same transport (the MPI library's own collective counts for the MPI
+    executors, under "mpi"), and what each was."""
+    transport = {"mpi": "mpi", "cpp": "mpi", "python": "mpi", "gloo": "gloo"}
+    lines = [f"# {collective}: auto against the fastest of native and every algorithm",
+             f"#{'size(B)':>11} {'executor':>8} {'auto(us)':>10} {'best(us)':>10} {'auto/best':>9}  "
+             "auto ran -> fastest"]
+    for r in rows:
+        if r.algorithm != "auto" or r.compression != "none":
+            continue
+        rivals = [o for o in rows if o.size == r.size and o.algorithm != "auto" and o.compression == "none"
+                  and transport[o.executor] == transport[r.executor] and (o.executor == r.executor or
+                                                                          o.algorithm == "native")]
+        if rivals:
+            best = min(rivals, key=lambda o: o.time_us)
+            lines.append(f"{r.size:>12} {r.executor:>8} {r.time_us:>10.2f} {best.time_us:>10.2f} "
+                         f"{r.time_us / best.time_us:>9.2f}  {r.picked} -> {best.algorithm}")
+    return "\n".join(lines)
+
+
 def compression_summary(collective: str, rows: list[Row]) -> str:
     """Per compressed row: its speed-up over the same algorithm uncompressed, and its error."""
     plain = {(r.size, r.executor, r.algorithm): r for r in rows if r.compression == "none"}
@@ -381,8 +402,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
              "compression, with its max and RMS error against the exact result")
     add("--json", metavar="PATH", default=None, help="write the rows as JSON ('-': stdout, no table)")
     add("--calibrate", metavar="PATH", default=None,
-        help="instead of timing collectives, measure this machine's profile (alpha, bandwidths; "
-             "two or more nodes) and write it to PATH, for PCCL_PROFILE and pccl-sim --profile")
+        help="instead of timing collectives, measure this machine's profile (alpha, bandwidths, and "
+             "every algorithm auto chooses among, the native one too, at 4 B-16 MiB, at most --maxbytes) "
+             "and write it to PATH, for PCCL_PROFILE and pccl-sim --profile")
     add("--profile-name", default="calibrated", help="the name written into a calibrated profile")
     args = parser.parse_args(argv)
     if args.minbytes > args.maxbytes:
@@ -395,10 +417,40 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------- main
 
 
+CALIBRATION_BYTES = 1 << 22   # bytes per timing loop: up to 200 calls of small buffers, 3 of large ones
+
+
+def time_candidates(comm: pccl.Communicator, world: MPI.Comm, maxbytes: int) -> dict:
+    """{(collective, algorithm): [(bytes, seconds), ...]}: every candidate of auto (the MPI
+    library's own collective too) timed through `comm` at CALL_SIZES up to `maxbytes`, of
+    float32, sum."""
+    measured = {}
+    for collective in COLLECTIVES:
+        for name in comm.tuner.candidates(collective):
+            points = []
+            for nbytes in dict.fromkeys(round_size(n, world.size, 4) for n in CALL_SIZES if n <= maxbytes):
+                if nbytes == 0:
+                    continue
+                case = Case(collective, nbytes, torch.float32, "sum", world.rank, world.size)
+                case.fill()
+                iters = max(3, min(200, CALIBRATION_BYTES // nbytes))
+                points.append((nbytes, time_per_call(case.call(comm, name), iters, max(2, iters // 10), REPEATS,
+                                                     world)))
+            measured[(collective, name)] = points
+    return measured
+
+
 def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:
-    """--calibrate: measure the profile on all ranks; rank 0 writes it and shows it."""
-    topology = pccl.init(ranks_per_node=args.ranks_per_node).topology
+    """--calibrate: measure the profile (the links, then every collective auto chooses
+    among) on all ranks; rank 0 writes it and shows it."""
+    comm = pccl.init(ranks_per_node=args.ranks_per_node)
+    topology = comm.topology
     profile = calibrate(world, topology, args.profile_name)
+    largest = max((n for n in CALL_SIZES if n <= args.maxbytes), default=CALL_SIZES[0])
+    profile = calibrated(profile, topology, time_candidates(comm, world, args.maxbytes),
+                         f"pccl-bench --calibrate, {topology.describe()}: every candidate of auto through the "
+                         f"Communicator ({comm.executor} executor) at {CALL_SIZES[0]}-{largest} B of "
+                         f"float32, the slowest rank's mean of 3-200 calls, median of {REPEATS}")
     if world.rank == 0:
         profile.save(args.calibrate)
         print(json.dumps(profile.to_dict(), indent=1))
@@ -432,6 +484,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     for collective in args.collectives:
         mine = [r for r in rows if r.collective == collective]
         say("#\n" + summary(collective, mine))
+        say("#\n" + auto_summary(collective, mine))
         if args.compression:
             say("#\n" + compression_summary(collective, mine))
     if world.rank == 0 and args.json:

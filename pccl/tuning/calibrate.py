@@ -2,19 +2,26 @@
 the bandwidth one NIC gives the ranks that share it, local reduce and copy speed, and each
 codec's encoding and decoding speed.
 
-Run by `pccl-bench --calibrate PATH` under mpiexec on at least two nodes (real or
-emulated). Every measurement is a ping-pong between pairs of ranks (or a local loop),
-repeated, its median taken;
-alpha and 1/bandwidth come from one-way time against bytes (see fit()).
+Run by `pccl-bench --calibrate PATH` under mpiexec, on two or more nodes (real or
+emulated) or on one (then there is no inter-node link to measure: the intra-node figures
+stand in). Every link measurement is a ping-pong between pairs of ranks (or a local loop),
+repeated, its median taken; alpha and 1/bandwidth come from one-way time against bytes
+(see fit()).
 
   intra   every node's ranks in pairs (local 0-1, 2-3, ...), all pairs at once: the links
           as a collective loads them
   inter   rank 0 and the first rank of node 1 alone (alpha, one rank's stream bandwidth);
           then every rank of node 0 with its counterpart on node 1 at once: the bandwidth
           each NIC delivers when all its ranks send
+
+Then pccl-bench times every algorithm auto chooses among, the MPI library's own
+collectives too, at CALL_SIZES through the Communicator (the fixed cost of a call
+included), and `calibrated` keeps each one's measured/predicted ratio in the profile
+(Profile.calibration), so that auto's predictions equal what was measured at those sizes.
 """
 from __future__ import annotations
 
+import dataclasses
 import socket
 import statistics
 import time
@@ -24,8 +31,10 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from pccl import plans
 from pccl.compression.codecs import CodecError, codec
 from pccl.core.topology import Topology
+from pccl.tuning import cost_model
 from pccl.tuning.profiles import CodecRate, Link, Profile
 
 SIZES = tuple(1 << k for k in range(10, 25, 2))   # 1 KiB .. 16 MiB
@@ -34,6 +43,23 @@ CODEC_BYTES = 16 << 20   # codec loops: fp32 values, larger than caches (zfp run
 CODECS = ("int8", "bf16", "fp16", "zfp:8", "zfp:16")
 SMALL_BLOCK = 512        # bytes: a codec call dominated by its fixed cost
 REPEATS = 5
+CALL_SIZES = tuple(4 ** k for k in range(1, 13))   # 4 B .. 16 MiB: where collectives are calibrated
+
+# What the MPI library's own collectives run, by the whole buffer's bytes, from its
+# selection code (the library name as MPI_Get_library_version reports it).
+NATIVE_SELECTION = {
+    "MPICH": ({"all_gather": [[524288, "recursive_doubling"], [None, "ring"]],
+               "reduce_scatter": [[524288, "recursive_halving"], [None, "pairwise"]],
+               "all_reduce": [[9, "recursive_doubling"], [None, "rabenseifner"]]},
+              "MPICH's default selection (maint/tuning/coll/mpir/generic.json, compiled into "
+              "src/mpi/coll/src/csel_json_autogen.c; sizes are the whole buffer's bytes, csel.c "
+              "get_total_msgsize): MPI_Allgather recursive doubling below 512 KiB on a power-of-two "
+              "communicator (Bruck below 80 KiB otherwise), the ring above; MPI_Reduce_scatter_block with a "
+              "commutative op recursive halving below 512 KiB, pairwise exchange above; MPI_Allreduce "
+              "recursive doubling up to 8 B, Rabenseifner's reduce-scatter + all-gather above. On one node "
+              "ch4 runs MPI_Allreduce through shared memory (MPIDI_POSIX_mpi_allreduce_release_gather), which "
+              "no schedule describes: the calibration carries it"),
+}
 
 
 def fit(sizes, seconds) -> tuple[float, float]:
@@ -136,9 +162,9 @@ def codec_rates(comm: MPI.Comm, where: str) -> tuple:
 
 def calibrate(comm: MPI.Comm, topology: Topology, name: str) -> Profile:
     """The profile of this machine, measured; collective over `comm`."""
-    if topology.num_nodes < 2 or not topology.is_uniform:
-        raise ValueError(f"calibration needs two or more nodes with the same number of ranks, got "
-                         f"{topology.describe()}; run on several nodes or pass --ranks-per-node")
+    if not topology.is_uniform or topology.size < 2:
+        raise ValueError(f"calibration needs two or more ranks and nodes with the same number of ranks, got "
+                         f"{topology.describe()}")
     L = topology.ranks_per_node
     if L >= 2:
         intra_pairs = {}
@@ -148,23 +174,43 @@ def calibrate(comm: MPI.Comm, topology: Topology, name: str) -> Profile:
         intra = fit(SIZES, link_curve(comm, intra_pairs))
     else:
         intra = (0.0, float("inf"))
-    first, second = topology.nodes[0], topology.nodes[1]
-    inter = fit(SIZES, link_curve(comm, {first[0]: second[0], second[0]: first[0]}))
-    loaded = {r: s for a, b in zip(first, second) for r, s in ((a, b), (b, a))}
-    per_rank = fit(SIZES, link_curve(comm, loaded))[1]
-    nic_bandwidth = per_rank * topology.ranks_per_nic()
-    reduce_bw, copy_bw = local_bandwidth(comm, reduce=True), local_bandwidth(comm, reduce=False)
     where = (f"measured by pccl-bench --calibrate on {socket.gethostname()} "
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {topology.describe()}")
+    if topology.num_nodes >= 2:
+        first, second = topology.nodes[0], topology.nodes[1]
+        inter = fit(SIZES, link_curve(comm, {first[0]: second[0], second[0]: first[0]}))
+        loaded = {r: s for a, b in zip(first, second) for r, s in ((a, b), (b, a))}
+        nic_bandwidth = fit(SIZES, link_curve(comm, loaded))[1] * topology.ranks_per_nic()
+        inter_source = (f"{where}: alpha and stream bandwidth from one pair across nodes; NIC bandwidth "
+                        f"from all {L} local ranks at once ({topology.ranks_per_nic()} per NIC)")
+    else:
+        inter, nic_bandwidth = intra, intra[1]
+        inter_source = f"{where}: one node, no inter-node link to measure: the intra-node figures stand in"
+    reduce_bw, copy_bw = local_bandwidth(comm, reduce=True), local_bandwidth(comm, reduce=False)
+    library = next((name for name in NATIVE_SELECTION if name.lower() in MPI.Get_library_version().lower()), None)
+    natives, native_source = NATIVE_SELECTION.get(library, ({}, "not known for this MPI library: counted as rings"))
     return Profile(
         name=name, ranks_per_node=L, nics_per_node=topology.nics_per_node,
         intra=Link(intra[0], intra[1] if L >= 2 else 1e12,
                    source=f"{where}: ping-pong of every local pair at once, {SIZES[0]}-{SIZES[-1]} B"),
-        inter=Link(inter[0], nic_bandwidth, stream_bandwidth=inter[1],
-                   source=f"{where}: alpha and stream bandwidth from one pair across nodes; NIC bandwidth "
-                          f"from all {L} local ranks at once ({topology.ranks_per_nic()} per NIC)"),
+        inter=Link(inter[0], nic_bandwidth, stream_bandwidth=inter[1], source=inter_source),
         reduce_bandwidth=reduce_bw, copy_bandwidth=copy_bw, codecs=codec_rates(comm, where),
         description=f"calibrated: {topology.describe()} on {socket.gethostname()}",
         sources={"reduce": f"{where}: torch add_ of {LOCAL_BYTES} B on every rank at once",
                  "copy": f"{where}: torch copy_ of {LOCAL_BYTES} B on every rank at once",
-                 "native": "not measured: the MPI library's collectives are counted as rings on one NIC"})
+                 "native": native_source},
+        native_algorithms=tuple((c, tuple(tuple(band) for band in bands)) for c, bands in natives.items()))
+
+
+def calibrated(profile: Profile, topology: Topology, measured: dict, where: str) -> Profile:
+    """`profile` with the calibration of the collectives `measured` on `topology`:
+    {(collective, algorithm name): [(bytes, seconds), ...]}; each point keeps measured /
+    predicted, the prediction made without a calibration."""
+    plain = dataclasses.replace(profile, calibration=())
+    calibration = tuple(
+        (collective, name, tuple((int(n), seconds / cost_model.predict(collective, plans.NAMED.get(name, name),
+                                                                       topology, plain, n))
+                                 for n, seconds in points))
+        for (collective, name), points in measured.items())
+    sources = {**profile.sources, "calibration": where}
+    return dataclasses.replace(profile, calibration=calibration, sources=sources)

@@ -299,17 +299,39 @@ def coded_levels(compression) -> tuple:
     return tuple(sorted((level, c.name) for level, c in per_level(compression).items()))
 
 
+def name_of(algorithm) -> Optional[str]:
+    """The name a calibration is kept under: a flat algorithm's, "native", or a named plan's
+    (a plan spec with other levels has none)."""
+    if isinstance(algorithm, str):
+        return algorithm
+    return next((name for name, spec in plans.NAMED.items() if spec == algorithm), None)
+
+
+def _by_native_band(profile: Profile, algorithm, sizes: np.ndarray) -> list[tuple[tuple, np.ndarray]]:
+    """[(natives, indices of sizes), ...]: what the native collectives run at each size, for
+    algorithms that run them (native itself; a plan's native level phases, which take the
+    band of the whole buffer); one group for the rest."""
+    if algorithm == "native" or plans.spec_of(algorithm) is not None:
+        return profile.native_bands(sizes)
+    return [(tuple((c, profile.native_algorithm(c)) for c, _ in profile.native_algorithms), np.arange(len(sizes)))]
+
+
 def predict(collective: str, algorithm, topology: Topology, profile: Profile, nbytes, compression=None,
             dtype: torch.dtype = torch.float32):
     """Predicted seconds of `collective` with `algorithm` on `topology` for a buffer of
     `nbytes` (the all-gather output, the reduce-scatter input, the all-reduce tensor) of
     `dtype` values; `nbytes` may be a number or an array of them. `compression` as the
-    collectives take it (a codec, or one per plan level)."""
+    collectives take it (a codec, or one per plan level). Uncompressed, the profile's
+    calibration of the algorithm (measured/predicted, Profile.efficiency) scales it."""
     sizes = _sizes(nbytes)
     block_bytes = sizes / topology.size
     total = np.zeros_like(sizes)
-    for part in parts(collective, algorithm, topology, profile.native_algorithms, coded_levels(compression)):
-        total = total + part_seconds(part, profile, block_bytes, dtype)
+    coded = coded_levels(compression)
+    for natives, where in _by_native_band(profile, algorithm, sizes):
+        for part in parts(collective, algorithm, topology, natives, coded):
+            total[where] += part_seconds(part, profile, block_bytes[where], dtype)
+    if not coded and profile.calibration:
+        total *= profile.efficiency(collective, name_of(algorithm), sizes)
     return total if np.ndim(nbytes) else float(total[0])
 
 
@@ -320,8 +342,12 @@ def predict_groups(collective: str, algorithm: str, topology: Topology, groups: 
     the nodes' NICs as they do when a sharded engine's inter-group communicators all run
     together."""
     sizes = _sizes(nbytes)
-    counts = _partition_counts(collective, algorithm, topology, groups, profile.native_algorithms)
-    total = counts.seconds(profile, sizes / len(groups[0]))
+    total = np.zeros_like(sizes)
+    for natives, where in _by_native_band(profile, algorithm, sizes):
+        counts = _partition_counts(collective, algorithm, topology, groups, natives)
+        total[where] = counts.seconds(profile, sizes[where] / len(groups[0]))
+    if profile.calibration:
+        total *= profile.efficiency(collective, algorithm, sizes)
     return total if np.ndim(nbytes) else float(total[0])
 
 

@@ -1,8 +1,13 @@
 """algorithm="auto": the algorithm the cost model predicts fastest.
 
 For (collective, buffer bytes) on a communicator's topology and machine profile, every
-candidate (the flat schedules of the collective and, on two levels, the two-level plans)
-is predicted with pccl.tuning.cost_model and the fastest is taken. Decisions are cached per size
+candidate (the flat schedules of the collective, the transport's own collective "native",
+and, on two levels, the two-level plans) is predicted with pccl.tuning.cost_model and the
+fastest is taken. Native is predicted as the schedule its library's documentation says it
+runs at that size (the profile's native bands), and every candidate is scaled by the
+profile's calibration where it has one (measured/predicted per size: the fixed cost of a
+call, a shared-memory fast path), so auto takes MPI's or NCCL's own collective wherever
+that was measured faster. Decisions are cached per size
 bucket (four per doubling, each decided at its lower edge), so the model runs once per
 bucket, and every rank decides alike from the same profile and topology.
 
@@ -14,7 +19,8 @@ Compressed, a plan compresses its inter-node level, and HO-Ring's all-gather and
 all-reduce are no candidates (plans.compresses_consistently says why).
 
 PCCL_ALGO, or PCCL_<COLLECTIVE>_ALGO (e.g. PCCL_ALL_GATHER_ALGO), forces a choice, as
-NCCL_ALGO does for NCCL: a flat name, "native", "hierarchical" or "ho_ring". PCCL_ALGO is
+NCCL_ALGO does for NCCL, and like it is read when the tuner (its communicator) is made: a
+flat name, "native", "hierarchical" or "ho_ring". PCCL_ALGO is
 ignored for a collective the named algorithm does not implement, and a plan named by
 either is ignored where plans cannot run (one node; a sub-communicator whose levels
 cannot be built): auto chooses among the flat algorithms there.
@@ -30,6 +36,7 @@ import torch
 from pccl import plans
 from pccl.algorithms import GENERATORS, algorithms_for
 from pccl.compression.codecs import codec
+from pccl.core.collectives import COLLECTIVES
 from pccl.core.topology import Topology
 from pccl.tuning import cost_model
 from pccl.tuning.profiles import Profile
@@ -73,6 +80,7 @@ class Tuner:
         can be built)."""
         self.topology, self.profile, self.with_plans = topology, profile, with_plans
         self._decisions: dict[tuple, object] = {}
+        self._environment = {c: forced(c) for c in COLLECTIVES}   # read once: a bad name fails here
 
     @property
     def plans_apply(self) -> bool:
@@ -82,7 +90,7 @@ class Tuner:
         return self.with_plans and t.is_uniform and t.num_nodes > 1 and t.ranks_per_node > 1
 
     def candidates(self, collective: str) -> tuple:
-        names = algorithms_for(collective)
+        names = algorithms_for(collective) + ("native",)
         return names + PLAN_NAMES if self.plans_apply else names
 
     def predictions(self, collective: str, nbytes) -> dict:
@@ -93,7 +101,7 @@ class Tuner:
 
     def _forced(self, collective: str) -> Optional[str]:
         """The environment's forced choice for `collective`, where it can run here."""
-        name = forced(collective)
+        name = self._environment[collective]
         return None if name in PLAN_NAMES and not self.plans_apply else name
 
     def _decided(self, key: tuple, nbytes, decide):

@@ -112,3 +112,16 @@ def test_compressed_rows_carry_their_error_against_the_exact_result():
         assert 0 < mine[("ring", "int8")]["max_error"] <= 3 * 0.5 / 127 and mine[("ring", "int8")]["rms_error"] > 0
     bad = mpiexec(1, "-m pccl.tools.bench", "--compression", "int4", timeout=60)
     assert bad.returncode != 0 and "unknown codec" in bad.stderr
+
+
+def test_auto_is_compared_with_the_fastest_of_native_and_every_algorithm_of_its_transport():
+    from pccl.tools.bench import Row, auto_summary
+
+    def row(executor, algorithm, us, size=64, picked=None):
+        return Row("all_gather", size, size // 4, "float", "sum", executor, algorithm, picked or algorithm, us,
+                   0.0, 0.0, 0, 4)
+    rows = [row("cpp", "ring", 9.0), row("cpp", "bruck", 6.0), row("mpi", "native", 5.0),
+            row("cpp", "auto", 5.5, picked="native"), row("python", "ring", 1.0),   # another executor's: no rival
+            row("gloo", "native", 0.5), row("cpp", "ring", 0.1, size=4096)]         # another transport, size
+    lines = auto_summary("all_gather", rows).splitlines()
+    assert len(lines) == 3 and lines[2].split() == ["64", "cpp", "5.50", "5.00", "1.10", "native", "->", "native"]

@@ -88,8 +88,11 @@ def test_compression_auto_resolves_before_anything_is_sent(monkeypatch):
     assert codecs["flat"].name == codecs["inter"].name == "int8" and isinstance(algorithm, str)
     assert comm._compression("auto", torch.empty(16), "all_reduce", "auto")[0] == {}
     assert comm._compression("auto", torch.empty(16 * MB // 4, device="meta"), "all_reduce", "ring") == ({}, "ring")
-    monkeypatch.setenv("PCCL_COMPRESSION", "auto")
+    monkeypatch.setenv("PCCL_COMPRESSION", "auto")   # read when a communicator is made
+    assert comm._compression(None, torch.empty(16 * MB // 4), "all_reduce", "auto") == ({}, "auto")
+    comm = DryRunCommunicator(Topology.regular(8, 4), profiles.load("emulated-1gbit"))
     assert comm._compression(None, torch.empty(16 * MB // 4), "all_reduce", "ring")[1] == "ring"
+    assert comm._compression(None, torch.empty(16 * MB // 4), "all_reduce", "auto")[0]["flat"].name == "int8"
     with pytest.raises(ValueError, match="algorithm"):
         comm._compression("auto", torch.empty(16), "all_reduce", "no-such-algorithm")
 
@@ -112,4 +115,4 @@ def test_a_compressed_calls_auto_is_the_fastest_predicted_with_its_codec(monkeyp
     chosen = tuner.choose_for("all_reduce", 4 * MB, torch.float32, "int8")   # what a compressed call's auto runs
     assert comm.resolve("all_reduce", "auto", 4 * MB, compression="int8") == plans.NAMED.get(chosen, chosen)
     monkeypatch.setenv("PCCL_ALGO", "ring")
-    assert tuner.choose_for("all_gather", MB, torch.float32, "int8") == "ring"
+    assert Tuner(topo, prof).choose_for("all_gather", MB, torch.float32, "int8") == "ring"

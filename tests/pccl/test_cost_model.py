@@ -124,6 +124,68 @@ def test_native_is_counted_as_the_profiles_schedule():
         make_profile(native_algorithms=(("all_gather", "pairwise"),))
 
 
+MPICH_BANDS = (("all_gather", ((524288, "recursive_doubling"), (None, "ring"))),
+               ("reduce_scatter", ((524288, "recursive_halving"), (None, "pairwise"))),
+               ("all_reduce", ((9, "recursive_doubling"), (None, "rabenseifner"))))
+
+
+def test_native_is_counted_as_its_librarys_schedule_for_each_size_band():
+    """MPICH's selection (pccl.tuning.calibrate.NATIVE_SELECTION): the schedule changes
+    at the thresholds, which count the whole buffer's bytes."""
+    topo, mpich = Topology.regular(8, 4), make_profile(native_algorithms=MPICH_BANDS)
+    expected = {("all_gather", 256 << 10): "recursive_doubling", ("all_gather", 512 << 10): "ring",
+                ("reduce_scatter", 64 << 10): "recursive_halving", ("reduce_scatter", 4 * MB): "pairwise",
+                ("all_reduce", 8): "recursive_doubling", ("all_reduce", 64): "rabenseifner"}
+    for (collective, n), schedule in expected.items():
+        assert cost_model.predict(collective, "native", topo, mpich, n) == \
+            cost_model.predict(collective, schedule, topo, mpich, n), (collective, n)
+    sizes = np.array([256 << 10, 512 << 10, 4 * MB])
+    vector = cost_model.predict("all_gather", "native", topo, mpich, sizes)
+    assert list(vector) == [cost_model.predict("all_gather", "native", topo, mpich, int(n)) for n in sizes]
+    assert Profile.from_dict(mpich.to_dict()).native_algorithms == mpich.native_algorithms
+    assert Profile.from_dict(json.loads(json.dumps(mpich.to_dict()))) == mpich
+    with pytest.raises(ValueError, match="must ascend and end with one for every larger size"):
+        make_profile(native_algorithms=(("all_gather", ((512, "ring"),)),))
+    with pytest.raises(ValueError, match="must ascend"):
+        make_profile(native_algorithms=(("all_gather", ((512, "ring"), (64, "bruck"), (None, "ring"))),))
+
+
+def test_a_calibration_scales_each_algorithms_prediction_by_its_measured_ratio():
+    topo = Topology.regular(8, 4)
+    points = ((4, 10.0), (4096, 2.0), (MB, 1.0))
+    calibrated = make_profile(calibration=(("all_gather", "ring", points),))
+    plain = cost_model.predict("all_gather", "ring", topo, PROFILE, np.array([1, 4, 64, 4096, MB, 1 << 30]))
+    scaled = cost_model.predict("all_gather", "ring", topo, calibrated, np.array([1, 4, 64, 4096, MB, 1 << 30]))
+    # log-linear between the points (64 B lies 40% of the way from 4 B to 4 KiB), held beyond them
+    np.testing.assert_allclose(scaled / plain, [10, 10, 10 - 0.4 * 8, 2, 1, 1], rtol=1e-12)
+    assert cost_model.predict("all_gather", "bruck", topo, calibrated, 64) == \
+        cost_model.predict("all_gather", "bruck", topo, PROFILE, 64)     # no calibration: unscaled
+    assert Profile.from_dict(json.loads(json.dumps(calibrated.to_dict()))).calibration == calibrated.calibration
+    with pytest.raises(ValueError, match="sizes ascending and ratios > 0"):
+        make_profile(calibration=(("all_gather", "ring", ((64, 1.0), (4, 2.0))),))
+
+
+def test_auto_takes_the_native_collective_where_it_was_measured_faster():
+    """The calibration ratio of native at a size is what `calibrated` keeps from a
+    measurement: auto's prediction of native there equals the measured time."""
+    from pccl.tuning.calibrate import calibrated
+
+    topo = Topology.regular(4, 4)
+    sizes = [4, 1024, 64 * MB]
+    measured = {("all_gather", "native"): [(n, 1e-7 if n < MB else 10.0) for n in sizes],
+                ("all_gather", "ring"): [(n, cost_model.predict("all_gather", "ring", topo, PROFILE, n))
+                                         for n in sizes]}
+    profile = calibrated(PROFILE, topo, measured, "a test")
+    for n, seconds in measured[("all_gather", "native")]:
+        close(cost_model.predict("all_gather", "native", topo, profile, n), seconds)
+    ratios = {name: points for c, name, points in profile.calibration if c == "all_gather"}
+    assert ratios["ring"] == ((4, 1.0), (1024, 1.0), (64 * MB, 1.0))
+    tuner = Tuner(topo, profile)
+    assert tuner.name("all_gather", 1024) == "native"
+    assert tuner.name("all_gather", 64 * MB) != "native"
+    assert profile.sources["calibration"] == "a test"
+
+
 def test_sizes_vectorize():
     topo = Topology.regular(16, 4)
     sizes = np.array([1, 4, 64]) * MB
@@ -215,7 +277,8 @@ def test_auto_takes_the_fastest_prediction():
         for size in (64 << 10, 16 * MB, 1 << 30):
             times = tuner.predictions(collective, size)
             assert tuner.name(collective, size) == min(times, key=times.get)
-    assert set(tuner.candidates("all_gather")) == set(algorithms_for("all_gather")) | {"hierarchical", "ho_ring"}
+    assert set(tuner.candidates("all_gather")) == set(algorithms_for("all_gather")) | {"native", "hierarchical",
+                                                                                         "ho_ring"}
     assert "hierarchical" not in Tuner(Topology.regular(8, 8), prof).candidates("all_gather")
     assert "hierarchical" not in Tuner(topo, prof, with_plans=False).candidates("all_gather")
 
@@ -233,27 +296,32 @@ def test_auto_decides_once_per_size_bucket(monkeypatch):
     assert bucket(16 * MB) == bucket(16 * MB + 1) < bucket(20 * MB)
 
 
-def test_the_environment_forces_a_choice(monkeypatch):
-    tuner = Tuner(Topology.regular(16, 4), PROFILE)
+def test_the_environment_forces_a_choice_read_when_the_tuner_is_made(monkeypatch):
+    def tuner():
+        return Tuner(Topology.regular(16, 4), PROFILE)
     monkeypatch.setenv("PCCL_ALGO", "ring")
-    assert tuner.choose("all_gather", 1 << 30) == "ring"
+    made = tuner()
+    assert made.choose("all_gather", 1 << 30) == "ring"
+    monkeypatch.setenv("PCCL_ALGO", "bruck")
+    assert made.choose("all_gather", 1 << 30) == "ring", "read once, as NCCL reads NCCL_ALGO"
     monkeypatch.setenv("PCCL_ALGO", "recursive_halving")   # not an all-gather: ignored there
     assert forced("all_gather") is None
-    assert tuner.choose("reduce_scatter", MB) == "recursive_halving"
+    assert tuner().choose("reduce_scatter", MB) == "recursive_halving"
     monkeypatch.setenv("PCCL_ALL_GATHER_ALGO", "hierarchical")
-    assert tuner.choose("all_gather", MB) == plans.Hierarchical()
+    assert tuner().choose("all_gather", MB) == plans.Hierarchical()
     monkeypatch.setenv("PCCL_ALL_GATHER_ALGO", "fastest")
     with pytest.raises(ValueError, match="PCCL_ALL_GATHER_ALGO='fastest'"):
-        tuner.choose("all_gather", MB)
+        tuner()
     monkeypatch.delenv("PCCL_ALL_GATHER_ALGO")
     monkeypatch.setenv("PCCL_ALGO", "fastest")
     with pytest.raises(ValueError, match="PCCL_ALGO='fastest'"):
-        tuner.choose("all_gather", MB)
+        tuner()
 
 
-@pytest.mark.parametrize("tuner", [Tuner(Topology.regular(8, 8), PROFILE),                      # one node
-                                   Tuner(Topology.regular(16, 4), PROFILE, with_plans=False)])  # no levels
-def test_a_forced_plan_is_ignored_where_plans_cannot_run(monkeypatch, tuner):
+@pytest.mark.parametrize("shape,with_plans", [((8, 8), True),     # one node
+                                              ((16, 4), False)])   # no levels
+def test_a_forced_plan_is_ignored_where_plans_cannot_run(monkeypatch, shape, with_plans):
     monkeypatch.setenv("PCCL_ALGO", "hierarchical")
+    tuner = Tuner(Topology.regular(*shape), PROFILE, with_plans=with_plans)
     assert tuner.choose("all_gather", MB) in tuner.candidates("all_gather")
     assert isinstance(tuner.choose("all_gather", MB), str)

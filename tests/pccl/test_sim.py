@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pccl import plans
+from pccl.algorithms import algorithms_for
 from pccl.core.topology import Topology
 from pccl.tools.sim import doubling_range
 from pccl.tuning import cost_model, profiles
@@ -51,7 +52,7 @@ def test_heatmap_csv_holds_the_speedups(tmp_path):
         for ranks, cell in zip((16, 32, 64), row[1:]):
             topo = Topology.regular(ranks, 4, 4)
             times = {a: cost_model.predict("reduce_scatter", plans.NAMED.get(a, a), topo, prof, size)
-                     for a in ("ring", "recursive_halving", "hierarchical", "ho_ring")}
+                     for a in ("ring", "recursive_halving", "pairwise", "native", "hierarchical", "ho_ring")}
             assert float(cell) == pytest.approx(times["ring"] / min(times.values()), rel=1e-3)
     assert "auto" in run.stdout
 
@@ -87,7 +88,7 @@ def test_fit_recovers_alpha_and_bandwidth():
 def test_calibrate_writes_a_profile_that_loads(tmp_path):
     path = tmp_path / "measured.json"
     run = mpiexec(4, "-m pccl.tools.bench", "--calibrate", str(path), "--ranks-per-node", "2", "--profile-name", "here",
-                  timeout=300)
+                  "-b", "4", "-e", "4K", timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     prof = profiles.load(path)
     assert (prof.name, prof.ranks_per_node, prof.nics_per_node) == ("here", 2, 1)
@@ -100,11 +101,23 @@ def test_calibrate_writes_a_profile_that_loads(tmp_path):
 
 
 @pytest.mark.mpi
-def test_calibrate_refuses_one_node(tmp_path):
-    run = mpiexec(2, "-m pccl.tools.bench", "--calibrate", str(tmp_path / "p.json"), "--ranks-per-node", "2",
-                  timeout=120)
-    assert run.returncode != 0
-    assert "two or more nodes" in run.stdout + run.stderr
+def test_calibrating_one_node_measures_every_candidate_of_auto(tmp_path):
+    """One node: no inter-node link (the intra-node figures stand in); every candidate of
+    auto, MPI's own collectives too, is timed up to --maxbytes and kept as measured /
+    predicted, so the profile predicts what was measured."""
+    path = tmp_path / "p.json"
+    run = mpiexec(2, "-m pccl.tools.bench", "--calibrate", str(path), "-b", "4", "-e", "64", timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    prof = profiles.load(path)
+    assert "one node" in prof.inter.source and prof.inter.bandwidth == prof.intra.bandwidth
+    assert dict(prof.native_algorithms)["all_reduce"][0] == (9, "recursive_doubling"), "MPICH's selection"
+    kept = {(c, name): points for c, name, points in prof.calibration}
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        for name in algorithms_for(collective) + ("native",):
+            points = kept[(collective, name)]
+            assert [n for n, _ in points] == [16, 64], (collective, name)   # 4 B splits over no 2 ranks
+            assert all(0 < ratio < 1e6 for _, ratio in points)
+    assert "every candidate of auto" in prof.sources["calibration"]
 
 
 @pytest.mark.mpi

@@ -91,3 +91,34 @@ def test_hierarchical_specs_are_checked_before_sending(comm):
     out = torch.empty(4)
     comm.all_gather(out, torch.ones(4), algorithm="hierarchical")
     assert torch.equal(out, torch.ones(4))
+
+
+def test_a_call_is_resolved_once_per_shape_and_still_checked_every_time(monkeypatch):
+    """The call cache: the second call with the same collective, algorithm, op and buffers
+    (dtype, element count, device) skips resolution; what a key cannot hold (contiguity,
+    an unhashable argument) is checked on every call."""
+    c = pccl.Communicator(MPI.COMM_SELF)
+    resolved = []
+    real = c.resolve
+    monkeypatch.setattr(c, "resolve", lambda *a, **k: resolved.append(a[:3]) or real(*a, **k))
+    out, x = torch.empty(4), torch.arange(4.0)
+    for _ in range(3):
+        c.all_gather(out, x)
+        assert torch.equal(out, x)
+    assert resolved == [("all_gather", "auto", 16)]
+    c.all_gather(torch.empty(2, 2), x.view(2, 2))        # same element count, other shape: same call
+    c.all_reduce(torch.ones(8), op="max")
+    c.all_reduce(torch.ones(8), op="sum")                # another op: resolved anew
+    c.all_reduce(torch.ones(8, dtype=torch.float64))     # another dtype
+    assert len(resolved) == 4, resolved
+    with pytest.raises(ValueError, match="output must be contiguous"):
+        c.all_gather(torch.empty(8)[::2], x)
+    with pytest.raises(TypeError, match="dtypes differ"):
+        c.all_gather(out, x.double())
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        c.all_gather(out, x, algorithm=["ring"])
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        c.all_reduce([1.0, 2.0])
+    t = torch.ones(4)
+    c.all_gather(out, t, algorithm="ring")
+    assert torch.equal(out, t)

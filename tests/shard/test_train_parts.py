@@ -205,8 +205,8 @@ def test_precision_is_bf16_on_gpus_and_the_reduce_dtype_is_configurable():
 
 
 class _Ranks:
-    """A stand-in communicator: this rank's tensors meet `others`, the other ranks' values
-    of each all-reduce in call order; records the ops issued."""
+    """A stand-in communicator of 2 ranks, this one rank 0: its tensors meet `others`, the
+    other rank's values of each collective in call order; records the ops issued."""
 
     rank, size = 0, 2
 
@@ -219,6 +219,11 @@ class _Ranks:
         reduce = {"max": lambda: values.max(0).values, "avg": lambda: values.mean(0), "sum": lambda: values.sum(0)}
         t.copy_(reduce[op]())
 
+    def all_gather(self, output, input):
+        self.ops.append("gather")
+        output.copy_(torch.cat([input.view(-1), torch.tensor(self.others.pop(0), dtype=input.dtype)])
+                     .view_as(output))
+
 
 def test_max_over_ranks():
     from shard.train import _max
@@ -226,24 +231,26 @@ def test_max_over_ranks():
     assert _max(comm, torch.device("cpu"), [1.0, 2.0]) == [3.0, 2.0] and comm.ops == ["max"]
 
 
-def test_interval_record_has_the_largest_ranks_peak_memory():
-    """log_interval issues the loss mean, then the peak-memory max, on every rank alike."""
+def test_interval_record_has_the_mean_loss_and_the_largest_ranks_peak_memory_from_one_collective():
+    """log_interval gathers every rank's loss, peak memory and waits in one all-gather:
+    one collective per logged interval, not one per scalar."""
     from types import SimpleNamespace
 
     from shard.engine import StepResult
     from shard.train import log_interval
-    comm = _Ranks([3.0], [1000.0])   # the other rank: loss 3, peak 1000 GiB
+    comm = _Ranks([3.0, 1000.0, 0.0, 0.0])   # the other rank: loss 3, peak 1000 GiB, no waits
     logged = []
     train = SimpleNamespace(micro_batch=8, seq_len=128, eval_interval=0)
     r = SimpleNamespace(comm=comm, device=torch.device("cpu"), step=10, global_batch_tokens=8192,
                         cfg=SimpleNamespace(train=train), meter=Throughput(1, 2, None),
                         engine=SimpleNamespace(lr=1e-3, skipped_steps=0,
-                                               comm_report=lambda reset: {"exposed_s": 0.0, "busy_s": {}}),
+                                               comm_report=lambda reset: {"exposed_s": 0.0, "busy_s": {},
+                                                                          "longest_wait_s": 0.0}),
                         log=SimpleNamespace(log=logged.append), batches=SimpleNamespace(epoch=0))
     train.straggler_seconds = 0
     result = StepResult(grad_norm=1.0, skipped=False, loss_scale=1.0)
     log_interval(r, result, [torch.tensor(1.0)] * 2, 0.0, False)
-    assert comm.ops == ["avg", "max"]
+    assert comm.ops == ["gather"]
     assert logged[0]["loss"] == 2.0 and logged[0]["peak_memory_gb"] == 1000.0 and logged[0]["straggler"] is None
 
 
@@ -261,13 +268,11 @@ def test_a_straggler_is_the_rank_the_others_waited_for():
         comm = _Ranks(*others)
         r = SimpleNamespace(comm=comm, device=torch.device("cpu"),
                             cfg=SimpleNamespace(train=SimpleNamespace(straggler_seconds=limit)))
-        return find_straggler(r, report), comm.ops
+        return find_straggler(r, report, [3.5, 0.01], [3.6, 0.02]), comm.ops   # rank 1 hardly waited
 
-    other = [0.0, 0.01, 0.0, 0.02]   # rank 1's slots of [longest waits..., exposed...]
-    assert run(2, other, [0] * 4096) == ({"rank": 1, "waiter": 0, "operation": operation, "wait_s": 3.5},
-                                         ["sum", "sum"])
-    assert run(5, other) == (None, ["sum"])   # under the threshold: nothing shared
-    assert run(0) == (None, [])               # off: not even the table
+    assert run(2, [0] * 4096) == ({"rank": 1, "waiter": 0, "operation": operation, "wait_s": 3.5}, ["sum"])
+    assert run(5) == (None, [])   # under the threshold: nothing shared
+    assert run(0) == (None, [])   # off
 
 
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),

@@ -14,10 +14,18 @@ A profile describes one kind of node and its links:
           decoded and reduced into a buffer, and the fixed seconds of each call (fixed-rate
           codecs: the compression ratio follows from the codec itself); a codec a profile
           lacks is never predicted
-  native  what the transport's own collective ("native") runs: the schedule per
-          collective (default ring; MPICH's long reduce-scatter is "pairwise"), and
-          whether it stripes each inter-node hop over all of a node's NICs, as NCCL's
-          and RCCL's channels do (Cray MPICH sends a rank's traffic through one NIC)
+  native  what the transport's own collective ("native") runs, as its documentation
+          says: the schedule per collective, one for every size or one per size band
+          ([[below bytes, schedule], ..., [null, schedule]], the whole buffer's bytes, as
+          MPICH's thresholds count them; default ring), and whether it stripes each
+          inter-node hop over all of a node's NICs, as NCCL's and RCCL's channels do
+          (Cray MPICH sends a rank's traffic through one NIC)
+  calibration  measured/predicted time of each algorithm auto chooses among (the
+          native collective too), per collective at sizes from 4 B up, on the shape
+          pccl-bench --calibrate ran on: the cost model multiplies its prediction by this
+          ratio, interpolated in log(size) and held beyond the ends. It carries what the
+          link constants cannot: the fixed cost of a call, MPI's shared-memory and eager
+          paths, a library's own tuned selection
 
 Built-in profiles live beside this module, pccl/tuning/profiles/<name>.json; `pccl-bench --calibrate` writes one
 for the machine it runs on. Every number carries its source in the file.
@@ -25,10 +33,13 @@ for the machine it runs on. Every number carries its source in the file.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+import numpy as np
 
 from pccl.algorithms import GENERATORS
 from pccl.util.files import write_atomic
@@ -71,8 +82,11 @@ class Profile:
     reduce_bandwidth: float    # bytes/s
     copy_bandwidth: float      # bytes/s
     native_stripes_nics: bool = False
-    native_algorithms: tuple = ()   # ((collective, schedule algorithm), ...); others: ring
+    # ((collective, ((below bytes, schedule), ..., (inf, schedule))), ...); a name alone
+    # stands for every size; collectives not named: ring
+    native_algorithms: tuple = ()
     codecs: tuple = ()              # ((codec name, CodecRate), ...)
+    calibration: tuple = ()         # ((collective, algorithm name, ((bytes, measured/predicted), ...)), ...)
     description: str = ""
     sources: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -100,15 +114,56 @@ class Profile:
             if not (isinstance(rate.call, (int, float)) and rate.call >= 0):
                 raise ValueError(f"profile {self.name!r}: codecs[{codec!r}].call must be a number >= 0 seconds, "
                                  f"got {rate.call!r}")
-        for collective, algorithm in self.native_algorithms:
-            if algorithm not in GENERATORS.get(collective, {}):
-                raise ValueError(f"profile {self.name!r}: native.algorithms[{collective!r}] = {algorithm!r} is not a "
-                                 f"schedule of that collective; expected one of "
-                                 f"{tuple(GENERATORS.get(collective, ()))}")
+        object.__setattr__(self, "native_algorithms", tuple(sorted(
+            (collective, self._bands(collective, bands)) for collective, bands in self.native_algorithms)))
+        for collective, algorithm, points in self.calibration:
+            sizes = [b for b, _ in points]
+            if not points or sizes != sorted(set(sizes)) or any(not (r > 0) for _, r in points):
+                raise ValueError(f"profile {self.name!r}: calibration[{collective!r}][{algorithm!r}] must be "
+                                 f"[bytes, ratio] pairs with sizes ascending and ratios > 0, got {points!r}")
 
-    def native_algorithm(self, collective: str) -> str:
-        """The schedule the transport's own `collective` is counted as."""
-        return dict(self.native_algorithms).get(collective, "ring")
+    def _bands(self, collective: str, bands) -> tuple:
+        """((below bytes, schedule), ...) of a native entry: a name (every size) or size bands
+        ending in one for every larger size (inf; null in a file)."""
+        bands = ((math.inf, bands),) if isinstance(bands, str) else tuple(
+            (math.inf if below is None else below, name) for below, name in bands)
+        where = f"profile {self.name!r}: native.algorithms[{collective!r}]"
+        for _, algorithm in bands:
+            if algorithm not in GENERATORS.get(collective, {}):
+                raise ValueError(f"{where} = {algorithm!r} is not a schedule of that collective; expected one of "
+                                 f"{tuple(GENERATORS.get(collective, ()))}")
+        limits = [below for below, _ in bands]
+        if not bands or limits[-1] != math.inf or limits != sorted(set(limits)):
+            raise ValueError(f"{where}: size bands must ascend and end with one for every larger size "
+                             f"([null, schedule]), got {bands!r}")
+        return bands
+
+    def native_algorithm(self, collective: str, nbytes: float = 0) -> str:
+        """The schedule the transport's own `collective` of `nbytes` (the whole buffer) is
+        counted as."""
+        for below, name in dict(self.native_algorithms).get(collective, ((math.inf, "ring"),)):
+            if nbytes < below:
+                return name
+        raise AssertionError("the last band holds every size")
+
+    def native_bands(self, sizes: np.ndarray) -> list[tuple[tuple, np.ndarray]]:
+        """[(natives, indices), ...]: `sizes` grouped by the schedules the native collectives
+        run for them, natives being ((collective, schedule), ...) as the cost model takes it."""
+        groups: dict[tuple, list[int]] = {}
+        for i, n in enumerate(np.asarray(sizes, float)):
+            natives = tuple((c, self.native_algorithm(c, n)) for c, _ in self.native_algorithms)
+            groups.setdefault(natives, []).append(i)
+        return [(natives, np.array(index)) for natives, index in groups.items()]
+
+    def efficiency(self, collective: str, algorithm: str, sizes: np.ndarray) -> np.ndarray:
+        """The calibrated measured/predicted ratio of `algorithm` (a name: a flat schedule,
+        "native", "hierarchical", "ho_ring") for `collective` at `sizes` bytes: 1 where the
+        profile has none."""
+        for c, name, points in self.calibration:
+            if c == collective and name == algorithm:
+                at, ratio = zip(*points)
+                return np.interp(np.log2(np.maximum(sizes, 1)), np.log2(np.maximum(at, 1)), ratio)
+        return np.ones_like(np.asarray(sizes, float))
 
     def codec_rate(self, name: str) -> CodecRate:
         """The measured speed of codec `name`; a clear error where the profile lacks it."""
@@ -140,11 +195,18 @@ class Profile:
                 "reduce": {"bandwidth_GBps": self.reduce_bandwidth / 1e9,
                            "source": self.sources.get("reduce", "")},
                 "copy": {"bandwidth_GBps": self.copy_bandwidth / 1e9, "source": self.sources.get("copy", "")},
-                "native": {"stripes_nics": self.native_stripes_nics, "algorithms": dict(self.native_algorithms),
+                "native": {"stripes_nics": self.native_stripes_nics,
+                           "algorithms": {c: bands[0][1] if len(bands) == 1 else
+                                          [[None if b == math.inf else b, name] for b, name in bands]
+                                          for c, bands in self.native_algorithms},
                            "source": self.sources.get("native", "")},
                 "codecs": {name: {"encode_GBps": r.encode / 1e9, "decode_GBps": r.decode / 1e9,
                                   "call_us": r.call * 1e6, "source": r.source} for name, r in self.codecs},
-                "sources": {k: v for k, v in self.sources.items() if k not in ("reduce", "copy", "native")}}
+                **({"calibration": {"source": self.sources.get("calibration", ""), "ratios": {
+                    c: {name: [list(p) for p in points] for c2, name, points in self.calibration if c2 == c}
+                    for c in dict.fromkeys(c for c, _, _ in self.calibration)}}} if self.calibration else {}),
+                "sources": {k: v for k, v in self.sources.items()
+                            if k not in ("reduce", "copy", "native", "calibration")}}
 
     @classmethod
     def from_dict(cls, data: dict, origin: str = "profile") -> "Profile":
@@ -166,12 +228,20 @@ class Profile:
             sources["copy"] = data["copy"].get("source", "")
             native = data.get("native", {})
             sources["native"] = native.get("source", "")
+            calibrated = data.get("calibration", {})
+            if calibrated:
+                sources["calibration"] = calibrated.get("source", "")
             return cls(name=data["name"], ranks_per_node=data["ranks_per_node"],
                        nics_per_node=data["nics_per_node"], intra=link(data["intra"]),
                        inter=link(data["inter"]), reduce_bandwidth=gbps(data["reduce"]["bandwidth_GBps"]),
                        copy_bandwidth=gbps(data["copy"]["bandwidth_GBps"]),
                        native_stripes_nics=bool(native.get("stripes_nics", False)),
-                       native_algorithms=tuple(sorted(native.get("algorithms", {}).items())),
+                       native_algorithms=tuple(sorted((c, bands if isinstance(bands, str) else
+                                                       tuple(tuple(band) for band in bands))
+                                                      for c, bands in native.get("algorithms", {}).items())),
+                       calibration=tuple((c, name, tuple((int(b), float(r)) for b, r in points))
+                                         for c, by_name in calibrated.get("ratios", {}).items()
+                                         for name, points in by_name.items()),
                        codecs=tuple(sorted((name, CodecRate(gbps(r["encode_GBps"]), gbps(r["decode_GBps"]),
                                                             us(r.get("call_us", 0.0)), r.get("source", "")))
                                            for name, r in data.get("codecs", {}).items())),
