@@ -65,6 +65,12 @@ def call_key(head: tuple, *buffers) -> Optional[tuple]:
     return head
 
 
+def uncompressed(compression) -> bool:
+    """Whether a call's compression argument leaves it to the communicator's default
+    (None) or names none: such calls are kept in the call cache."""
+    return compression is None or (isinstance(compression, str) and compression == "none")
+
+
 def flat(t: torch.Tensor) -> torch.Tensor:
     """The 1-d view the executors and plans slice (a 1-d tensor itself: no new view)."""
     return t if t.dim() == 1 else t.view(-1)
@@ -472,7 +478,7 @@ class Communicator:
         or per plan level {"intra": ..., "inter": ...}, or "auto" (the cost model chooses
         a codec, or none, with the algorithm); each block is encoded once, by its owner, and
         every rank's output is the same decoding."""
-        key, call = self._cached(("all_gather", algorithm) if compression is None else None, output, input)
+        key, call = self._cached(("all_gather", algorithm) if uncompressed(compression) else None, output, input)
         if call is None:
             self._check_buffers(output, input, full="output")
             codecs, resolved = self._compression(compression, output, "all_gather", algorithm)
@@ -487,7 +493,8 @@ class Communicator:
                        algorithm: str = "auto", async_op: bool = False, compression=None) -> Optional[Work]:
         """Reduce `input` over all ranks; this rank receives block `rank` in `output`.
         compression: as all_gather's; partial sums are encoded at each step."""
-        key, call = self._cached(("reduce_scatter", algorithm, op) if compression is None else None, output, input)
+        head = ("reduce_scatter", algorithm, op) if uncompressed(compression) else None
+        key, call = self._cached(head, output, input)
         if call is None:
             self._check_buffers(output, input, full="input")
             op_code(op, input.dtype)
@@ -503,7 +510,7 @@ class Communicator:
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
                    async_op: bool = False, compression=None) -> Optional[Work]:
         """Reduce `tensor` over all ranks, in place. compression: as all_gather's."""
-        key, call = self._cached(("all_reduce", algorithm, op) if compression is None else None, tensor)
+        key, call = self._cached(("all_reduce", algorithm, op) if uncompressed(compression) else None, tensor)
         if call is None:
             validation.check_tensor("tensor", tensor, self.devices)
             op_code(op, tensor.dtype)

@@ -403,7 +403,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("--json", metavar="PATH", default=None, help="write the rows as JSON ('-': stdout, no table)")
     add("--calibrate", metavar="PATH", default=None,
         help="instead of timing collectives, measure this machine's profile (alpha, bandwidths, and "
-             "every algorithm auto chooses among, the native one too, at 4 B-16 MiB, at most --maxbytes) "
+             "every algorithm auto chooses among, the native one too, at 4 B, 16 B, ... up to --maxbytes) "
              "and write it to PATH, for PCCL_PROFILE and pccl-sim --profile")
     add("--profile-name", default="calibrated", help="the name written into a calibrated profile")
     args = parser.parse_args(argv)
@@ -420,23 +420,27 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 CALIBRATION_BYTES = 1 << 22   # bytes per timing loop: up to 200 calls of small buffers, 3 of large ones
 
 
-def time_candidates(comm: pccl.Communicator, world: MPI.Comm, maxbytes: int) -> dict:
+def time_candidates(comm: pccl.Communicator, world: MPI.Comm, maxbytes: int, passes: int = 2) -> dict:
     """{(collective, algorithm): [(bytes, seconds), ...]}: every candidate of auto (the MPI
     library's own collective too) timed through `comm` at CALL_SIZES up to `maxbytes`, of
-    float32, sum."""
-    measured = {}
+    float32, sum; per size every candidate in turn, in `passes` passes (the second in the
+    reverse order), each point the slower pass's: on ranks that share cores a schedule can
+    run several times faster in one pass than in the next, and auto must not count on it."""
+    measured: dict = {}
+    sizes = [n for n in dict.fromkeys(round_size(n, world.size, 4) for n in CALL_SIZES if n <= maxbytes) if n]
     for collective in COLLECTIVES:
-        for name in comm.tuner.candidates(collective):
-            points = []
-            for nbytes in dict.fromkeys(round_size(n, world.size, 4) for n in CALL_SIZES if n <= maxbytes):
-                if nbytes == 0:
-                    continue
-                case = Case(collective, nbytes, torch.float32, "sum", world.rank, world.size)
-                case.fill()
-                iters = max(3, min(200, CALIBRATION_BYTES // nbytes))
-                points.append((nbytes, time_per_call(case.call(comm, name), iters, max(2, iters // 10), REPEATS,
-                                                     world)))
-            measured[(collective, name)] = points
+        names = comm.tuner.candidates(collective)
+        for nbytes in sizes:
+            case = Case(collective, nbytes, torch.float32, "sum", world.rank, world.size)
+            case.fill()
+            iters = max(3, min(200, CALIBRATION_BYTES // nbytes))
+            seconds: dict = {}
+            for turn in range(passes):
+                for name in (names if turn % 2 == 0 else names[::-1]):
+                    t = time_per_call(case.call(comm, name), iters, max(2, iters // 10), REPEATS, world)
+                    seconds[name] = max(seconds.get(name, 0.0), t)
+            for name in names:
+                measured.setdefault((collective, name), []).append((nbytes, seconds[name]))
     return measured
 
 
@@ -450,7 +454,8 @@ def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:
     profile = calibrated(profile, topology, time_candidates(comm, world, args.maxbytes),
                          f"pccl-bench --calibrate, {topology.describe()}: every candidate of auto through the "
                          f"Communicator ({comm.executor} executor) at {CALL_SIZES[0]}-{largest} B of "
-                         f"float32, the slowest rank's mean of 3-200 calls, median of {REPEATS}")
+                         f"float32, the slowest rank's mean of 3-200 calls, median of {REPEATS}, the slower of "
+                         f"2 passes")
     if world.rank == 0:
         profile.save(args.calibrate)
         print(json.dumps(profile.to_dict(), indent=1))

@@ -43,7 +43,7 @@ CODEC_BYTES = 16 << 20   # codec loops: fp32 values, larger than caches (zfp run
 CODECS = ("int8", "bf16", "fp16", "zfp:8", "zfp:16")
 SMALL_BLOCK = 512        # bytes: a codec call dominated by its fixed cost
 REPEATS = 5
-CALL_SIZES = tuple(4 ** k for k in range(1, 13))   # 4 B .. 16 MiB: where collectives are calibrated
+CALL_SIZES = tuple(4 ** k for k in range(1, 16))   # 4 B .. 1 GiB (at most pccl-bench's -e): collectives calibrated
 
 # What the MPI library's own collectives run, by the whole buffer's bytes, from its
 # selection code (the library name as MPI_Get_library_version reports it).

@@ -7,9 +7,14 @@ fastest is taken. Native is predicted as the schedule its library's documentatio
 runs at that size (the profile's native bands), and every candidate is scaled by the
 profile's calibration where it has one (measured/predicted per size: the fixed cost of a
 call, a shared-memory fast path), so auto takes MPI's or NCCL's own collective wherever
-that was measured faster. Decisions are cached per size
-bucket (four per doubling, each decided at its lower edge), so the model runs once per
-bucket, and every rank decides alike from the same profile and topology.
+that was measured faster. Where they are close, native is kept: a schedule or plan must
+be predicted at least 10% faster (GAIN_OVER_NATIVE). A calibration's small-message
+figures move by more than that from run to run on a loaded machine, and native, which
+pays no Python between its messages, loses less when ranks share cores.
+
+Decisions are cached per size bucket (four per doubling, each decided at its lower edge),
+so the model runs once per bucket, and every rank decides alike from the same profile and
+topology.
 
 compression="auto" (choose_compressed) lets the model choose a codec too: each of
 AUTO_CODECS that takes the payload and whose speed the profile holds, or none, jointly with
@@ -45,6 +50,7 @@ BUCKETS_PER_DOUBLING = 4
 PLAN_NAMES = tuple(plans.NAMED)
 AUTO_CODECS = ("int8", "bf16")   # the native codecs, run inside the C++ executor
 GAIN_FOR_LOSS = 0.9   # a lossy codec is chosen only where predicted at most 0.9x the exact time
+GAIN_OVER_NATIVE = 0.9   # a schedule or plan is chosen over native only where predicted at most 0.9x its time
 
 
 def forced(collective: str) -> Optional[str]:
@@ -116,10 +122,12 @@ class Tuner:
         return tuple(n for n in self.candidates(collective) if compresses(n, collective))
 
     def name(self, collective: str, nbytes: int) -> str:
-        """The name (as the API takes it) of what auto runs for `nbytes`."""
+        """The name (as the API takes it) of what auto runs for `nbytes`: the fastest
+        prediction, native unless another is at most GAIN_OVER_NATIVE of its time."""
         def fastest(edge):
             times = self.predictions(collective, edge)
-            return min(times, key=times.get)
+            best = min(times, key=times.get)
+            return best if times[best] <= GAIN_OVER_NATIVE * times["native"] else "native"
         return self._forced(collective) or self._decided((collective,), nbytes, fastest)
 
     def choose(self, collective: str, nbytes: int):

@@ -53,7 +53,9 @@ def test_heatmap_csv_holds_the_speedups(tmp_path):
             topo = Topology.regular(ranks, 4, 4)
             times = {a: cost_model.predict("reduce_scatter", plans.NAMED.get(a, a), topo, prof, size)
                      for a in ("ring", "recursive_halving", "pairwise", "native", "hierarchical", "ho_ring")}
-            assert float(cell) == pytest.approx(times["ring"] / min(times.values()), rel=1e-3)
+            best = min(times, key=times.get)
+            auto = best if times[best] <= 0.9 * times["native"] else "native"   # native unless clearly beaten
+            assert float(cell) == pytest.approx(times["ring"] / times[auto], rel=1e-3)
     assert "auto" in run.stdout
 
 
