@@ -197,7 +197,7 @@ def worker(args: argparse.Namespace) -> dict:
 
         run, _, compression = name.partition("+")
         strategy, _, comm_name = run.rpartition("-")
-        comm = pccl.init(ranks_per_node=args.ranks_per_node, timeout=300)
+        comm = pccl.init(ranks_per_node=args.ranks_per_node, timeout=300, interruptible=True)   # as shard-train
         engine = Engine(model, comm, EngineConfig(
             strategy=strategy, algorithm=COMMS[comm_name], group_size=args.ranks_per_node or p,
             compress_params=compression or None, compress_grads=compression or None,

@@ -95,7 +95,9 @@ def _communicator(c, device: torch.device) -> pccl.Communicator:
     transport = comm_transport(c.transport, device.type)
     options = level_transports(c.get("intra"), c.get("inter"), transport, device.type)
     options.update({k: int(c[k]) for k in ("ranks_per_node", "nics_per_node") if c.get(k) is not None})
-    comm = pccl.init(transport, timeout=float(c.timeout), **options)
+    # interruptible: auto leaves MPI's blocking collectives out, so a dead peer is named
+    # by a timeout instead of ending the job through the watchdog (docs/faults.md)
+    comm = pccl.init(transport, timeout=float(c.timeout), interruptible=True, **options)
     check_comm_device(transport, tuple(comm.devices), device.type)   # every rank alike, before any collective
     return comm
 

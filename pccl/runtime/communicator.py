@@ -122,14 +122,19 @@ class Communicator:
     def __init__(self, comm, executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT, *,
                  topology: Optional[Topology] = None, ranks_per_node: Optional[int] = None,
                  nics_per_node: Optional[int] = None, intra: Optional[str] = None,
-                 inter: Optional[str] = None, profile=None):
+                 inter: Optional[str] = None, profile=None, interruptible: bool = False):
         """Topology: given, or `ranks_per_node` consecutive ranks per node (emulated nodes on
         one machine), or PCCL_RANKS_PER_NODE, or detected (MPI's shared-memory split;
         host names for torch.distributed). intra/inter: the transport of each level of the
         two-level plans, "mpi", "gloo" or "nccl" (default: this communicator's own;
         intra="nccl", inter="mpi" is the PCCL paper's design on GPUs). profile: the
         machine profile algorithm="auto" predicts with: a pccl.tuning.profiles.Profile, a built-in
-        name or a file (default: PCCL_PROFILE, else "generic"); rank 0's is used by all."""
+        name or a file (default: PCCL_PROFILE, else "generic"); rank 0's is used by all.
+        interruptible: auto never takes the MPI library's own collectives, whose blocking
+        calls cannot be interrupted (a peer that dies there ends the job through the
+        watchdog), so that every collective auto runs times out with a CollectiveTimeout
+        naming the peers it waited for, as the training engine promises; an explicit
+        algorithm="native" still runs them."""
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
@@ -184,8 +189,11 @@ class Communicator:
         # The devices a two-level plan takes: those both of its levels carry.
         self.plan_devices = tuple(d for d in level_devices[0] if d in level_devices[1])
         self.profile = profile if isinstance(profile, Profile) else self._agreed_profile(profile)
-        self.tuner = Tuner(self.topology, self.profile, with_plans=self._can_build_levels())
-        self._flat_tuner = Tuner(self.topology, self.profile, with_plans=False)   # auto where plans cannot run
+        self.interruptible = interruptible
+        native = not (interruptible and self.transport == "mpi")
+        self.tuner = Tuner(self.topology, self.profile, with_plans=self._can_build_levels(), with_native=native)
+        # auto where plans cannot run
+        self._flat_tuner = Tuner(self.topology, self.profile, with_plans=False, with_native=native)
         self._plans: Optional[PlanExecutor] = None
         self._compressed = None   # the executor of compressed schedules, where it is not _executor
         if self.tuner.plans_apply and any(map(transports.uses_torch, self.level_transports.values())):
@@ -267,7 +275,8 @@ class Communicator:
         transports.check_available(transport)
         index = next(i for i, g in enumerate(groups) if self.rank in g)
         members = groups[index]
-        options = dict(timeout=self.timeout, topology=self.topology.restrict(members), profile=self.profile)
+        options = dict(timeout=self.timeout, topology=self.topology.restrict(members), profile=self.profile,
+                       interruptible=self.interruptible)
         if transport == "mpi":
             if self.transport != "mpi":
                 raise ValueError("an 'mpi' sub-communicator needs a Communicator built on an mpi4py communicator")

@@ -81,10 +81,11 @@ def bucket(nbytes: int) -> int:
 class Tuner:
     """Chooses algorithms for one topology and profile, caching per size bucket."""
 
-    def __init__(self, topology: Topology, profile: Profile, with_plans: bool = True):
+    def __init__(self, topology: Topology, profile: Profile, with_plans: bool = True, with_native: bool = True):
         """with_plans: whether the two-level plans may be chosen (their level communicators
-        can be built)."""
+        can be built); with_native: whether the transport's own collective may be."""
         self.topology, self.profile, self.with_plans = topology, profile, with_plans
+        self.with_native = with_native
         self._decisions: dict[tuple, object] = {}
         self._environment = {c: forced(c) for c in COLLECTIVES}   # read once: a bad name fails here
 
@@ -96,7 +97,7 @@ class Tuner:
         return self.with_plans and t.is_uniform and t.num_nodes > 1 and t.ranks_per_node > 1
 
     def candidates(self, collective: str) -> tuple:
-        names = algorithms_for(collective) + ("native",)
+        names = algorithms_for(collective) + (("native",) if self.with_native else ())
         return names + PLAN_NAMES if self.plans_apply else names
 
     def predictions(self, collective: str, nbytes) -> dict:
@@ -127,7 +128,8 @@ class Tuner:
         def fastest(edge):
             times = self.predictions(collective, edge)
             best = min(times, key=times.get)
-            return best if times[best] <= GAIN_OVER_NATIVE * times["native"] else "native"
+            native = times.get("native", float("inf"))
+            return best if times[best] <= GAIN_OVER_NATIVE * native else "native"
         return self._forced(collective) or self._decided((collective,), nbytes, fastest)
 
     def choose(self, collective: str, nbytes: int):

@@ -122,3 +122,16 @@ def test_a_call_is_resolved_once_per_shape_and_still_checked_every_time(monkeypa
     t = torch.ones(4)
     c.all_gather(out, t, algorithm="ring")
     assert torch.equal(out, t)
+
+
+def test_an_interruptible_communicator_never_lets_auto_run_mpis_own_collectives():
+    """MPI's blocking collectives cannot time out: with interruptible=True (the training
+    engine's communicators) auto chooses among pccl's schedules only, in its children too;
+    "native" named explicitly still runs."""
+    c = pccl.Communicator(MPI.COMM_SELF, interruptible=True)
+    assert "native" not in c.tuner.candidates("all_gather") and "native" not in c._flat_tuner.candidates("all_reduce")
+    assert c.split([[0]]).interruptible
+    t = torch.ones(4)
+    c.all_reduce(t, algorithm="native")
+    assert torch.equal(t, torch.ones(4))
+    assert "native" in pccl.Communicator(MPI.COMM_SELF).tuner.candidates("all_gather")
