@@ -371,7 +371,7 @@ class Communicator:
         anything is sent."""
         if compression is None:
             compression = self.default_compression
-        if compression is None or compression == "none":   # the common case, without per_level's work
+        if uncompressed(compression):   # the common case, without per_level's work
             return {}, algorithm
         if isinstance(compression, str) and compression.strip().lower() == "auto":
             if like.device.type != "cpu":

@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 
 from pccl.algorithms import ALL_NAMES, SPECIAL, algorithms_for
-from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DTYPES
 
 
@@ -32,14 +31,7 @@ def check_numel(name: str, actual: int, expected: int, why: str) -> None:
         raise ValueError(f"{name}.numel() must be {expected} ({why}), got {actual}")
 
 
-# What each collective takes, as sets: the check runs on every call.
-VALID = {collective: frozenset(algorithms_for(collective) + SPECIAL) for collective in COLLECTIVES}
-
-
 def check_algorithm(collective: str, algorithm) -> None:
-    valid = VALID.get(collective)
-    if valid is not None and isinstance(algorithm, str) and algorithm in valid:
-        return
     if algorithm not in ALL_NAMES:
         raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALL_NAMES}")
     valid = algorithms_for(collective) + SPECIAL

@@ -8,10 +8,11 @@ so the difference between consecutive rows is what that layer adds:
   mpi4py         MPI_Allreduce through mpi4py on a numpy buffer (MPI's own fixed cost)
   native entry   the C++ executor's MPI_Allreduce, called directly (binding, pointers)
   schedule       the C++ executor running the ring schedule, called directly
-  call(ring)     Communicator.all_reduce with an explicit algorithm (validation, resolve,
-                 schedule lookup, the work queue, the executor)
+  call(ring)     Communicator.all_reduce with an explicit algorithm: after the first
+                 call, the call cache's key and lookup, then the executor inline (the
+                 first call validates, resolves and looks the schedule up once)
   call(native)   Communicator.all_reduce(algorithm="native")
-  call(auto)     Communicator.all_reduce(algorithm="auto") (the tuner's lookup too)
+  call(auto)     Communicator.all_reduce(algorithm="auto") (resolved once, like the others)
 
 Microseconds per call: the slowest rank's mean over --calls, median over --repeats.
 """
