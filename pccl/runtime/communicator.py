@@ -438,8 +438,9 @@ class Communicator:
             sched = schedule(collective, algorithm, self.size, self.rank)
             codec = codecs.get("flat")
             fn = partial(scheduled, sched, self._compressing(codec) if codec is not None else self._executor, codec)
+        dtype = str(like.dtype).removeprefix("torch.")   # not `like`: a kept call must not keep its buffers
         what = lambda: (f"{self.label}{collective.replace('_', '-')} ({algorithm}, {size_label(nbytes)} bytes of "  # noqa: E731
-                        f"{str(like.dtype).removeprefix('torch.')})")
+                        f"{dtype})")
         return Call(fn, what, self.queues_on_device(like.device.type))
 
     def _issue(self, call: Call, async_op: bool, *buffers: torch.Tensor) -> Optional[Work]:

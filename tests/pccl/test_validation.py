@@ -124,6 +124,23 @@ def test_a_call_is_resolved_once_per_shape_and_still_checked_every_time(monkeypa
     assert torch.equal(out, t)
 
 
+def test_a_kept_call_does_not_keep_its_buffers():
+    """The call cache holds what a call resolved to, not the tensors of the first call
+    with that key: their memory is freed when the caller drops them."""
+    import gc
+    import weakref
+
+    c = pccl.Communicator(MPI.COMM_SELF)
+    out, x, t = torch.empty(1024), torch.ones(1024), torch.ones(1024)
+    c.all_gather(out, x)
+    c.reduce_scatter(out, x)
+    c.all_reduce(t)
+    storages = [weakref.ref(b.untyped_storage()) for b in (out, x, t)]
+    del out, x, t
+    gc.collect()
+    assert all(s() is None for s in storages)
+
+
 def test_an_interruptible_communicator_never_lets_auto_run_mpis_own_collectives():
     """MPI's blocking collectives cannot time out: with interruptible=True (the training
     engine's communicators) auto chooses among pccl's schedules only, in its children too;
