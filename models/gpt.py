@@ -99,13 +99,14 @@ class Rotary:
     so nothing to materialize from the meta device)."""
 
     def __init__(self, head_size: int, theta: float):
-        self.inv_freq = 1.0 / theta ** (torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
+        # on the CPU even in a model built under torch.device("meta"): the tables need values
+        self.inv_freq = 1.0 / theta ** (torch.arange(0, head_size, 2, dtype=torch.float64, device="cpu") / head_size)
         self.tables: dict = {}
 
     def __call__(self, length: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         key = (length, str(device), dtype)
         if key not in self.tables:
-            angles = torch.outer(torch.arange(length, dtype=torch.float64), self.inv_freq)
+            angles = torch.outer(torch.arange(length, dtype=torch.float64, device="cpu"), self.inv_freq)
             self.tables[key] = (angles.cos().to(device, dtype), angles.sin().to(device, dtype))
         return self.tables[key]
 

@@ -40,6 +40,11 @@ def block_bytes(cfg: GPTConfig, tokens: int, element: int, checkpointed: bool = 
     return tokens * per_token
 
 
+def head_bytes(cfg: GPTConfig, tokens: int, element: int) -> int:
+    """What the final norm, the head and the loss keep for `tokens` tokens."""
+    return tokens * ((2 * cfg.width + 2) * element + FP32 * cfg.vocab + INT64)
+
+
 def activation_bytes(cfg: GPTConfig, micro_batch: int, seq_len: int, element: int,
                      checkpointing: bool = False) -> int:
     """What the whole model keeps at the end of the forward pass of one micro-batch of
@@ -50,13 +55,13 @@ def activation_bytes(cfg: GPTConfig, micro_batch: int, seq_len: int, element: in
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if seq_len > cfg.context:
         raise ValueError(f"seq_len {seq_len} exceeds the model's context {cfg.context}")
-    tokens, d = micro_batch * seq_len, cfg.width
+    tokens = micro_batch * seq_len
     blocks = cfg.layers * block_bytes(cfg, tokens, element, checkpointing)
-    head = tokens * ((2 * d + 2) * element + FP32 * cfg.vocab + INT64)
+    head = head_bytes(cfg, tokens, element)
     embeddings = tokens * INT64
     if cfg.positions == "rotary":
         # cos and sin, half a head each, per block
-        positions = 0 if checkpointing else cfg.layers * seq_len * (d // cfg.heads) * element
+        positions = 0 if checkpointing else cfg.layers * seq_len * (cfg.width // cfg.heads) * element
     else:
         positions = seq_len * INT64
     return blocks + head + embeddings + positions + FP32   # and the loss

@@ -59,6 +59,23 @@ class StepResult:
     loss_scale: float    # fp16 dynamic loss scale (1.0 otherwise)
 
 
+@dataclass(frozen=True)
+class _GatheredView:
+    """A saved view of a unit's gathered parameters, by place (see Engine._pack)."""
+
+    unit: ShardedUnit
+    offset: int
+    shape: torch.Size
+    stride: tuple
+
+    def get(self) -> torch.Tensor:
+        full = self.unit.full
+        if full is None:
+            raise RuntimeError(f"the backward needs {self.unit.name}'s parameters, which are not gathered: the "
+                               "unit's backward ran before its pre-backward hook (a bug in the engine)")
+        return full.as_strided(self.shape, self.stride, self.offset)
+
+
 class LossScaler:
     """fp16 dynamic loss scaling: halve on overflow (the step is skipped), double after
     `growth_interval` clean steps. A no-op scale of 1 for bf16 and fp32."""
@@ -235,10 +252,33 @@ class Engine:
         if self.root is not None:
             self.root.ensure_gathered(self.gathers, "forward")
             self._mark("forward", self.root)
-        out = self.model(*args, **kwargs)
+        if self.device.type == "meta":   # a dry run: storages have no addresses to tell apart
+            out = self.model(*args, **kwargs)
+        else:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                out = self.model(*args, **kwargs)
         if self.root is not None and not torch.is_grad_enabled():
             self.root.release()
         return out
+
+    # Autograd keeps views of the gathered parameters (a linear layer saves its weight's
+    # transpose) from a unit's forward to its backward, which would keep every unit's
+    # gathered buffer alive across the pass and make sharded parameters cost their full
+    # size at the peak. Such a view is saved as where it lies in its unit instead, and
+    # read back from the buffer the backward gathers again (as FSDP frees and refills
+    # its unsharded storage in place).
+
+    def _pack(self, t: torch.Tensor):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr:
+            for u in self.units:
+                if u.full is not None and u.full.untyped_storage().data_ptr() == ptr:
+                    return _GatheredView(u, t.storage_offset(), t.shape, t.stride())
+        return t
+
+    @staticmethod
+    def _unpack(saved):
+        return saved.get() if isinstance(saved, _GatheredView) else saved
 
     def _before_forward(self, u: ShardedUnit, module, args) -> None:
         if u not in self._forward_order:

@@ -23,7 +23,12 @@ class FlatParams:
         sizes = [p.numel() for p in self.params]
         self.offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
         self.numel = self.offsets[-1]
-        self.padded = max(world, math.ceil(self.numel / world) * world)
+        self.padded = self.padded_length(self.numel, world)
+
+    @staticmethod
+    def padded_length(numel: int, world: int) -> int:
+        """`numel` rounded up to a multiple of the world size (at least one element each)."""
+        return max(world, math.ceil(numel / world) * world)
 
     def flatten(self, dtype: torch.dtype, device=None) -> torch.Tensor:
         """A new padded buffer holding the parameters' current values (padding zero)."""

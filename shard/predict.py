@@ -224,16 +224,22 @@ class ComputeRate:
 
 
 def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, micro: Workload,
-                 rate: ComputeRate, shared_cores: bool = False, **settings) -> dict:
+                 rate: ComputeRate, shared_cores: bool = False, flops: Optional[dict] = None, **settings) -> dict:
     """The predicted step of `model` (meta device) on `topology`: replay() of its trace
     (shared_cores as there), plus tokens/s over all ranks, the collectives the step ran,
-    and the model-state bytes."""
+    and the model-state bytes. The trace is taken of the model's skeleton (shard/skeleton.py:
+    the same trace, without the model's computation); `flops`: unit_flops of the model for
+    `micro`, where the caller has them already."""
+    from .skeleton import Skeleton
     from .units import split_units
 
     if any(p.device.type != "meta" for p in model.parameters()):
         raise ValueError("predict_step needs a model built on the meta device (with torch.device('meta'))")
-    flops = unit_flops(model, [u.name for u in split_units(model)], micro)   # before the engine takes the model
-    trace, engine = trace_step(model, DryRunCommunicator(topology, profile), micro, **settings)
+    if flops is None:
+        flops = unit_flops(model, [u.name for u in split_units(model, settings.get("units"))], micro)
+    skeleton = Skeleton(model, settings.pop("units", None))
+    trace, engine = trace_step(skeleton, DryRunCommunicator(topology, profile), micro, units=skeleton.units,
+                               **settings)
     update = rate.update_s_per_element * engine.optimizer.master.numel()
 
     def compute_seconds(kind: str, unit: Optional[str]) -> float:
@@ -244,5 +250,6 @@ def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, m
     out = replay(trace, compute_seconds, shared_cores=shared_cores)
     out["tokens_per_s"] = topology.size * micro.tokens / out["step_s"]
     out["collectives"] = len(trace.calls())
+    out["algorithms"] = sorted({f"{c.level} {c.collective}: {c.algorithm}" for c in trace.calls()})
     out["memory"] = {k: engine.memory_report()[k] for k in ("P", "G", "OS")}
     return out

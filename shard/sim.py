@@ -15,8 +15,6 @@ import json
 from pathlib import Path
 from typing import Optional
 
-# the device each built-in profile describes (shard/throughput.py has their peaks)
-PROFILE_DEVICES = {"frontier": "MI250X GCD", "perlmutter": "A100", "dgx-h100": "H100 SXM"}
 # Ratios the PCCL paper measured with DeepSpeed ZeRO-3 on Frontier, PCCL over RCCL (Section 6.2)
 PAPER = {("gpt_7b", 1024): 1.60, ("gpt_13b", 1024): 1.39, ("gpt_7b", 512): 1 / 0.70, ("gpt_13b", 512): 1 / 0.84}
 # Compute efficiency of forward and backward alone: an assumption of the order of the 32-38%
@@ -46,7 +44,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def peak(args, profile) -> float:
-    from .throughput import PEAK_TFLOPS
+    from .throughput import PEAK_TFLOPS, PROFILE_DEVICES
 
     if args.peak_tflops is not None:
         return args.peak_tflops

@@ -22,6 +22,11 @@ PEAK_TFLOPS = {
     "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},
 }
 
+# The device each built-in machine profile describes, and its memory per rank (HBM per GCD
+# or GPU, from the same data sheets; Perlmutter's GPU nodes are mostly the 40 GB A100).
+PROFILE_DEVICES = {"frontier": "MI250X GCD", "perlmutter": "A100", "dgx-h100": "H100 SXM"}
+DEVICE_MEMORY_GIB = {"MI250X GCD": 64, "A100": 40, "H100 SXM": 80, "H100 PCIe": 80, "H200": 141}
+
 
 def device_kind(name: str) -> Optional[str]:
     """The PEAK_TFLOPS entry of a device by its reported name, or None if unknown."""

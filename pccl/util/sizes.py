@@ -1,17 +1,19 @@
-"""Byte sizes as people write them: "64", "4K", "1M", "2G" (powers of 1024)."""
+"""Byte sizes as people write them: "64", "4K", "1M", "2G", "64GB", "80GiB" (powers of 1024,
+as memory capacities are counted: a "64 GB" GPU holds 64 GiB)."""
 from __future__ import annotations
 
 import re
 
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_size(text: str) -> int:
-    """Bytes from a size such as "64", "4K", "1M" or "2G"."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)\s*", str(text), re.IGNORECASE)
+    """Bytes from a size such as "64", "4K", "1M", "2G" or "64GB" (B or iB may follow a unit)."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?:([KMGT])(?:i?B)?|B?)\s*", str(text), re.IGNORECASE)
     if match is None:
-        raise ValueError(f"size must be a whole number with an optional K, M or G suffix, got {text!r}")
-    return int(match[1]) * UNITS[match[2].upper()]
+        raise ValueError(f"size must be a whole number with an optional K, M, G or T suffix (B or iB may follow), "
+                         f"got {text!r}")
+    return int(match[1]) * UNITS[(match[2] or "").upper()]
 
 
 def size_label(nbytes: int) -> str:

@@ -14,12 +14,13 @@ from tests.support.mpirun import MPIEXEC, mpiexec
 
 
 @pytest.mark.parametrize("text,nbytes", [("64", 64), ("4K", 4096), ("4k", 4096), ("1M", 1 << 20),
-                                         ("2G", 2 << 30), ("0", 0)])
+                                         ("2G", 2 << 30), ("0", 0), ("4KB", 4096), ("64GB", 64 << 30),
+                                         ("80GiB", 80 << 30), ("1T", 1 << 40), ("512B", 512)])
 def test_parse_size(text, nbytes):
     assert parse_size(text) == nbytes
 
 
-@pytest.mark.parametrize("text", ["", "K", "4X", "1.5K", "-1", "4KB", "four"])
+@pytest.mark.parametrize("text", ["", "K", "4X", "1.5K", "-1", "4KiBB", "4iB", "four"])
 def test_parse_size_rejects_bad_input(text):
     with pytest.raises(ValueError):
         parse_size(text)

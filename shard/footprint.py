@@ -1,0 +1,147 @@
+"""The engine's memory per rank, predicted by part, for a GPT under a strategy.
+
+Held all the time (the model state; exactly what Engine.memory_report counts):
+    parameters   each unit's P-scope shard in the compute dtype (padded: flat.py)
+    gradients    each unit's G-scope accumulator in the reduce dtype
+    optimizer    12 bytes per element of each unit's OS-scope shard (fp32 master, 2 moments)
+
+Held while a micro-batch runs forward and backward, at two moments:
+  the loss's backward (the first thing the backward does):
+    activations  what autograd keeps (shard/activations.py)
+    loss         the loss's gradient: log-softmax's fp32 output gradient and input gradient
+                 over the vocabulary, 8 V bytes per token
+    gathered     the root unit's full parameters (tied embeddings: gathered for the pass)
+  a unit's backward (the head's activations are gone by then):
+    activations  the rest, and with activation checkpointing one block's own while it is
+                 recomputed
+    gathered     the root's and the unit's full parameters and the `prefetch` units
+                 gathered ahead of it (the largest such run; capped by prefetch_bytes).
+                 Views of gathered parameters that autograd saves do not keep a unit's
+                 buffer alive after its forward (Engine._pack): the backward gathers again
+    reducing     gradients on their way to their shards: the root's, held for the whole
+                 backward, and the largest unit's twice (autograd's .grad in the compute
+                 dtype, the flat copy in the reduce dtype that its reduction reads)
+    workspace    the collective layer's landing buffer: at most one gradient buffer of the
+                 largest unit (a schedule receives at most its whole input before reducing)
+
+Held while the optimizer steps: the fp32 gradient of the optimizer shard (4 bytes per OS
+element; AdamW uses it as its scratch), and while the gradient norm is summed, the fp64
+copy of the largest unit's piece of it and its square (16 bytes per element).
+
+The peak is the model state (gradient accumulators included: they exist from the first
+micro-batch's reduction on) plus the largest of the three transients. On GPUs the
+collective library keeps buffers of its own outside torch's allocator (NCCL: a few
+channels of NCCL_BUFFSIZE, 4 MiB each, per peer): the planner's headroom covers them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models.gpt import GPTConfig
+
+from .activations import activation_bytes, block_bytes, head_bytes
+from .config import PRECISIONS
+from .engine import OPTIMIZER_BYTES, REPLICATED
+from .flat import FlatParams
+from .strategy import Scope, Strategy
+from .units import MIN_SHARD_NUMEL, split_units
+
+ROOT = "<root>"
+LOSS_BYTES_PER_VOCAB = 8   # fp32 gradient of log-softmax's output and of its input
+
+
+@dataclass(frozen=True)
+class UnitSize:
+    name: str
+    numel: int
+
+
+def unit_sizes(model: torch.nn.Module, units=None) -> list[UnitSize]:
+    """The model's units (as Engine cuts them) and their elements; a meta-device model costs
+    nothing to build."""
+    return [UnitSize(u.name, u.numel) for u in split_units(model, units)]
+
+
+def _padded(numel: int, world: int) -> int:
+    return FlatParams.padded_length(numel, world)
+
+
+def _element(precision: str) -> int:
+    return torch.empty((), dtype=PRECISIONS[precision]).element_size()
+
+
+def model_state(sizes: list[UnitSize], strategy: Strategy, world: int, group: int, precision: str = "fp32",
+                reduce_dtype: str = "fp32", min_shard_numel: int = MIN_SHARD_NUMEL) -> dict[str, int]:
+    """{"parameters", "gradients", "optimizer"}: bytes per rank, as Engine.memory_report's
+    P, G and OS (units below min_shard_numel stay replicated)."""
+    strategy.check_group(world, group)
+    out = {"parameters": 0, "gradients": 0, "optimizer": 0}
+    for u in sizes:
+        s = strategy if u.numel >= min_shard_numel else REPLICATED
+        padded = _padded(u.numel, world)
+        out["parameters"] += padded // s.p.shards(world, group) * _element(precision)
+        out["gradients"] += padded // s.g.shards(world, group) * _element(reduce_dtype)
+        out["optimizer"] += padded // s.os.shards(world, group) * OPTIMIZER_BYTES
+    return out
+
+
+@dataclass(frozen=True)
+class Footprint:
+    parts: dict[str, int]     # bytes per rank by part (the module docstring's names)
+    moments: dict[str, int]   # the transient above the model state at each moment
+    peak: int                 # model state + the largest transient
+    phase: str                # the moment of the peak
+
+    STATE = ("parameters", "gradients", "optimizer")
+
+
+def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: int, group: int, *,
+              micro_batch: int, seq_len: int, precision: str = "fp32", reduce_dtype: str = "fp32",
+              checkpointing: bool = False, prefetch: int = 1, prefetch_bytes=None,
+              min_shard_numel: int = MIN_SHARD_NUMEL) -> Footprint:
+    """The engine's memory per rank training `cfg` cut into `sizes` (unit_sizes of the
+    model) with these settings (EngineConfig's names)."""
+    state = model_state(sizes, strategy, world, group, precision, reduce_dtype, min_shard_numel)
+    ce, re = _element(precision), _element(reduce_dtype)
+    tokens = micro_batch * seq_len
+    activations = activation_bytes(cfg, micro_batch, seq_len, ce, checkpointing)
+    recompute = block_bytes(cfg, tokens, ce) if checkpointing else 0
+
+    def full(u: UnitSize) -> int:
+        return _padded(u.numel, world)
+
+    def scoped(u: UnitSize) -> Strategy:
+        return strategy if u.numel >= min_shard_numel else REPLICATED
+
+    sharded = [u for u in sizes if scoped(u).p != Scope.N]
+    root = sum(full(u) for u in sharded if u.name == ROOT) * ce
+    runs = [u for u in sharded if u.name != ROOT]
+    ahead = 0   # the largest run of a unit and the `prefetch` units after it, in bytes
+    for i in range(len(runs)):
+        held = 0
+        for u in runs[i:i + 1 + prefetch]:
+            if prefetch_bytes is not None and held and held + full(u) * ce > prefetch_bytes:
+                break
+            held += full(u) * ce
+        ahead = max(ahead, held)
+    largest = max((full(u) for u in sizes if u.name != ROOT), default=0)
+    root_numel = sum(full(u) for u in sizes if u.name == ROOT)
+    parts = {**state,
+             "activations": activations,
+             "loss": tokens * cfg.vocab * LOSS_BYTES_PER_VOCAB,
+             "gathered": root + ahead,
+             "reducing": root_numel * ce + largest * (ce + re),
+             "workspace": max(largest, root_numel) * re}
+    moments = {
+        "loss backward": activations + parts["loss"] + root,
+        "unit backward": activations - head_bytes(cfg, tokens, ce) + recompute + parts["gathered"]
+        + parts["reducing"] + parts["workspace"],
+        # AdamW's fp32 gradient shard, and the gradient norm's fp64 copy and square of the
+        # largest unit's piece of it
+        "update": 4 * state["optimizer"] // OPTIMIZER_BYTES
+        + max((full(u) // scoped(u).os.shards(world, group) for u in sizes), default=0) * 16,
+    }
+    phase = max(moments, key=moments.get)
+    return Footprint(parts, moments, sum(state.values()) + moments[phase], phase)

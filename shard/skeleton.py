@@ -1,0 +1,76 @@
+"""A stand-in of a model for tracing the engine: the same units, parameters (names, shapes,
+dtypes) and call order, and almost no computation.
+
+The engine's communication in a step depends on its units and their parameters, on the
+order units run forward and backward, and on when each unit's gradients are complete;
+not on what a unit computes. Tracing the real GPT-7B on the meta device costs about 3 s a
+step (thousands of meta kernels); this stand-in gives the same trace (events, tasks and
+collectives; tests/shard/test_skeleton.py holds them equal) at a small fraction of that,
+which lets the planner (shard/plan.py) trace every strategy and group size.
+
+Each unit computes `x * (1 + sum of its parameters)`: the product saves a tensor, so a
+unit under activation checkpointing is recomputed in its backward as a real one is. The
+units run in the order split_units lists them (for the GPT: embeddings, blocks, the final
+norm and head), and parameters that belong to the root unit scale the input first.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .units import Unit, split_units
+
+
+class _Unit(nn.Module):
+    def __init__(self, params: list[tuple[str, nn.Parameter]]):
+        super().__init__()
+        self.names = []
+        for name, p in params:
+            key = name.replace(".", "_")
+            self.register_parameter(key, _like(p))
+            self.names.append(key)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (1 + torch.stack([getattr(self, k).sum().float() for k in self.names]).sum())
+
+
+class Skeleton(nn.Module):
+    def __init__(self, model: nn.Module, units=None):
+        """The stand-in of `model` cut as Engine would cut it (`units` as Engine's)."""
+        super().__init__()
+        cut: list[Unit] = split_units(model, units)
+        self.unit_names = [u.name for u in cut if u.name != "<root>"]
+        self._root = [k.replace(".", "_") for u in cut if u.name == "<root>" for k, _ in u.params]
+        for u in cut:
+            if u.name == "<root>":
+                for name, p in u.params:
+                    self.register_parameter(name.replace(".", "_"), _like(p))
+            else:
+                self._place(u.name, _Unit(u.params))
+
+    def _place(self, path: str, module: nn.Module) -> None:
+        """Register `module` at a dotted path (blocks.3), so its unit keeps the model's name."""
+        *parents, leaf = path.split(".")
+        holder: nn.Module = self
+        for part in parents:
+            if not hasattr(holder, part):
+                holder.add_module(part, nn.Module())
+            holder = getattr(holder, part)
+        holder.add_module(leaf, module)
+
+    @property
+    def units(self) -> list[nn.Module]:
+        return [self.get_submodule(name) for name in self.unit_names]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A (batch, seq, 1) 'logits' tensor that depends on every parameter."""
+        x = torch.ones((), dtype=torch.float32, device=tokens.device)
+        if self._root:
+            x = x * (1 + torch.stack([getattr(self, k).sum().float() for k in self._root]).sum())
+        for unit in self.units:
+            x = unit(x)
+        return x.expand(*tokens.shape, 1)
+
+
+def _like(p: nn.Parameter) -> nn.Parameter:
+    return nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), p.requires_grad)

@@ -1,0 +1,115 @@
+"""The engine's memory model (shard/footprint.py): its model state against the engine's own
+memory_report for every strategy, and its peak against the bytes a training step holds,
+measured by a hook that sees every tensor torch allocates (a TorchDispatchMode that adds
+each new storage's bytes and subtracts them when the storage is freed)."""
+import gc
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from models.gpt import GPT, GPTConfig
+from pccl.core.topology import Topology
+from pccl.runtime.dry_run import DryRunCommunicator
+from pccl.tuning import profiles
+from shard.engine import Engine
+from shard.footprint import footprint, model_state, unit_sizes
+from shard.predict import next_token_loss
+from shard.strategy import STRATEGIES, Strategy
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("precision,reduce_dtype", [("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "bf16")])
+def test_model_state_equals_the_engines_report_for_every_strategy(tied, precision, reduce_dtype):
+    cfg = GPTConfig(vocab=1000, context=64, width=48, layers=3, heads=4, tied=tied)   # odd sizes: padding
+    with torch.device("meta"):
+        sizes = unit_sizes(GPT(cfg))
+    comm = DryRunCommunicator(Topology.regular(8, 4), profiles.load("frontier"))
+    for strategy in STRATEGIES:
+        with torch.device("meta"):
+            model = GPT(cfg)
+        engine = Engine(model, comm, device="meta", init=lambda name, t: None, strategy=strategy, group_size=4,
+                        precision=precision, reduce_dtype=reduce_dtype)
+        report = engine.memory_report()
+        engine.close()
+        state = model_state(sizes, strategy, 8, 4, precision, reduce_dtype)
+        assert state == {"parameters": report["P"], "gradients": report["G"], "optimizer": report["OS"]}, strategy
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages torch allocated while active and that are still alive, and
+    the largest that sum reached (`peak`, which a caller may reset)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes: dict[int, int] = {}
+        self.now = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr():
+                storage = t.untyped_storage()
+                if id(storage) not in self.sizes:
+                    self.sizes[id(storage)] = storage.nbytes()
+                    self.now += storage.nbytes()
+                    self.peak = max(self.peak, self.now)
+                    weakref.finalize(storage, self._free, id(storage))
+        return out
+
+    def _free(self, key: int) -> None:
+        self.now -= self.sizes.pop(key)
+
+
+@pytest.mark.parametrize("cfg", [GPTConfig(vocab=2048, context=128, width=128, layers=4, heads=4),
+                                 GPTConfig(vocab=512, context=128, width=256, layers=4, heads=4)])
+@pytest.mark.parametrize("strategy,precision", [("zero3", "fp32"), ("NGG", "bf16")])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_peak_is_within_15_percent_of_a_measured_step(comm, engines, cfg, strategy, precision, checkpointing):
+    """One rank, two micro-batches per step: the peak of the backward passes and of the
+    whole step against the model's. The lanes run their collectives on the loop's thread
+    (as they do over NCCL), so the hook, which sees one thread, sees them too."""
+    micro_batch, seq = 2, 128
+    with LiveBytes() as live:
+        model = GPT(cfg)
+        sizes = unit_sizes(model)
+        engine = Engine(model, comm, strategy=strategy, precision=precision, reduce_dtype=precision,
+                        activation_checkpointing=checkpointing)
+        engines.append(engine)
+        engine.gathers.inline = engine.reductions.inline = True
+        tokens = torch.randint(0, cfg.vocab, (micro_batch, seq + 1), generator=torch.Generator().manual_seed(0))
+        for step in range(2):   # the second step is measured: accumulators and caches exist
+            live.peak = live.now
+            for _ in range(2):
+                engine.backward(next_token_loss(engine, tokens))
+            backward = live.peak
+            engine.step()
+        del model
+    f = footprint(cfg, sizes, Strategy.parse(strategy), 1, 1, micro_batch=micro_batch, seq_len=seq,
+                  precision=precision, reduce_dtype=precision, checkpointing=checkpointing)
+    state = sum(f.parts[k] for k in f.STATE)
+    predicted_backward = state + max(f.moments["loss backward"], f.moments["unit backward"])
+    assert 0.85 <= predicted_backward / backward <= 1.15, (predicted_backward, backward, f.moments)
+    assert 0.85 <= f.peak / live.peak <= 1.15, (f.peak, live.peak, f.moments)
+
+
+def test_gathered_parameters_are_freed_after_each_units_forward(comm, engines):
+    """Autograd keeps views of a unit's gathered weights for the backward; the engine saves
+    them by place instead, so each block's gathered buffer is freed after its forward and
+    gathered again for its backward (and the gradients are still right: the other engine
+    tests hold them against torch)."""
+    cfg = GPTConfig(vocab=256, context=32, width=64, layers=3, heads=4)
+    engine = Engine(GPT(cfg), comm, strategy="zero3", prefetch=0)
+    engines.append(engine)
+    buffers = []
+    for u in engine.units:
+        if u is not engine.root and u.sharded_params:   # after the engine's own hook has gathered
+            u.unit.module.register_forward_pre_hook(
+                lambda *a, u=u: buffers.append(weakref.ref(u.full.untyped_storage())))
+    loss = next_token_loss(engine, torch.randint(0, cfg.vocab, (2, 17)))
+    gc.collect()
+    assert len(buffers) == cfg.layers and all(b() is None for b in buffers)
+    engine.backward(loss)
+    engine.step()
