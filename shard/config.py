@@ -67,11 +67,44 @@ class OptimizerConfig:
             raise ValueError(f"weight_decay must be a number >= 0, got {self.weight_decay!r}")
 
 
+OBJECTIVES = ("throughput", "memory")
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    """How strategy="auto" chooses (shard/plan.py): the fastest strategy that fits, or the
+    one with the smallest peak memory; in `memory` bytes per device (None: the GPU's, or
+    on CPUs the machine's memory shared by its ranks) less a `headroom` fraction."""
+
+    objective: str = "throughput"
+    memory: Optional[Union[int, str]] = None   # bytes, or a size such as "64GB"
+    headroom: float = 0.1
+
+    def __post_init__(self) -> None:
+        _one_of("objective", self.objective, OBJECTIVES)
+        if self.memory is not None:
+            from pccl.util.sizes import parse_size
+
+            memory = self.memory
+            if not isinstance(memory, int) or isinstance(memory, bool):
+                try:
+                    memory = parse_size(memory)
+                except ValueError as e:
+                    raise ValueError(f"memory must be a size such as 64GB or a number of bytes: {e}") from None
+            if memory <= 0:
+                raise ValueError(f"memory must be a positive size such as 64GB, got {self.memory!r}")
+            object.__setattr__(self, "memory", memory)
+        if not (_number(self.headroom) and 0 <= self.headroom < 1):
+            raise ValueError(f"headroom must be a fraction in [0, 1), got {self.headroom!r}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine shards, computes, communicates and updates."""
 
-    strategy: Union[str, Strategy] = "paro-iig"   # a name (zero3, paro-iig) or letters (IIG); kept as a Strategy
+    # a name (zero3, paro-iig) or letters (IIG), kept as a Strategy; or "auto": the planner's
+    # choice for the model, the world and its machine (Engine needs the workload then)
+    strategy: Union[str, Strategy] = "paro-iig"
     group_size: Optional[int] = None     # ranks per group (I scope); None: the topology's ranks per node
     precision: str = "fp32"              # compute dtype of forward and backward
     reduce_dtype: str = "fp32"           # dtype gradients are reduced in
@@ -87,9 +120,15 @@ class EngineConfig:
     compress_params: Optional[str] = None
     compress_grads: Optional[str] = None
     optimizer: OptimizerConfig = OptimizerConfig()
+    auto: AutoConfig = AutoConfig()       # how strategy="auto" chooses
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
+        if self.strategy != "auto":
+            object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
+        if isinstance(self.auto, dict):   # from YAML
+            object.__setattr__(self, "auto", AutoConfig(**self.auto))
+        if not isinstance(self.auto, AutoConfig):
+            raise ValueError(f"auto must be an AutoConfig or a dict of its fields, got {type(self.auto).__name__}")
         group = self.group_size
         if group is not None and not (isinstance(group, int) and not isinstance(group, bool) and group >= 1):
             raise StrategyError(f"group_size must be a positive integer, or None for the topology's ranks per node, "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable, Optional
 
@@ -98,7 +98,8 @@ class LossScaler:
 class Engine:
     def __init__(self, model: nn.Module, comm: Communicator, config: Optional[EngineConfig] = None, *,
                  units: Optional[list[nn.Module]] = None, decay: Callable[[str, nn.Parameter], bool] = default_decay,
-                 device=None, init: Optional[Callable[[str, torch.Tensor], None]] = None, **settings):
+                 device=None, init: Optional[Callable[[str, torch.Tensor], None]] = None, workload=None,
+                 **settings):
         """config: the engine's settings (shard/config.py), or `settings`, the same as keywords
         (strategy="zero3", lr=1e-3, ...), not both. units: the submodules gathered together
         (default: see shard/units.py); decay(name, param): which parameters weight decay applies to.
@@ -106,7 +107,13 @@ class Engine:
         A model built on the meta device is materialized one unit at a time on `device`:
         `init(name, tensor)` (default: the model's `init_parameter`) fills each parameter,
         the same on every rank, and each rank keeps only its shards, so no rank ever holds
-        more than one unit in full."""
+        more than one unit in full.
+
+        strategy="auto": the strategy and group size shard/plan.py chooses for this GPT on
+        this communicator's world, machine profile and device memory (config.auto says by
+        which objective), for `workload` (predict.Workload: sequence length, micro-batch
+        and micro-batches per step); the plan is kept as `self.plan`. Every rank takes part
+        (they agree on the memory and compute rate first)."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(comm, Communicator):
@@ -119,6 +126,14 @@ class Engine:
         elif settings:
             raise TypeError(f"pass the settings either as config= or as keywords, not both; got config= and "
                             f"{sorted(settings)}")
+        self.plan = None
+        if config.strategy == "auto":
+            from .plan import plan_for_engine
+
+            self.plan = plan_for_engine(model, comm, config, workload, device)
+            config = replace(config, strategy=self.plan.chosen.strategy, group_size=self.plan.chosen.group)
+        elif workload is not None:
+            raise ValueError("workload= is for strategy='auto' (what the planner plans for)")
         self.config, self.strategy = config, config.strategy
         group = comm.topology.ranks_per_node if config.group_size is None else config.group_size
         self.strategy.check_group(comm.size, group)

@@ -39,12 +39,11 @@ from dataclasses import dataclass
 
 import torch
 
-from models.gpt import GPTConfig
-
 from .activations import activation_bytes, block_bytes, head_bytes
 from .config import PRECISIONS
 from .engine import OPTIMIZER_BYTES, REPLICATED
 from .flat import FlatParams
+from .models.gpt import GPTConfig
 from .strategy import Scope, Strategy
 from .units import MIN_SHARD_NUMEL, split_units
 

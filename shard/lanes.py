@@ -131,7 +131,9 @@ class Lane:
         self._running = threading.local()        # .task: the traced task this thread runs now
         self._queue = queue or SerialQueue(f"shard-{name}")
         self._side = SideStream(torch.cuda.Stream(device)) if device.type == "cuda" else None
-        self.inline = self._side is not None and all(c.queues_on_device("cuda") for c, _ in self.comms.values())
+        # NCCL's collectives only queue work on the lane's stream, and a dry run's only record:
+        # neither needs a thread of its own
+        self.inline = all(c.queues_on_device(device.type) for c, _ in self.comms.values())
 
     def submit(self, fn: Callable[[], None], *buffers: torch.Tensor, what: str = "") -> Handle:
         """Run `fn` after everything queued before it on this lane; on GPUs on the lane's

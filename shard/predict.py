@@ -105,18 +105,33 @@ def trace_step(model: torch.nn.Module, comm, micro: Workload, **settings) -> tup
     engine = Engine(model, comm, **meta, **settings)
     tokens = torch.zeros(micro.micro_batch, micro.seq + 1, dtype=torch.long, device=device)
 
-    def step() -> None:
+    def step(trace: Optional[StepTrace] = None) -> None:
         for _ in range(micro.micro_batches):
+            if trace is not None:
+                trace.micro_batch()
             engine.backward(next_token_loss(engine, tokens))
+        if trace is not None:
+            trace.micro_batch()   # the step's own part begins
         engine.step()
 
     try:
         step()   # the backward order prefetch follows is learned here
         with engine.traced() as trace:
-            step()
+            step(trace)
     finally:
         engine.close()
     return trace, engine
+
+
+def trace_many(model: torch.nn.Module, comm, micro: Workload, **settings) -> tuple[StepTrace, object]:
+    """trace_step's result for any number of micro-batches, from a trace of at most three:
+    every micro-batch after the first makes the engine do the same, so the middle one is
+    repeated (StepTrace.repeated; tests/shard/test_predict.py holds the replay of the two
+    equal)."""
+    if micro.micro_batches <= 3:
+        return trace_step(model, comm, micro, **settings)
+    trace, engine = trace_step(model, comm, Workload(micro.seq, micro.micro_batch, 3), **settings)
+    return trace.repeated(1, micro.micro_batches - 2), engine
 
 
 @lru_cache(maxsize=4096)
@@ -238,7 +253,7 @@ def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, m
     if flops is None:
         flops = unit_flops(model, [u.name for u in split_units(model, settings.get("units"))], micro)
     skeleton = Skeleton(model, settings.pop("units", None))
-    trace, engine = trace_step(skeleton, DryRunCommunicator(topology, profile), micro, units=skeleton.units,
+    trace, engine = trace_many(skeleton, DryRunCommunicator(topology, profile), micro, units=skeleton.units,
                                **settings)
     update = rate.update_s_per_element * engine.optimizer.master.numel()
 

@@ -160,6 +160,8 @@ ENGINE_KEYS = {"group_size": "strategy.group_size", "prefetch": "strategy.prefet
                "activation_checkpointing": "strategy.activation_checkpointing",
                "reduce_dtype": "strategy.reduce_dtype", "algorithm": "comm.algorithm",
                "compress_params": "comm.compression.params", "compress_grads": "comm.compression.grads",
+               "objective": "strategy.auto.objective", "memory": "strategy.auto.memory",
+               "headroom": "strategy.auto.headroom", "auto": "strategy.auto",
                **{f.name: f"optim.{f.name}" for f in fields(OptimizerConfig)}}
 
 

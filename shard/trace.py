@@ -37,7 +37,46 @@ class StepTrace:
     def __init__(self) -> None:
         self.events: list[tuple] = []
         self.tasks: list[Task] = []
+        self.marks: list[int] = []   # where each micro-batch's events begin, then the step's own
         self._lock = threading.Lock()
+
+    def micro_batch(self) -> None:
+        """The next events belong to the next micro-batch (or, after the last, to the step)."""
+        self.marks.append(len(self.events))
+
+    def repeated(self, index: int, times: int) -> "StepTrace":
+        """This trace with micro-batch `index` (a middle one) in it `times` times: its tasks
+        copied for each repetition, its waits on its own tasks pointed at the copy's, and
+        later waits on them at the last copy's (a lane runs its tasks in order: when the
+        last copy's is done, so are the earlier ones')."""
+        if not 0 < index < len(self.marks) - 2 or times < 1:
+            raise ValueError(f"micro-batch {index} of {len(self.marks) - 1} is not a middle one, or times={times} < 1")
+        start, end = self.marks[index], self.marks[index + 1]
+        out = StepTrace()
+        latest: dict[int, int] = {}   # a task of this trace -> its id in `out` (the latest copy's)
+
+        def copy(events) -> None:
+            for e in events:
+                if e[0] == "submit":
+                    latest[e[1]] = len(out.tasks)
+                    out.tasks.append(Task(self.tasks[e[1]].lane, list(self.tasks[e[1]].calls)))
+                    out.events.append(("submit", latest[e[1]]))
+                elif e[0] == "wait":
+                    if e[1] not in latest:
+                        raise ValueError(f"task {e[1]} is waited for before it is submitted")
+                    out.events.append(("wait", latest[e[1]]))
+                else:
+                    out.events.append(e)
+
+        copy(self.events[:start])
+        for _ in range(times):
+            out.micro_batch()
+            copy(self.events[start:end])
+        for mark in self.marks[index + 1:]:
+            out.marks.append(mark - end + len(out.events))
+        copy(self.events[end:])
+        out.marks = self.marks[:index] + out.marks
+        return out
 
     def compute(self, kind: str, unit: Optional[str]) -> None:
         self.events.append(("compute", kind, unit))

@@ -31,6 +31,7 @@ from . import checkpoint, faults, preflight
 from .config import EngineConfig
 from .engine import Engine, StepResult
 from .lr_schedule import learning_rate
+from .predict import Workload
 from .run_log import RunLog
 from .throughput import Throughput, peak_tflops
 
@@ -334,7 +335,13 @@ def build_engine(r: Run) -> None:
     meta = r.model.num_params() > META_INIT_PARAMS if meta == "auto" else bool(meta)
     with torch.device("meta" if meta else r.device):
         model = GPT(r.model, seed=r.cfg.train.seed)
-    r.engine = Engine(model, r.comm, config=r.engine_config, device=r.device if meta else None)
+    auto = r.engine_config.strategy == "auto"
+    workload = Workload(r.cfg.train.seq_len, r.cfg.train.micro_batch, r.accumulation) if auto else None
+    r.engine = Engine(model, r.comm, config=r.engine_config, device=r.device if meta else None, workload=workload)
+    if auto:   # the planner's choice, kept with the run, and its table for whoever asks why
+        r.resolved["strategy"].update(chosen=r.engine.strategy.name, chosen_group_size=r.engine.layout.group)
+        if r.comm.rank == 0:
+            write_atomic(r.out_dir / "plan.json", json.dumps(r.engine.plan.to_json(), indent=1, default=str).encode())
     r.resolved["built"] = {"model": asdict(r.model), "num_params": r.model.num_params(), "world": r.comm.size,
                            "ranks_per_node": r.comm.topology.ranks_per_node, "accumulation": r.accumulation,
                            "global_batch_tokens": r.global_batch_tokens,
@@ -374,6 +381,14 @@ def start_log(r: Run, resumed: str) -> None:
                 f"{r.device}; {r.accumulation} micro-batches of {t.micro_batch}x{t.seq_len} per rank per step "
                 f"({r.global_batch_tokens} tokens); "
                 f"peak: {peak_source}; {resumed}; out: {r.out_dir}")
+    plan = r.engine.plan
+    if plan is not None:
+        from .plan import label
+
+        other = plan.runner_up
+        r.log.write(f"strategy=auto ({plan.objective}) chose {label(plan.chosen)}"
+                    + (f"; runner-up {label(other)}, predicted margin {plan.margin():.1%}" if other else "")
+                    + f". {plan.reason()} (plan.json has every candidate)")
 
 
 def train_loop(r: Run) -> None:

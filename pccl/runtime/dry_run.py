@@ -13,6 +13,7 @@ all its sibling groups sharing the nodes' NICs (cost_model.predict_groups).
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -76,11 +77,23 @@ class DryRunCommunicator(Communicator):
 
     def predict(self, collective: str, algorithm, nbytes: int) -> float:
         """Seconds the cost model predicts for this call (`algorithm` resolved)."""
-        world, partition = self._root if self._root is not None else (self.topology, ((),))
-        if len(partition) == 1 or plans.spec_of(algorithm) is not None:
-            # alone on the machine (a plan inside a group: the group's own topology)
-            return cost_model.predict(collective, algorithm, self.topology, self.profile, nbytes)
-        return cost_model.predict_groups(collective, algorithm, world, partition, self.profile, nbytes)
+        return _predicted(self.topology, self._root, self.profile, collective, algorithm, nbytes)
+
+    def resolve(self, collective: str, algorithm, nbytes: int, device: str = "cpu", compression=None,
+                dtype: torch.dtype = torch.float32):
+        """Communicator.resolve, remembered for every dry run of this topology and profile."""
+        if compression:
+            return super().resolve(collective, algorithm, nbytes, device, compression, dtype)
+        key = (self.topology, self.profile, collective, algorithm, nbytes, device)
+        try:
+            return _RESOLVED[key]
+        except KeyError:
+            if len(_RESOLVED) >= 1 << 16:
+                _RESOLVED.clear()
+            out = _RESOLVED[key] = super().resolve(collective, algorithm, nbytes, device)
+            return out
+        except TypeError:   # an unhashable algorithm argument: resolved (and refused) every time
+            return super().resolve(collective, algorithm, nbytes, device)
 
     def _record(self, collective: str, algorithm, like: torch.Tensor, compression) -> None:
         codecs, algorithm = self._compression(compression, like, collective, algorithm)
@@ -92,6 +105,10 @@ class DryRunCommunicator(Communicator):
         if not isinstance(algorithm, str):
             plans.build(algorithm, collective, self.topology, self.rank)   # validates the spec
         self.calls.append((collective, algorithm, nbytes, self.predict(collective, algorithm, nbytes)))
+
+    def queues_on_device(self, device: str) -> bool:
+        """True: its collectives return at once, so callers issue them on their own thread."""
+        return True
 
     def close(self, groups: bool = True) -> None:
         self._queue.close()
@@ -112,3 +129,16 @@ class DryRunCommunicator(Communicator):
         validation.check_tensor("tensor", tensor, self.devices)
         op_code(op, tensor.dtype)
         self._record("all_reduce", algorithm, tensor, compression)
+
+
+# Dry runs of one world repeat the same calls (the planner traces every strategy on one
+# world): their predictions and resolutions are kept across communicators, by value.
+_RESOLVED: dict = {}
+
+@lru_cache(maxsize=1 << 16)
+def _predicted(topology: Topology, root, profile: Profile, collective: str, algorithm, nbytes: int) -> float:
+    world, partition = root if root is not None else (topology, ((),))
+    if len(partition) == 1 or plans.spec_of(algorithm) is not None:
+        # alone on the machine (a plan inside a group: the group's own topology)
+        return cost_model.predict(collective, algorithm, topology, profile, nbytes)
+    return cost_model.predict_groups(collective, algorithm, world, partition, profile, nbytes)

@@ -351,7 +351,7 @@ def predict_groups(collective: str, algorithm: str, topology: Topology, groups: 
     return total if np.ndim(nbytes) else float(total[0])
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=1024)   # the planner asks for many strategies' partitions of one world
 def _partition_counts(collective: str, algorithm: str, topology: Topology, groups: tuple,
                       natives: tuple) -> StepCounts:
     """The counts of a partition, checked once per partition (this is cached)."""

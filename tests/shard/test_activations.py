@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.gpt import GPT, GPTConfig
 from shard.activations import activation_bytes
 from shard.engine import Engine
+from shard.models.gpt import GPT, GPTConfig
 
 
 def saved_bytes(cfg: GPTConfig, micro_batch: int, seq_len: int, dtype: torch.dtype, checkpointing: bool) -> int:

@@ -10,12 +10,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from models.gpt import GPT, GPTConfig
 from pccl.core.topology import Topology
 from pccl.runtime.dry_run import DryRunCommunicator
 from pccl.tuning import profiles
 from shard.engine import Engine
 from shard.footprint import footprint, model_state, unit_sizes
+from shard.models.gpt import GPT, GPTConfig
 from shard.predict import next_token_loss
 from shard.strategy import STRATEGIES, Strategy
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from pccl.core.topology import Topology
 from pccl.runtime.dry_run import DryRunCommunicator
-from pccl.tuning import cost_model
+from pccl.tuning import cost_model, profiles
 from pccl.tuning.profiles import Link, Profile
 from shard.models import GPT, GPTConfig
 from shard.predict import ComputeRate, Workload, replay, trace_step, unit_flops
@@ -198,3 +198,32 @@ def test_dry_run_reproduces_the_engines_trace_on_real_ranks(tmp_path):
         for name, run in runs.items():
             assert "exception" not in run, f"rank {rank} {name}\n{run['exception']}"
             assert run["equal"] and run["collectives"] > 10, (rank, name, run)
+
+
+@pytest.mark.parametrize("settings", [dict(strategy="zero3"), dict(strategy="IIG", prefetch=2),
+                                      dict(strategy="NGG", activation_checkpointing=True), dict(strategy="mics")])
+def test_many_micro_batches_replay_as_the_middle_one_repeated(settings):
+    """trace_many's trace of 6 micro-batches (3 traced, the middle one repeated) replays to
+    the same step, exposure and busy time as a trace of all 6."""
+    from shard.predict import call_seconds, trace_many
+    from shard.skeleton import Skeleton
+
+    cfg = GPTConfig(vocab=512, context=64, width=64, layers=3, heads=4)
+    profile = profiles.load("frontier")
+    micro = Workload(32, 2, 6)
+
+    def compute(kind, unit):
+        return {"forward": 1e-3, "backward": 2e-3, "update": 5e-4}[kind]
+
+    replays = []
+    for tracer in (trace_step, trace_many):
+        with torch.device("meta"):
+            model = Skeleton(GPT(cfg))
+        trace, _ = tracer(model, DryRunCommunicator(Topology.regular(8, 4), profile), micro, units=model.units,
+                          **settings)
+        assert len(trace.marks) == micro.micro_batches + 1
+        replays.append(replay(trace, compute, call_seconds))
+    full, repeated = replays
+    for key in ("step_s", "compute_s", "exposed_s", "comm_s"):
+        assert repeated[key] == pytest.approx(full[key], rel=1e-12, abs=1e-15), key
+    assert repeated["busy_s"] == pytest.approx(full["busy_s"], rel=1e-12)

@@ -18,7 +18,7 @@ GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir())
 # Keys for which zero, or a negative number, is a valid value.
 ZERO_VALID = {"train.seed", "train.eval_interval", "train.checkpoint_interval", "train.max_skipped_steps",
               "train.straggler_seconds", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay",
-              "strategy.prefetch", "strategy.min_shard_numel", "data.seed"}
+              "strategy.prefetch", "strategy.min_shard_numel", "strategy.auto.headroom", "data.seed"}
 NEGATIVE_VALID = {"data.seed"}   # any integer seeds the synthetic corpus
 FREE_TEXT = {"train.out_dir", "comm.name", "log.wandb.project", "data.cache_dir", "data.field", "data.name",
              "data.split", "model.preset"}   # any string goes (model.preset: an unknown one is below)
@@ -30,7 +30,7 @@ NULL_DEFAULTS = {
     "train.threads": ["x", 0], "comm.intra": ["carrier-pigeon"], "comm.inter": ["carrier-pigeon"],
     "comm.ranks_per_node": ["x", 0], "comm.nics_per_node": ["x", 0], "comm.compression.params": ["int7", 3],
     "comm.compression.grads": ["int7", 3], "optim.decay_steps": ["x", 0], "strategy.group_size": ["x", 0],
-    "strategy.prefetch_bytes": ["x", 0], "data.tokenizer": [3], "data.vocab_size": ["x", 10],
+    "strategy.prefetch_bytes": ["x", 0], "strategy.auto.memory": ["x", 0, -1, "64XB"], "data.tokenizer": [3], "data.vocab_size": ["x", 10],
     "data.config": [3], "log.wandb.entity": [3], "log.wandb.name": [3],
 }
 

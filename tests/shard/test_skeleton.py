@@ -3,10 +3,10 @@ makes it do: the same events, tasks and collectives, in the same order."""
 import pytest
 import torch
 
-from models.gpt import GPT, GPTConfig
 from pccl.core.topology import Topology
 from pccl.runtime.dry_run import DryRunCommunicator
 from pccl.tuning import profiles
+from shard.models.gpt import GPT, GPTConfig
 from shard.predict import Workload, trace_step
 from shard.skeleton import Skeleton
 
