@@ -181,6 +181,7 @@ class Engine:
         self._warned_order = False
         self.gather_stats = {"needed": 0, "prefetched": 0}   # sharded units at the moment they ran
         self._trace: Optional[StepTrace] = None
+        self._gathered: dict[int, ShardedUnit] = {}   # this forward's gathered buffers, by address (_pack)
         self.steps = 0
         self.skipped_steps = 0
         for u in self.units:
@@ -264,8 +265,10 @@ class Engine:
         if self.compute_dtype != torch.float32:
             cast = lambda t: t.to(self.compute_dtype) if torch.is_tensor(t) and t.is_floating_point() else t  # noqa: E731
             args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
+        self._gathered = {}
         if self.root is not None:
             self.root.ensure_gathered(self.gathers, "forward")
+            self._note_gathered(self.root)
             self._mark("forward", self.root)
         if self.device.type == "meta":   # a dry run: storages have no addresses to tell apart
             out = self.model(*args, **kwargs)
@@ -284,12 +287,17 @@ class Engine:
     # its unsharded storage in place).
 
     def _pack(self, t: torch.Tensor):
+        # _gathered maps a gathered buffer's address to its unit; an address may since have
+        # been freed and reused, so the unit's buffer must still be there, at that address
         ptr = t.untyped_storage().data_ptr()
-        if ptr:
-            for u in self.units:
-                if u.full is not None and u.full.untyped_storage().data_ptr() == ptr:
-                    return _GatheredView(u, t.storage_offset(), t.shape, t.stride())
+        u = self._gathered.get(ptr)
+        if u is not None and u.full is not None and u.full.untyped_storage().data_ptr() == ptr:
+            return _GatheredView(u, t.storage_offset(), t.shape, t.stride())
         return t
+
+    def _note_gathered(self, u: ShardedUnit) -> None:
+        if u.full is not None:
+            self._gathered[u.full.untyped_storage().data_ptr()] = u
 
     @staticmethod
     def _unpack(saved):
@@ -299,6 +307,7 @@ class Engine:
         if u not in self._forward_order:
             self._forward_order.append(u)
         self._count_gather(u, u.ensure_gathered(self.gathers, "forward"))
+        self._note_gathered(u)
         self._prefetch(self._forward_order, u, "forward")
         self._mark("forward", u)
 

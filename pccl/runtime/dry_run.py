@@ -135,6 +135,7 @@ class DryRunCommunicator(Communicator):
 # world): their predictions and resolutions are kept across communicators, by value.
 _RESOLVED: dict = {}
 
+
 @lru_cache(maxsize=1 << 16)
 def _predicted(topology: Topology, root, profile: Profile, collective: str, algorithm, nbytes: int) -> float:
     world, partition = root if root is not None else (topology, ((),))

@@ -30,7 +30,8 @@ NULL_DEFAULTS = {
     "train.threads": ["x", 0], "comm.intra": ["carrier-pigeon"], "comm.inter": ["carrier-pigeon"],
     "comm.ranks_per_node": ["x", 0], "comm.nics_per_node": ["x", 0], "comm.compression.params": ["int7", 3],
     "comm.compression.grads": ["int7", 3], "optim.decay_steps": ["x", 0], "strategy.group_size": ["x", 0],
-    "strategy.prefetch_bytes": ["x", 0], "strategy.auto.memory": ["x", 0, -1, "64XB"], "data.tokenizer": [3], "data.vocab_size": ["x", 10],
+    "strategy.prefetch_bytes": ["x", 0], "strategy.auto.memory": ["x", 0, -1, "64XB"], "data.tokenizer": [3],
+    "data.vocab_size": ["x", 10],
     "data.config": [3], "log.wandb.entity": [3], "log.wandb.name": [3],
 }
 

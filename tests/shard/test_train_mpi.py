@@ -84,6 +84,23 @@ def test_strategies_and_world_sizes_follow_one_trajectory(tmp_path_factory, cach
         assert losses == pytest.approx(reference, rel=1e-4), key
 
 
+def test_strategy_auto_trains_with_the_plans_choice_on_the_same_trajectory(tmp_path_factory, cache):
+    """strategy=auto on 2 nodes of 2: every rank makes the same plan (it trains at all), the
+    choice and every candidate are kept, and the losses are those of any other strategy."""
+    reference = [r["loss"] for r in train(tmp_path_factory, cache, "ddp-4", 4, "ddp")[1]]
+    out = tmp_path_factory.mktemp("auto-4")
+    run = mpiexec(4, "-m shard.train", "strategy=auto", "comm.ranks_per_node=2", f"train.out_dir={out}",
+                  f"data.cache_dir={cache}", f"train.steps={STEPS}", *SMALL)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in records] == pytest.approx(reference, rel=1e-4)
+    plan = json.loads((out / "plan.json").read_text())
+    assert len(plan["rows"]) == 14 and plan["cluster"]["world"] == 4 and plan["job"]["micro_batches"] == 2
+    chosen = plan["chosen"]["name"]
+    assert f"chosen: {chosen}" in (out / "config.yaml").read_text()
+    assert f"strategy=auto (throughput) chose {chosen}" in run.stdout and "runner-up" in run.stdout
+
+
 def first_half(tmp_path_factory, cache) -> Path:
     """A 2-rank ZeRO-3 run stopped after STEPS // 2 steps, with its final checkpoint (once)."""
     if "first-half" not in RUNS:
