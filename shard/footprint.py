@@ -68,7 +68,7 @@ def _padded(numel: int, world: int) -> int:
 
 
 def _element(precision: str) -> int:
-    return torch.empty((), dtype=PRECISIONS[precision]).element_size()
+    return PRECISIONS[precision].itemsize
 
 
 def model_state(sizes: list[UnitSize], strategy: Strategy, world: int, group: int, precision: str = "fp32",

@@ -227,9 +227,9 @@ class Plan:
         return [dict(rank=i + 1, **c.row(self.job, self.cluster)) for i, c in enumerate(self.ranked)]
 
     def to_json(self) -> dict:
-        margin = self.margin()
-        return {"chosen": self.rows()[0], "runner_up": self.rows()[1] if self.runner_up else None,
-                "margin": margin, "objective": self.objective, "reason": self.reason(),
+        rows = self.rows()
+        return {"chosen": rows[0], "runner_up": rows[1] if self.runner_up else None, "margin": self.margin(),
+                "objective": self.objective, "reason": self.reason(),
                 "job": {"model": self.job.name, "params": self.job.cfg.num_params(), **asdict(self.job.cfg),
                         "seq": self.job.seq, "micro_batch": self.job.micro_batch,
                         "micro_batches": self.job.micro_batches, "precision": self.job.precision,
@@ -239,7 +239,7 @@ class Plan:
                             "profile": self.cluster.profile.name, "memory_bytes": self.cluster.memory,
                             "headroom": self.cluster.headroom, "usable_bytes": self.cluster.usable,
                             "compute_flops_per_s": self.cluster.rate.flops_per_s, "compute": self.cluster.rate.source},
-                "assumptions": self.assumptions, "rows": self.rows()}
+                "assumptions": self.assumptions, "rows": rows}
 
 
 def _gib(nbytes: float) -> str:
@@ -304,10 +304,10 @@ def make_plan(job: Job, cluster: Cluster, *, objective: str = "throughput", stra
             f"device" + ("" if job.checkpointing else "; activation checkpointing, a smaller micro-batch or more ranks "
                          "would lower it"))
     flops = _flops(job)
+    with torch.device("meta"):
+        model = GPT(job.cfg)   # each prediction traces its own skeleton of it
     for c in evaluated:
         if c.fits or predict_all:
-            with torch.device("meta"):
-                model = GPT(job.cfg)
             c.step = predict_step(model, topology, cluster.profile, job.workload, cluster.rate, cluster.shared_cores,
                                   flops=flops, strategy=c.strategy, group_size=c.group, algorithm=c.algorithm,
                                   precision=job.precision, reduce_dtype=job.reduce, prefetch=job.prefetch,
@@ -358,7 +358,7 @@ def plan_for_engine(model: torch.nn.Module, comm, config, workload: Optional[Wor
     source = (f"{DEFAULT_MFU:.0%} of {peak} TFLOP/s" if peak
               else f"{flops / 1e9:.3g} GFLOP/s, one block's forward and backward measured on {device.type}")
     profile = comm.tuner.profile
-    rate = ComputeRate(flops, 32 / profile.copy_bandwidth, source + " (the slowest rank's)")
+    rate = ComputeRate.on(profile, flops, source + " (the slowest rank's)")
     cluster = Cluster(comm.topology, profile, memory, rate, config.auto.headroom,
                       peak * 1e12 if peak else None, shared_cores=device.type == "cpu")
     groups = None if config.group_size is None else [config.group_size]
@@ -467,8 +467,7 @@ def from_args(args: argparse.Namespace) -> tuple[Job, Cluster, dict]:
         rate_source, flops = f"{args.mfu:.0%} of {peak / 1e12:g} TFLOP/s ({device}, {args.precision})", args.mfu * peak
     else:
         raise PlanError(f"no peak FLOP/s known for profile {profile.name!r}; pass --tflops (achieved per rank)")
-    rate = ComputeRate(flops, 32 / profile.copy_bandwidth, rate_source + "; AdamW at 32 bytes per element of copy "
-                       "bandwidth")
+    rate = ComputeRate.on(profile, flops, rate_source)
     topology = topology_for(args.world, profile, args.ranks_per_node, None)
     cluster = Cluster(topology, profile, memory, rate, args.headroom, peak, args.shared_cores)
     job = Job.for_global_batch(cfg, args.world, int(args.global_batch), args.seq, args.micro_batch,

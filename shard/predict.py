@@ -23,7 +23,6 @@ whose cores both compute and drive MPI's progress); compute runs at one rate for
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable, Optional
 
 import torch
@@ -134,13 +133,9 @@ def trace_many(model: torch.nn.Module, comm, micro: Workload, **settings) -> tup
     return trace.repeated(1, micro.micro_batches - 2), engine
 
 
-@lru_cache(maxsize=4096)
-def _call_seconds(comm, collective: str, algorithm, nbytes: int) -> float:
-    return comm.predict(collective, algorithm, nbytes)
-
-
 def call_seconds(call: Call) -> float:
-    return _call_seconds(call.comm, call.collective, call.algorithm, call.nbytes)
+    """The dry-run communicator's prediction (it remembers them, by value)."""
+    return call.comm.predict(call.collective, call.algorithm, call.nbytes)
 
 
 def replay(trace: StepTrace, compute_seconds: Callable[[str, Optional[str]], float],
@@ -236,6 +231,13 @@ class ComputeRate:
     def __post_init__(self) -> None:
         if not self.flops_per_s > 0 or not self.update_s_per_element >= 0:
             raise ValueError(f"a compute rate needs flops_per_s > 0 and update_s_per_element >= 0, got {self}")
+
+    @classmethod
+    def on(cls, profile: Profile, flops_per_s: float, source: str) -> "ComputeRate":
+        """`flops_per_s` for forward and backward, and AdamW's update at 32 bytes per element
+        of the profile's copy bandwidth (the predictor's one assumption for the update)."""
+        return cls(flops_per_s, 32 / profile.copy_bandwidth,
+                   f"{source}; AdamW at 32 bytes per element of copy bandwidth")
 
 
 def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, micro: Workload,

@@ -78,8 +78,7 @@ def simulate(args) -> list[dict]:
 
     profile = profiles.load(args.profile)
     tflops = peak(args, profile)
-    rate = ComputeRate(tflops * 1e12 * args.mfu, 32 / profile.copy_bandwidth,
-                       f"{args.mfu:.0%} of {tflops} TFLOP/s; AdamW at 32 bytes per element of copy bandwidth")
+    rate = ComputeRate.on(profile, tflops * 1e12 * args.mfu, f"{args.mfu:.0%} of {tflops} TFLOP/s")
     comms = [c for c in args.comms.split(",") if c]
     for c in comms:
         if c not in COMMS:

@@ -31,7 +31,7 @@ class _Unit(nn.Module):
             self.names.append(key)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * (1 + torch.stack([getattr(self, k).sum().float() for k in self.names]).sum())
+        return _scaled(x, [getattr(self, k) for k in self.names])
 
 
 class Skeleton(nn.Module):
@@ -66,10 +66,15 @@ class Skeleton(nn.Module):
         """A (batch, seq, 1) 'logits' tensor that depends on every parameter."""
         x = torch.ones((), dtype=torch.float32, device=tokens.device)
         if self._root:
-            x = x * (1 + torch.stack([getattr(self, k).sum().float() for k in self._root]).sum())
+            x = _scaled(x, [getattr(self, k) for k in self._root])
         for unit in self.units:
             x = unit(x)
         return x.expand(*tokens.shape, 1)
+
+
+def _scaled(x: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+    """x times (1 + the sum of every parameter): a product, so autograd saves a tensor."""
+    return x * (1 + torch.stack([p.sum().float() for p in params]).sum())
 
 
 def _like(p: nn.Parameter) -> nn.Parameter:

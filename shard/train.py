@@ -341,7 +341,7 @@ def build_engine(r: Run) -> None:
     if auto:   # the planner's choice, kept with the run, and its table for whoever asks why
         r.resolved["strategy"].update(chosen=r.engine.strategy.name, chosen_group_size=r.engine.layout.group)
         if r.comm.rank == 0:
-            write_atomic(r.out_dir / "plan.json", json.dumps(r.engine.plan.to_json(), indent=1, default=str).encode())
+            write_atomic(r.out_dir / "plan.json", json.dumps(r.engine.plan.to_json(), indent=1, default=str))
     r.resolved["built"] = {"model": asdict(r.model), "num_params": r.model.num_params(), "world": r.comm.size,
                            "ranks_per_node": r.comm.topology.ranks_per_node, "accumulation": r.accumulation,
                            "global_batch_tokens": r.global_batch_tokens,
