@@ -25,6 +25,20 @@ GENERATORS = {
     },
 }
 
+# How the schedules of one algorithm's ranks relate (tests hold every claim, rank by rank):
+#   rotation  rank i's schedule is rank 0's with every peer and block index shifted by i (mod p)
+#   xor       on a power-of-two p, rank 0's with every peer and block index XORed with i
+# Algorithms not named here, and xor ones on other p (folded), are not assumed symmetric.
+SYMMETRY = {"ring": "rotation", "bruck": "rotation", "pairwise": "rotation",
+            "recursive_doubling": "xor", "recursive_halving": "xor", "rabenseifner": "xor"}
+
+
+def symmetry_of(algorithm: str, size: int) -> str:
+    """"rotation", "xor" or "none": what `algorithm`'s schedules on `size` ranks are known to share."""
+    kind = SYMMETRY.get(algorithm, "none")
+    return "none" if kind == "xor" and size & (size - 1) else kind
+
+
 # Names accepted by the API besides the schedule algorithms.
 SPECIAL = ("auto", "native")
 ALL_NAMES = tuple(sorted(set(SPECIAL).union(*(g.keys() for g in GENERATORS.values()))))

@@ -33,6 +33,8 @@ class Kind(enum.IntEnum):
 
 def runs(blocks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """Coalesce sorted block indices into (first block, block count) runs."""
+    if blocks and blocks[-1] - blocks[0] == len(blocks) - 1:   # one run (sorted and distinct)
+        return ((blocks[0], len(blocks)),)
     out: list[list[int]] = []
     for b in blocks:
         if out and out[-1][0] + out[-1][1] == b:
@@ -42,17 +44,18 @@ def runs(blocks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return tuple((s, c) for s, c in out)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)   # schedules of 100k-rank rings hold a million of these
 class Transfer:
     kind: Kind
     peer: int
     blocks: tuple[int, ...]   # sorted, distinct block indices
 
     def __post_init__(self) -> None:
-        if list(self.blocks) != sorted(set(self.blocks)):
+        b = self.blocks
+        if len(b) > 1 and list(b) != sorted(set(b)):
             raise ValueError(f"transfer blocks must be sorted and distinct, got {self.blocks}")
 
-    @cached_property
+    @property
     def runs(self) -> tuple[tuple[int, int], ...]:
         """Contiguous runs of blocks; each run travels as its own message, in this order."""
         return runs(self.blocks)

@@ -47,7 +47,7 @@ def all_gather(topology: Topology, rank: int, src: str, dst: str):
     steps += steps_after
     # This node's block of the column is already in place: move on the others only.
     steps.append(Permute(Ref("column", 0, n_nodes), Ref("foreign", 0, n_nodes - 1),
-                         tuple(-1 if k == node else foreign.index(k) for k in range(n_nodes))))
+                         tuple(-1 if k == node else k - (k > node) for k in range(n_nodes))))   # foreign.index(k)
     steps.append(Phase("all_gather", "intra", "ring", Ref("rest", 0, n_local * (n_nodes - 1)),
                        Ref("foreign", 0, n_nodes - 1)))
     steps.append(Permute(Ref("rest", 0, n_local * (n_nodes - 1)), Ref(dst, 0, p),

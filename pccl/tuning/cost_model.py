@@ -27,12 +27,14 @@ phases cost the slower one (they use different links), a shuffle costs its bytes
 bandwidth, a combine its bytes at reduction bandwidth.
 
 Speed: the per-step message and block counts depend on (collective, algorithm, topology)
-only and are cached; sizes are a vector. Only the ranks of a few nodes are evaluated where
-the algorithm treats nodes alike: the ring, Bruck and pairwise exchange are the same on
-every rank up to a rotation, recursive doubling and halving on a power-of-two group up to an XOR with the
-member index, so any node stands for all. Folded (non-power-of-two) groups single out
-many members in different ways; there every node is evaluated, which is cheap for their
-logarithmic step counts. Tests hold the sample against every node.
+only and are cached; sizes are a vector. One rank per class of pccl.tuning.symmetry is
+evaluated: where a translation of whole nodes maps the groups onto themselves and the
+algorithm's schedules onto each other (rotations for the ring, Bruck and pairwise exchange,
+XORs for recursive doubling and halving on powers of two), one node's ranks stand for every
+node's, and their tables come from member 0's schedule, so a 131072-rank ring costs one
+schedule, not 131072. Steps alike on every evaluated rank are kept once with a count (a
+ring's p-1 steps are one column). Elsewhere every rank is evaluated (`exact`), the reference
+tests hold the classes to.
 """
 from __future__ import annotations
 
@@ -44,22 +46,24 @@ import numpy as np
 import torch
 
 from pccl import plans
-from pccl.algorithms import schedule
+from pccl.algorithms import schedule, symmetry_of
 from pccl.compression.codecs import codec as codec_of
 from pccl.compression.codecs import per_level
 from pccl.core.topology import Topology
 from pccl.ir.compressed import compress
 from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase
 from pccl.ir.schedule import Kind
+from pccl.ir.schedule import runs as runs_of
+from pccl.tuning import symmetry
 from pccl.tuning.profiles import Profile
-
-EVALUATE_ALL_NODES = 8   # up to this many nodes, every node is evaluated
-ROTATION_SYMMETRIC = ("ring", "bruck", "pairwise")   # rank r+1 runs rank r's schedule shifted by one
+from pccl.tuning.symmetry import Level
 
 
 @dataclass(frozen=True)
 class StepCounts:
-    """Per evaluated rank (rows) and step (columns), in units of one block of the collective."""
+    """Per evaluated rank (rows) and distinct step (columns), in units of one block of the
+    collective; a step that recurs (the ring's are all alike) is kept once, with the number
+    of times it occurs in `repeats`."""
 
     intra_msgs: np.ndarray
     intra_blocks: np.ndarray
@@ -70,10 +74,11 @@ class StepCounts:
     reduce_blocks: np.ndarray
     native: bool                  # the transport's own collective (see group_counts)
     nics_per_node: int
+    repeats: np.ndarray           # per column: how many steps it stands for
     codec: Optional[str] = None   # compressed: the codec's name, and what it encodes and decodes
     encode_blocks: Optional[np.ndarray] = None
     decode_blocks: Optional[np.ndarray] = None
-    codec_calls: Optional[np.ndarray] = None   # encode and decode calls, one per block
+    codec_calls: Optional[np.ndarray] = None   # encode and decode calls, one per block coded
 
     def inter_loads(self, profile: Profile) -> tuple[np.ndarray, np.ndarray]:
         """(this rank's blocks per NIC it uses, blocks through the busiest such NIC): its own
@@ -99,7 +104,7 @@ class StepCounts:
         inter = profile.inter.alpha * self.inter_msgs + wire * np.maximum(
             profile.inter.stream_beta * own, profile.inter.beta * nic)
         step = np.maximum(intra, inter) + local
-        return step.max(axis=1).sum(axis=1)
+        return step.max(axis=1) @ self.repeats
 
 
 @lru_cache(maxsize=64)
@@ -114,105 +119,156 @@ def wire_ratio(name: str, block_bytes: np.ndarray, dtype: torch.dtype) -> np.nda
     return np.array([c.encoded_nbytes(int(k), dtype) for k in n], float) / (n * size)
 
 
-def sampled_nodes(topology: Topology) -> tuple[int, ...]:
-    """The nodes whose ranks stand for all (see the module docstring)."""
-    n = topology.num_nodes
-    if n <= EVALUATE_ALL_NODES:
-        return tuple(range(n))
-    return tuple(sorted({0, 1, n // 2, n - 2, n - 1}))
-
-
-def evaluated_ranks(topology: Topology, every_node: bool = False) -> tuple[int, ...]:
-    nodes = range(topology.num_nodes) if every_node else sampled_nodes(topology)
-    return tuple(r for node in nodes for r in topology.nodes[node])
-
-
-Level = Union[str, tuple]   # "world", "intra", "inter", or a partition: a tuple of groups of ranks
-
-
-def group_size(topology: Topology, level: Level) -> int:
-    if isinstance(level, tuple):
-        return len(level[0])
-    return {"world": topology.size, "inter": topology.num_nodes}.get(level, len(topology.nodes[0]))
-
-
-def level_members(topology: Topology, level: Level, rank: int) -> tuple[int, ...]:
-    """The ranks of `rank`'s group on `level`, in their group order."""
-    if level == "world":
-        return tuple(range(topology.size))
-    if isinstance(level, tuple):
-        return next(g for g in level if rank in g)
-    return topology.level_ranks(level, rank)
-
-
 @lru_cache(maxsize=64)
 def places(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
     """(node, NIC) of every rank; NICs numbered across the whole machine."""
-    node = np.array([topology.node_of(r) for r in range(topology.size)])
-    nic = np.array([topology.node_of(r) * topology.nics_per_node + topology.nic_of(r)
-                    for r in range(topology.size)])
-    return node, nic
+    node, local = np.empty(topology.size, np.int64), np.empty(topology.size, np.int64)
+    width = np.zeros(topology.size, np.int64)
+    for n, ranks in enumerate(topology.nodes):
+        node[list(ranks)], local[list(ranks)], width[list(ranks)] = n, np.arange(len(ranks)), len(ranks)
+    nics = topology.nics_per_node
+    nic = np.where(width >= nics, local * nics // width, local % nics)   # as Topology.nic_of
+    return node, node * nics + nic
+
+
+@dataclass(frozen=True, eq=False)
+class Transfers:
+    """One member's schedule as a table, one row per transfer: its step, kind, peer (member
+    index), blocks, messages (contiguous runs) and cyclic runs (a run through the last
+    block into block 0 counted once); the cyclic runs a rotation could carry across the
+    buffer's end (transfer row, first block, count); and per step, what a codec encodes,
+    decodes and how many calls that takes."""
+
+    step: np.ndarray
+    kind: np.ndarray
+    peer: np.ndarray
+    blocks: np.ndarray
+    messages: np.ndarray
+    cyclic: np.ndarray
+    wrap_row: np.ndarray
+    wrap_first: np.ndarray
+    wrap_count: np.ndarray
+    encode: np.ndarray
+    decode: np.ndarray
+    calls: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.encode)
+
+    def rotated_messages(self, size: int, indices: np.ndarray) -> np.ndarray:
+        """Messages per transfer of the member rotated to any of `indices` (sorted), the
+        most any of them sends: a run whose rotation crosses the end splits in two."""
+        start = (size - self.wrap_count + 1 - self.wrap_first) % size   # the indices that carry it across
+        end = start + self.wrap_count - 1
+        hits = np.searchsorted(indices, np.minimum(end, size)) - np.searchsorted(indices, start)
+        hits += np.searchsorted(indices, np.maximum(end - size, 0))
+        split = np.bincount(self.wrap_row[hits > 0], minlength=len(self.cyclic)) > 0
+        return self.cyclic + split
+
+
+@lru_cache(maxsize=4096)
+def member_transfers(collective: str, algorithm: str, size: int, index: int, codec: Optional[str]) -> Transfers:
+    """The table of member `index`'s schedule on `size` members."""
+    sched = schedule.__wrapped__(collective, algorithm, size, index)   # the table is what is kept
+    rows, wraps = [], []
+    for i, step in enumerate(sched.steps):
+        for t in step:
+            runs = cyclic = list(runs_of(t.blocks))
+            if len(runs) > 1 and runs[0][0] == 0 and sum(runs[-1]) == size:
+                cyclic = runs[1:-1] + [(runs[-1][0], runs[-1][1] + runs[0][1])]
+            wraps += [(len(rows), f, c) for f, c in cyclic if 1 < c < size]
+            rows.append((i, int(t.kind), t.peer, len(t.blocks), len(runs), len(cyclic)))
+    table = np.array(rows, dtype=np.int64).reshape(-1, 6)
+    wrap = np.array(wraps, dtype=np.int64).reshape(-1, 3)
+    encode, decode, calls = (np.zeros(sched.num_steps) for _ in range(3))
+    if codec is not None:
+        plan = compress(sched, codec.startswith("p2p:"))
+        coded_work(plan, encode, decode, 1.0)
+        coded_work(plan, calls, calls, 1.0)   # one call per block coded
+    return Transfers(*table.T, *wrap.T, encode, decode, calls)
+
+
+# The rows of one rank's per-step tallies, in the order rank_steps makes them.
+TALLIES = ("intra_send_msgs", "intra_recv_msgs", "intra_send_blocks", "intra_recv_blocks", "inter_send_msgs",
+           "inter_recv_msgs", "inter_send_blocks", "inter_recv_blocks", "reduce", "encode", "decode", "calls")
+
+
+def rank_steps(t: Transfers, cross: np.ndarray, messages: np.ndarray, scale: float, steps: int) -> np.ndarray:
+    """One rank's TALLIES per step, shape (len(TALLIES), steps), from its transfers `t`,
+    which of them cross nodes, and the messages each takes."""
+    sending, blocks = t.kind == Kind.SEND, t.blocks * scale
+    rows = [np.bincount(t.step[mask], weights[mask], minlength=steps)
+            for crossing in (~cross, cross) for weights in (messages, blocks)
+            for mask in (crossing & sending, crossing & ~sending)]
+    reducing = t.kind == Kind.RECV_REDUCE
+    rows.append(np.bincount(t.step[reducing], blocks[reducing], minlength=steps))
+    for coded in (t.encode * scale, t.decode * scale, t.calls):
+        rows.append(np.r_[coded, np.zeros(steps - t.num_steps)])
+    return np.array(rows)
 
 
 def group_counts(collective: str, algorithm: str, topology: Topology, level: Level,
-                 scale: float, natives: tuple, codec: Optional[str] = None) -> StepCounts:
+                 scale: float, natives: tuple, codec: Optional[str] = None, exact: bool = False) -> StepCounts:
     """Counts of a flat collective run by every group of `level` at once ("world": one
-    group of all ranks; a partition: any equal-sized groups, every rank evaluated, as no
-    symmetry is assumed); `scale` converts the group schedule's blocks into caller blocks.
-    "native" is opaque: it is counted as the schedule `natives` names for the collective
-    (the profile's native algorithms), else as the ring. `codec`: the blocks travel
-    compressed with it (collective-level, or per message for a "p2p:" codec)."""
+    group of all ranks; "intra", "inter"; a partition: any equal-sized groups, tuples of
+    ranks in group order), one rank per class of pccl.tuning.symmetry (`exact`: every rank,
+    each from its own schedule); `scale` converts the group schedule's blocks into caller
+    blocks. "native" is opaque: it is counted as the schedule `natives` names for the
+    collective (the profile's native algorithms), else as the ring. `codec`: the blocks
+    travel compressed with it (collective-level, or per message for a "p2p:" codec)."""
     native = algorithm == "native"
     if native:
         algorithm = dict(natives).get(collective, "ring")
-    size = group_size(topology, level)
-    folded = size & (size - 1) and algorithm not in ROTATION_SYMMETRIC
-    ranks = evaluated_ranks(topology, every_node=bool(folded) or isinstance(level, tuple))
+    lay = symmetry.layout(topology, level)
+    size, kind = lay.size, "none" if exact else symmetry_of(algorithm, lay.size)
+    cls = symmetry.classes(topology, lay, kind, exact)
     node, nic = places(topology)
-    rows = []
-    for r in ranks:
-        members = np.array(level_members(topology, level, r))
-        sched = schedule(collective, algorithm, len(members), int(np.flatnonzero(members == r)[0]))
-        rows.append((sched.ops, members, sched))
-    steps = max((int(ops[:, 0].max()) + 1 if len(ops) else 0) for ops, _, _ in rows)
-    shape = (len(ranks), steps)
-    count = {key: np.zeros(shape) for key in
-             ("intra_send_msgs", "intra_recv_msgs", "intra_sent", "intra_recv",
-              "inter_send_msgs", "inter_recv_msgs", "inter_sent", "inter_recv", "reduce", "encode", "decode",
-              "calls")}
-    for i, (r, (ops, members, sched)) in enumerate(zip(ranks, rows)):
-        if not len(ops):
-            continue
-        if codec is not None:
-            plan = compress(sched, codec.startswith("p2p:"))
-            coded_work(plan, count["encode"][i], count["decode"][i], scale)
-            coded_work(plan, count["calls"][i], count["calls"][i], 1.0)   # one call per block coded
-        step, kind, blocks = ops[:, 0], ops[:, 1], ops[:, 4] * scale
-        crossing = node[members[ops[:, 2]]] != node[r]
-        sending = kind == Kind.SEND
-        for where, mask in (("intra", ~crossing), ("inter", crossing)):
-            for direction, sel in (("send", mask & sending), ("recv", mask & ~sending)):
-                count[f"{where}_{direction}_msgs"][i] = np.bincount(step[sel], minlength=steps)
-                key = f"{where}_sent" if direction == "send" else f"{where}_recv"
-                count[key][i] = np.bincount(step[sel], weights=blocks[sel], minlength=steps)
-        reducing = kind == Kind.RECV_REDUCE
-        count["reduce"][i] = np.bincount(step[reducing], weights=blocks[reducing], minlength=steps)
+    first = member_transfers(collective, algorithm, size, 0, codec)
+    own = {}   # per evaluated rank: its member's table, peers and messages
+    for rank, orbit in zip(cls.ranks, cls.orbits):
+        index, members = int(lay.index_of[rank]), lay.groups[lay.group_of[rank]]
+        if kind == "rotation":   # member i's schedule is member 0's shifted by i
+            own[rank] = first, members[(first.peer + index) % size], first.rotated_messages(size, orbit)
+        elif kind == "xor":      # member i's is member 0's XORed with i (its runs alike: tested)
+            own[rank] = first, members[first.peer ^ index], first.messages
+        else:
+            t = member_transfers(collective, algorithm, size, index, codec)
+            own[rank] = t, members[t.peer], t.messages
+    steps = max(t.num_steps for t, _, _ in own.values())
+    # Each rank's steps, run-length compressed as they are made (a ring's are all alike),
+    # then cut wherever any rank's change, so that a column stands for steps alike on all.
+    runs = []
+    for rank, (t, peer, messages) in own.items():
+        table = rank_steps(t, node[peer] != node[rank], messages, scale, steps)
+        starts = change_points(table)
+        runs.append((starts, table[:, starts]))
+    starts = np.unique(np.concatenate([s for s, _ in runs]))
+    repeats = np.diff(np.r_[starts, steps]).astype(np.float64)
+    count = dict(zip(TALLIES, np.stack([v[:, np.searchsorted(s, starts, "right") - 1] for s, v in runs], axis=1)))
+
     def busiest(owner: np.ndarray) -> np.ndarray:
-        """Per rank: max(sent, received) blocks summed over the ranks with its owner."""
-        sent, recv = np.zeros((owner.max() + 1, steps)), np.zeros((owner.max() + 1, steps))
-        np.add.at(sent, owner, count["inter_sent"])
-        np.add.at(recv, owner, count["inter_recv"])
+        """Per rank: max(sent, received) blocks summed over the ranks with its owner (the
+        evaluated ranks are whole nodes, so an owner's ranks are all among them)."""
+        ids, owner = np.unique(owner, return_inverse=True)
+        sent, recv = np.zeros((len(ids), len(starts))), np.zeros((len(ids), len(starts)))
+        np.add.at(sent, owner, count["inter_send_blocks"])
+        np.add.at(recv, owner, count["inter_recv_blocks"])
         return np.maximum(sent, recv)[owner]
 
     return StepCounts(
         intra_msgs=np.maximum(count["intra_send_msgs"], count["intra_recv_msgs"]),
-        intra_blocks=np.maximum(count["intra_sent"], count["intra_recv"]),
+        intra_blocks=np.maximum(count["intra_send_blocks"], count["intra_recv_blocks"]),
         inter_msgs=np.maximum(count["inter_send_msgs"], count["inter_recv_msgs"]),
-        inter_blocks=np.maximum(count["inter_sent"], count["inter_recv"]),
-        nic_blocks=busiest(nic[list(ranks)]),
-        node_blocks=busiest(node[list(ranks)]),
-        reduce_blocks=count["reduce"], native=native, nics_per_node=topology.nics_per_node,
-        codec=codec, encode_blocks=count["encode"], decode_blocks=count["decode"], codec_calls=count["calls"])
+        inter_blocks=np.maximum(count["inter_send_blocks"], count["inter_recv_blocks"]),
+        nic_blocks=busiest(nic[cls.ranks]), node_blocks=busiest(node[cls.ranks]), reduce_blocks=count["reduce"],
+        native=native, nics_per_node=topology.nics_per_node, repeats=repeats, codec=codec,
+        encode_blocks=count["encode"], decode_blocks=count["decode"], codec_calls=count["calls"])
+
+
+def change_points(table: np.ndarray) -> np.ndarray:
+    """The columns where a run of equal consecutive columns starts."""
+    return np.flatnonzero(np.r_[table.shape[1] > 0, (table[:, 1:] != table[:, :-1]).any(axis=0)])
 
 
 def coded_work(plan, encode: np.ndarray, decode: np.ndarray, scale: float) -> None:
@@ -249,30 +305,32 @@ def local_cost(step) -> LocalCost:
     return LocalCost(step.dst.count, reduces=True)
 
 
-def phase_counts(phase: Phase, topology: Topology, natives: tuple, coded: dict) -> StepCounts:
+def phase_counts(phase: Phase, topology: Topology, natives: tuple, coded: dict, exact: bool) -> StepCounts:
     """A phase is a flat collective on each level group; its buffer of `count` blocks splits
     into one block per group member."""
     full = phase.output if phase.collective == "all_gather" else phase.input
     size = len(topology.level_ranks(phase.level, 0))
     return group_counts(phase.collective, phase.algorithm, topology, phase.level, full.count / size, natives,
-                        coded.get(phase.level))
+                        coded.get(phase.level), exact)
 
 
 @lru_cache(maxsize=512)
-def parts(collective: str, algorithm, topology: Topology, natives: tuple = (), coded: tuple = ()) -> tuple[Part, ...]:
+def parts(collective: str, algorithm, topology: Topology, natives: tuple = (), coded: tuple = (),
+          exact: bool = False) -> tuple[Part, ...]:
     """The cost parts of `algorithm` ("ring", ..., "native" or a plan spec) on `topology`,
     in blocks of one rank's share of the buffer; `natives` as in group_counts; `coded`:
-    ((level, codec name), ...), the levels ("flat", "intra", "inter") that compress."""
+    ((level, codec name), ...), the levels ("flat", "intra", "inter") that compress; `exact`:
+    every rank evaluated (the reference the symmetric classes are tested against)."""
     spec, coded = plans.spec_of(algorithm), dict(coded)
     if spec is None:
-        return (group_counts(collective, algorithm, topology, "world", 1.0, natives, coded.get("flat")),)
+        return (group_counts(collective, algorithm, topology, "world", 1.0, natives, coded.get("flat"), exact),)
     plan = plans.build(spec, collective, topology, 0)
     out: list[Part] = []
     for step in plan.steps:
         if isinstance(step, Phase):
-            out.append(phase_counts(step, topology, natives, coded))
+            out.append(phase_counts(step, topology, natives, coded, exact))
         elif isinstance(step, Concurrent):
-            out.append(tuple(phase_counts(p, topology, natives, coded) for p in step.phases))
+            out.append(tuple(phase_counts(p, topology, natives, coded, exact) for p in step.phases))
         elif isinstance(step, (Permute, Fill, Combine)):
             out.append(local_cost(step))
         else:
@@ -317,25 +375,27 @@ def _by_native_band(profile: Profile, algorithm, sizes: np.ndarray) -> list[tupl
 
 
 def predict(collective: str, algorithm, topology: Topology, profile: Profile, nbytes, compression=None,
-            dtype: torch.dtype = torch.float32):
+            dtype: torch.dtype = torch.float32, exact: bool = False):
     """Predicted seconds of `collective` with `algorithm` on `topology` for a buffer of
     `nbytes` (the all-gather output, the reduce-scatter input, the all-reduce tensor) of
     `dtype` values; `nbytes` may be a number or an array of them. `compression` as the
     collectives take it (a codec, or one per plan level). Uncompressed, the profile's
-    calibration of the algorithm (measured/predicted, Profile.efficiency) scales it."""
+    calibration of the algorithm (measured/predicted, Profile.efficiency) scales it.
+    `exact`: every rank evaluated rather than one per class (tests)."""
     sizes = _sizes(nbytes)
     block_bytes = sizes / topology.size
     total = np.zeros_like(sizes)
     coded = coded_levels(compression)
     for natives, where in _by_native_band(profile, algorithm, sizes):
-        for part in parts(collective, algorithm, topology, natives, coded):
+        for part in parts(collective, algorithm, topology, natives, coded, exact):
             total[where] += part_seconds(part, profile, block_bytes[where], dtype)
     if not coded and profile.calibration:
         total *= profile.efficiency(collective, name_of(algorithm), sizes)
     return total if np.ndim(nbytes) else float(total[0])
 
 
-def predict_groups(collective: str, algorithm: str, topology: Topology, groups: tuple, profile: Profile, nbytes):
+def predict_groups(collective: str, algorithm: str, topology: Topology, groups: tuple, profile: Profile, nbytes,
+                   exact: bool = False):
     """Predicted seconds of a flat `collective` (an algorithm name or "native") run at once
     by every group of `groups`, a partition of `topology`'s ranks into equal-sized groups
     (tuples of ranks in group order), each on its own buffer of `nbytes`: the groups share
@@ -344,7 +404,7 @@ def predict_groups(collective: str, algorithm: str, topology: Topology, groups: 
     sizes = _sizes(nbytes)
     total = np.zeros_like(sizes)
     for natives, where in _by_native_band(profile, algorithm, sizes):
-        counts = _partition_counts(collective, algorithm, topology, groups, natives)
+        counts = _partition_counts(collective, algorithm, topology, groups, natives, exact)
         total[where] = counts.seconds(profile, sizes[where] / len(groups[0]))
     if profile.calibration:
         total *= profile.efficiency(collective, algorithm, sizes)
@@ -353,8 +413,8 @@ def predict_groups(collective: str, algorithm: str, topology: Topology, groups: 
 
 @lru_cache(maxsize=1024)   # the planner asks for many strategies' partitions of one world
 def _partition_counts(collective: str, algorithm: str, topology: Topology, groups: tuple,
-                      natives: tuple) -> StepCounts:
+                      natives: tuple, exact: bool) -> StepCounts:
     """The counts of a partition, checked once per partition (this is cached)."""
     if sorted(r for g in groups for r in g) != list(range(topology.size)) or len({len(g) for g in groups}) != 1:
         raise ValueError(f"groups must be equal-sized and hold each rank 0..{topology.size - 1} once")
-    return group_counts(collective, algorithm, topology, groups, 1.0, natives)
+    return group_counts(collective, algorithm, topology, groups, 1.0, natives, exact=exact)
