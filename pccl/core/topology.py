@@ -1,4 +1,4 @@
-"""Where ranks live: nodes, local indices and NICs.
+"""Where ranks live: nodes, local indices, NICs and, optionally, groups of nodes.
 
 A topology lists the ranks of each node in local order; the hierarchical plans need
 every node to hold the same number of ranks. It is detected (pccl.runtime.detect) from MPI's shared-memory
@@ -10,6 +10,12 @@ NICs: the local ranks of a node are spread over its NICs in consecutive groups, 
 Frontier (8 GCDs, 4 NICs, GCD pairs 0-1, 2-3, 4-5, 6-7 share a NIC) or Perlmutter (4 GPUs,
 4 NICs). ``nic_mapping()`` writes the MPICH_OFI_NIC_MAPPING string that pins each local
 rank's traffic to its NIC.
+
+Groups: above the node, large networks are not flat. `nodes_per_group` consecutive nodes
+form a group (a dragonfly group on Slingshot, a pod or scalable unit of a fat-tree) whose
+links to other groups are fewer or slower than those within it. Two more plan levels
+follow: "group", the ranks with this local index on the nodes of this group, and "global",
+the ranks with this local index and this node's place in its group, one per group.
 """
 from __future__ import annotations
 
@@ -48,6 +54,7 @@ class TopologyError(ValueError):
 class Topology:
     nodes: tuple[tuple[int, ...], ...]   # the global ranks of each node, in local order
     nics_per_node: int = 1
+    nodes_per_group: Optional[int] = None   # consecutive nodes per network group; None: one group
 
     def __post_init__(self) -> None:
         ranks = sorted(r for node in self.nodes for r in node)
@@ -57,17 +64,24 @@ class Topology:
             raise TopologyError(f"the nodes must hold each rank 0..{len(ranks) - 1} exactly once, got {self.nodes}")
         if self.nics_per_node < 1:
             raise TopologyError(f"nics_per_node must be >= 1, got {self.nics_per_node}")
+        if self.nodes_per_group is not None and not (
+                isinstance(self.nodes_per_group, int) and self.nodes_per_group >= 1
+                and len(self.nodes) % self.nodes_per_group == 0):
+            raise TopologyError(f"nodes_per_group must be a positive divisor of the {len(self.nodes)} nodes, "
+                                f"got {self.nodes_per_group!r}")
 
     @classmethod
-    def regular(cls, size: int, ranks_per_node: int, nics_per_node: int = 1) -> "Topology":
-        """Consecutive groups of `ranks_per_node` ranks form the nodes."""
+    def regular(cls, size: int, ranks_per_node: int, nics_per_node: int = 1,
+                nodes_per_group: Optional[int] = None) -> "Topology":
+        """Consecutive groups of `ranks_per_node` ranks form the nodes (and consecutive
+        `nodes_per_group` nodes the network's groups)."""
         if not (isinstance(ranks_per_node, int) and ranks_per_node >= 1):
             raise TopologyError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")
         if size % ranks_per_node:
             raise TopologyError(f"world size {size} is not divisible by ranks_per_node={ranks_per_node}; "
                                 f"expected a divisor of {size}")
         return cls(tuple(tuple(range(n * ranks_per_node, (n + 1) * ranks_per_node))
-                         for n in range(size // ranks_per_node)), nics_per_node)
+                         for n in range(size // ranks_per_node)), nics_per_node, nodes_per_group)
 
     @classmethod
     def machine(cls, name: str, nodes: int) -> "Topology":
@@ -105,6 +119,15 @@ class Topology:
     def local_of(self, rank: int) -> int:
         return self._where[rank][1]
 
+    @property
+    def has_groups(self) -> bool:
+        """Whether the network has more than one group (a third level above the node)."""
+        return self.nodes_per_group is not None and self.nodes_per_group < self.num_nodes
+
+    def group_of(self, rank: int) -> int:
+        """The network group of `rank`'s node (0 without groups)."""
+        return self.node_of(rank) // (self.nodes_per_group or self.num_nodes)
+
     def intra_ranks(self, rank: int) -> tuple[int, ...]:
         """The ranks on `rank`'s node, in local order."""
         return self.nodes[self.node_of(rank)]
@@ -115,16 +138,31 @@ class Topology:
         return tuple(node[local] for node in self.nodes if local < len(node))
 
     def level_ranks(self, level: str, rank: int) -> tuple[int, ...]:
-        """The ranks of `rank`'s group on a plan level: "intra" or "inter"."""
-        return self.intra_ranks(rank) if level == "intra" else self.inter_ranks(rank)
+        """The ranks of `rank`'s group on a plan level: "intra", "inter", "group" or "global"."""
+        if level == "intra":
+            return self.intra_ranks(rank)
+        if level == "inter":
+            return self.inter_ranks(rank)
+        return next(tuple(g) for g in self.level_groups(level) if rank in g)
 
     def level_groups(self, level: str) -> list[list[int]]:
         """The partition of all ranks into the groups of a plan level, each group in its
-        level order: "intra" one group per node, "inter" one per local index (uniform
-        topologies)."""
+        level order: "intra" one group per node, "inter" one per local index, "group" one
+        per (network group, local index), "global" one per (node place in its group, local
+        index) (uniform topologies)."""
         if level == "intra":
             return [list(node) for node in self.nodes]
-        return [[node[local] for node in self.nodes] for local in range(self.ranks_per_node)]
+        if level == "inter":
+            return [[node[local] for node in self.nodes] for local in range(self.ranks_per_node)]
+        size = self.nodes_per_group or self.num_nodes
+        starts = range(0, self.num_nodes, size)
+        if level == "group":
+            return [[self.nodes[n][local] for n in range(first, first + size)]
+                    for first in starts for local in range(self.ranks_per_node)]
+        if level == "global":
+            return [[self.nodes[first + place][local] for first in starts]
+                    for place in range(size) for local in range(self.ranks_per_node)]
+        raise TopologyError(f"unknown level {level!r}; expected intra, inter, group or global")
 
     def nic_of(self, rank: int) -> int:
         """The NIC a rank's traffic uses: consecutive local ranks share a NIC."""
@@ -145,7 +183,8 @@ class Topology:
 
     def restrict(self, ranks) -> "Topology":
         """The topology of a sub-group: `ranks` (this topology's ranks) become 0..len-1 in
-        the order given; each node keeps the members it has, in that order."""
+        the order given; each node keeps the members it has, in that order. A sub-group's
+        topology has no network groups (its nodes need not fill them alike)."""
         position = {r: i for i, r in enumerate(ranks)}
         if len(position) != len(ranks) or any(r not in self._where for r in ranks):
             raise TopologyError(f"a sub-group needs distinct ranks of 0..{self.size - 1}, got {list(ranks)}")
@@ -155,7 +194,8 @@ class Topology:
 
     def describe(self) -> str:
         shape = f"{self.num_nodes}x{self.ranks_per_node}" if self.is_uniform else str([len(n) for n in self.nodes])
-        return f"Topology({shape} ranks, {self.nics_per_node} NIC(s) per node)"
+        groups = f", groups of {self.nodes_per_group} nodes" if self.has_groups else ""
+        return f"Topology({shape} ranks, {self.nics_per_node} NIC(s) per node{groups})"
 
 
 def from_hosts(hosts: list, nics_per_node: Optional[int]) -> Topology:

@@ -67,13 +67,16 @@ class StepCounts:
 
     intra_msgs: np.ndarray
     intra_blocks: np.ndarray
-    inter_msgs: np.ndarray
+    inter_msgs: np.ndarray        # to other nodes of this rank's network group
+    global_msgs: np.ndarray       # to other network groups
     inter_blocks: np.ndarray      # this rank's own inter-node blocks (max of sent, received)
     nic_blocks: np.ndarray        # the blocks through this rank's NIC, over all ranks on it
     node_blocks: np.ndarray       # the blocks through all NICs of this rank's node
+    group_blocks: np.ndarray      # the blocks between this rank's network group and others, over its ranks
     reduce_blocks: np.ndarray
     native: bool                  # the transport's own collective (see group_counts)
     nics_per_node: int
+    nodes_per_group: int          # nodes per network group (all nodes: one group)
     repeats: np.ndarray           # per column: how many steps it stands for
     codec: Optional[str] = None   # compressed: the codec's name, and what it encodes and decodes
     encode_blocks: Optional[np.ndarray] = None
@@ -101,8 +104,10 @@ class StepCounts:
                 rate.call * self.codec_calls
         intra = profile.intra.alpha * self.intra_msgs + profile.intra.beta * wire * self.intra_blocks
         own, nic = self.inter_loads(profile)
-        inter = profile.inter.alpha * self.inter_msgs + wire * np.maximum(
-            profile.inter.stream_beta * own, profile.inter.beta * nic)
+        global_alpha = profile.network.alpha if profile.network else profile.inter.alpha
+        inter = profile.inter.alpha * self.inter_msgs + global_alpha * self.global_msgs + wire * np.maximum(
+            np.maximum(profile.inter.stream_beta * own, profile.inter.beta * nic),
+            profile.group_beta(self.nodes_per_group) * self.group_blocks)
         step = np.maximum(intra, inter) + local
         return step.max(axis=1) @ self.repeats
 
@@ -120,15 +125,15 @@ def wire_ratio(name: str, block_bytes: np.ndarray, dtype: torch.dtype) -> np.nda
 
 
 @lru_cache(maxsize=64)
-def places(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
-    """(node, NIC) of every rank; NICs numbered across the whole machine."""
+def places(topology: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(node, NIC, network group) of every rank; NICs numbered across the whole machine."""
     node, local = np.empty(topology.size, np.int64), np.empty(topology.size, np.int64)
     width = np.zeros(topology.size, np.int64)
     for n, ranks in enumerate(topology.nodes):
         node[list(ranks)], local[list(ranks)], width[list(ranks)] = n, np.arange(len(ranks)), len(ranks)
     nics = topology.nics_per_node
     nic = np.where(width >= nics, local * nics // width, local % nics)   # as Topology.nic_of
-    return node, node * nics + nic
+    return node, node * nics + nic, node // (topology.nodes_per_group or topology.num_nodes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,15 +161,15 @@ class Transfers:
     def num_steps(self) -> int:
         return len(self.encode)
 
-    def rotated_messages(self, size: int, indices: np.ndarray) -> np.ndarray:
-        """Messages per transfer of the member rotated to any of `indices` (sorted), the
-        most any of them sends: a run whose rotation crosses the end splits in two."""
+    def rotated_messages(self, size: int, indices: np.ndarray) -> list[np.ndarray]:
+        """The messages per transfer of this member rotated to each of `indices`, one array
+        per distinct outcome: a run whose rotation crosses the buffer's end splits in two."""
+        if not len(self.wrap_row):
+            return [self.cyclic]
         start = (size - self.wrap_count + 1 - self.wrap_first) % size   # the indices that carry it across
-        end = start + self.wrap_count - 1
-        hits = np.searchsorted(indices, np.minimum(end, size)) - np.searchsorted(indices, start)
-        hits += np.searchsorted(indices, np.maximum(end - size, 0))
-        split = np.bincount(self.wrap_row[hits > 0], minlength=len(self.cyclic)) > 0
-        return self.cyclic + split
+        splits = (indices[:, None] - start[None, :]) % size < self.wrap_count - 1
+        return [self.cyclic + np.bincount(self.wrap_row[pattern], minlength=len(self.cyclic))
+                for pattern in np.unique(splits, axis=0)]
 
 
 @lru_cache(maxsize=4096)
@@ -189,23 +194,51 @@ def member_transfers(collective: str, algorithm: str, size: int, index: int, cod
     return Transfers(*table.T, *wrap.T, encode, decode, calls)
 
 
+# Where a message goes: within the node, to another node of the network group, to another group.
+REACHES = ("intra", "inter", "global")
 # The rows of one rank's per-step tallies, in the order rank_steps makes them.
-TALLIES = ("intra_send_msgs", "intra_recv_msgs", "intra_send_blocks", "intra_recv_blocks", "inter_send_msgs",
-           "inter_recv_msgs", "inter_send_blocks", "inter_recv_blocks", "reduce", "encode", "decode", "calls")
+TALLIES = tuple(f"{reach}_{direction}_{what}" for reach in REACHES for what in ("msgs", "blocks")
+                for direction in ("send", "recv")) + ("reduce", "encode", "decode", "calls")
 
 
-def rank_steps(t: Transfers, cross: np.ndarray, messages: np.ndarray, scale: float, steps: int) -> np.ndarray:
+def rank_steps(t: Transfers, reach: np.ndarray, messages: np.ndarray, scale: float, steps: int) -> np.ndarray:
     """One rank's TALLIES per step, shape (len(TALLIES), steps), from its transfers `t`,
-    which of them cross nodes, and the messages each takes."""
-    sending, blocks = t.kind == Kind.SEND, t.blocks * scale
-    rows = [np.bincount(t.step[mask], weights[mask], minlength=steps)
-            for crossing in (~cross, cross) for weights in (messages, blocks)
-            for mask in (crossing & sending, crossing & ~sending)]
+    where each goes (an index of REACHES), and the messages each takes."""
+    slot = (reach * 2 + (t.kind != Kind.SEND)) * steps + t.step   # (reach, direction, step)
+    shape = (len(REACHES), 1, 2, steps)
+    sent = [np.bincount(slot, w, minlength=len(REACHES) * 2 * steps).reshape(shape) for w in (messages, t.blocks)]
     reducing = t.kind == Kind.RECV_REDUCE
-    rows.append(np.bincount(t.step[reducing], blocks[reducing], minlength=steps))
+    rows = [np.concatenate([sent[0], sent[1] * scale], axis=1).reshape(-1, steps),
+            np.bincount(t.step[reducing], t.blocks[reducing] * scale, minlength=steps)[None]]
     for coded in (t.encode * scale, t.decode * scale, t.calls):
-        rows.append(np.r_[coded, np.zeros(steps - t.num_steps)])
-    return np.array(rows)
+        rows.append(np.r_[coded, np.zeros(steps - t.num_steps)][None])
+    return np.concatenate(rows)
+
+
+@lru_cache(maxsize=256)
+def member_segments(collective: str, algorithm: str, size: int, codec: Optional[str]) -> tuple[Transfers, np.ndarray]:
+    """Member 0's table with each run of alike consecutive steps (the same transfers but for
+    which blocks, no run a rotation could split) kept once, and each run's length: the
+    ring's steps are one, so every rotation of it costs one step's work."""
+    t = member_transfers(collective, algorithm, size, 0, codec)
+    per_step = np.bincount(t.step, minlength=t.num_steps)
+    if t.num_steps < 2 or (per_step != per_step[0]).any():
+        return t, np.ones(t.num_steps)
+    k = int(per_step[0])
+    fields = np.stack([t.kind, t.peer, t.blocks, t.messages, t.cyclic], axis=1).reshape(t.num_steps, -1)
+    fields = np.concatenate([fields, np.stack([t.encode, t.decode, t.calls], axis=1)], axis=1)
+    changes = np.r_[True, (fields[1:] != fields[:-1]).any(axis=1)]
+    wrapped = np.unique(t.step[t.wrap_row])
+    changes[wrapped] = True
+    changes[np.minimum(wrapped + 1, t.num_steps - 1)] = True
+    starts = np.flatnonzero(changes)
+    keep = (starts[:, None] * k + np.arange(k)).ravel()   # rows of the steps kept
+    remap = np.full(len(t.step), -1)
+    remap[keep] = np.arange(len(keep))
+    lengths = np.diff(np.r_[starts, t.num_steps]).astype(np.float64)
+    return Transfers(np.repeat(np.arange(len(starts)), k), t.kind[keep], t.peer[keep], t.blocks[keep],
+                     t.messages[keep], t.cyclic[keep], remap[t.wrap_row], t.wrap_first, t.wrap_count,
+                     t.encode[starts], t.decode[starts], t.calls[starts]), lengths
 
 
 def group_counts(collective: str, algorithm: str, topology: Topology, level: Level,
@@ -223,46 +256,60 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: Lev
     lay = symmetry.layout(topology, level)
     size, kind = lay.size, "none" if exact else symmetry_of(algorithm, lay.size)
     cls = symmetry.classes(topology, lay, kind, exact)
-    node, nic = places(topology)
-    first = member_transfers(collective, algorithm, size, 0, codec)
-    own = {}   # per evaluated rank: its member's table, peers and messages
+    node, nic, group = places(topology)
+    first, lengths = member_segments(collective, algorithm, size, codec)
+    rows = []   # (evaluated rank, its member's table, peers, messages): several where rotations split runs
     for rank, orbit in zip(cls.ranks, cls.orbits):
         index, members = int(lay.index_of[rank]), lay.groups[lay.group_of[rank]]
         if kind == "rotation":   # member i's schedule is member 0's shifted by i
-            own[rank] = first, members[(first.peer + index) % size], first.rotated_messages(size, orbit)
+            peer = members[(first.peer + index) % size]
+            rows += [(rank, first, peer, messages) for messages in first.rotated_messages(size, orbit)]
         elif kind == "xor":      # member i's is member 0's XORed with i (its runs alike: tested)
-            own[rank] = first, members[first.peer ^ index], first.messages
+            rows.append((rank, first, members[first.peer ^ index], first.messages))
         else:
             t = member_transfers(collective, algorithm, size, index, codec)
-            own[rank] = t, members[t.peer], t.messages
-    steps = max(t.num_steps for t, _, _ in own.values())
-    # Each rank's steps, run-length compressed as they are made (a ring's are all alike),
-    # then cut wherever any rank's change, so that a column stands for steps alike on all.
+            rows.append((rank, t, members[t.peer], t.messages))
+    steps = max(t.num_steps for _, t, _, _ in rows)
+    if kind == "none":
+        lengths = np.ones(steps)
+    # Each row's steps, run-length compressed as they are made (a ring's are all alike),
+    # then cut wherever any row's change, so that a column stands for steps alike on all.
     runs = []
-    for rank, (t, peer, messages) in own.items():
-        table = rank_steps(t, node[peer] != node[rank], messages, scale, steps)
+    for rank, t, peer, messages in rows:
+        reach = np.where(group[peer] != group[rank], 2, (node[peer] != node[rank]).astype(np.int64))
+        table = rank_steps(t, reach, messages, scale, steps)
         starts = change_points(table)
         runs.append((starts, table[:, starts]))
     starts = np.unique(np.concatenate([s for s, _ in runs]))
-    repeats = np.diff(np.r_[starts, steps]).astype(np.float64)
+    repeats = np.add.reduceat(lengths, starts) if steps else np.zeros(0)
     count = dict(zip(TALLIES, np.stack([v[:, np.searchsorted(s, starts, "right") - 1] for s, v in runs], axis=1)))
 
-    def busiest(owner: np.ndarray) -> np.ndarray:
-        """Per rank: max(sent, received) blocks summed over the ranks with its owner (the
-        evaluated ranks are whole nodes, so an owner's ranks are all among them)."""
+    sent = count["inter_send_blocks"] + count["global_send_blocks"]   # through the NIC
+    received = count["inter_recv_blocks"] + count["global_recv_blocks"]
+
+    ranks = np.array([rank for rank, *_ in rows])
+    once = np.unique(ranks, return_index=True)[1]   # a rank's rows differ in messages only
+
+    def busiest(owner: np.ndarray, sent: np.ndarray, received: np.ndarray) -> np.ndarray:
+        """Per row: max(sent, received) blocks summed over the ranks with its owner (the
+        evaluated ranks are whole nodes, and whole groups where the network has them, so an
+        owner's ranks are all among them)."""
         ids, owner = np.unique(owner, return_inverse=True)
-        sent, recv = np.zeros((len(ids), len(starts))), np.zeros((len(ids), len(starts)))
-        np.add.at(sent, owner, count["inter_send_blocks"])
-        np.add.at(recv, owner, count["inter_recv_blocks"])
-        return np.maximum(sent, recv)[owner]
+        out, back = np.zeros((len(ids), len(starts))), np.zeros((len(ids), len(starts)))
+        np.add.at(out, owner[once], sent[once])
+        np.add.at(back, owner[once], received[once])
+        return np.maximum(out, back)[owner]
 
     return StepCounts(
         intra_msgs=np.maximum(count["intra_send_msgs"], count["intra_recv_msgs"]),
         intra_blocks=np.maximum(count["intra_send_blocks"], count["intra_recv_blocks"]),
         inter_msgs=np.maximum(count["inter_send_msgs"], count["inter_recv_msgs"]),
-        inter_blocks=np.maximum(count["inter_send_blocks"], count["inter_recv_blocks"]),
-        nic_blocks=busiest(nic[cls.ranks]), node_blocks=busiest(node[cls.ranks]), reduce_blocks=count["reduce"],
-        native=native, nics_per_node=topology.nics_per_node, repeats=repeats, codec=codec,
+        global_msgs=np.maximum(count["global_send_msgs"], count["global_recv_msgs"]),
+        inter_blocks=np.maximum(sent, received),
+        nic_blocks=busiest(nic[ranks], sent, received), node_blocks=busiest(node[ranks], sent, received),
+        group_blocks=busiest(group[ranks], count["global_send_blocks"], count["global_recv_blocks"]),
+        reduce_blocks=count["reduce"], native=native, nics_per_node=topology.nics_per_node,
+        nodes_per_group=topology.nodes_per_group or topology.num_nodes, repeats=repeats, codec=codec,
         encode_blocks=count["encode"], decode_blocks=count["decode"], codec_calls=count["calls"])
 
 

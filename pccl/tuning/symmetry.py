@@ -7,7 +7,8 @@ a symmetry of the machine maps onto each other cost the same, so one per class i
 The symmetries are translations of a regular topology (node k holds ranks kL..kL+L-1):
 shifting every rank by m nodes (r -> r + mL mod p) or, on a power-of-two world, XORing it
 with multiples of mL. Both move whole nodes and keep every rank's local index, so they keep
-which messages cross nodes, which NIC each rank uses and who shares it. A translation is a
+which messages cross nodes, which NIC each rank uses and who shares it; on a network with
+groups of nodes, only translations by whole groups are used, so they keep those too. A translation is a
 symmetry of a collective when it maps every group onto a group and each member's index by a
 map the algorithm's schedules commute with (pccl.algorithms.SYMMETRY): the identity (any
 algorithm), a rotation (ring, Bruck, pairwise) or an XOR (recursive doubling and halving,
@@ -17,9 +18,8 @@ Rabenseifner on a power-of-two group). With the smallest m that works, the ranks
 One difference within a class is counted exactly rather than assumed away: a run of
 consecutive blocks that a rotation carries across the end of the buffer travels as two
 messages, so rotated ranks can differ by one message in a step. Each class keeps the
-member indices it stands for (`orbits`), and the cost model charges its representative the
-most messages any of them sends: the per-step cost only grows with messages, so the max over
-the class is taken term by term.
+member indices it stands for (`orbits`), and the cost model evaluates its representative
+once for each distinct way those indices split runs.
 
 Where no translation is a symmetry (nodes of different sizes or not consecutive, a folded
 group whose members a translation permutes), every node is evaluated: the exact evaluation,
@@ -108,22 +108,23 @@ def classes(topology: Topology, lay: Layout, kind: str, exact: bool = False) -> 
     if width is None:
         ranks = np.arange(topology.size)
         return Classes(ranks, tuple(lay.index_of[ranks, None]))
-    period, orbit = translation_period(topology.num_nodes, width, lay, COMMUTES[kind])
+    unit = topology.nodes_per_group if topology.has_groups else 1   # translations move whole groups
+    period, orbit = translation_period(topology.num_nodes, width, lay, COMMUTES[kind], unit)
     ranks = np.arange(period * width)
     return Classes(ranks, tuple(np.unique(lay.index_of[orbit(r)]) for r in ranks))
 
 
-def translation_period(nodes: int, width: int, lay: Layout, allowed: tuple):
-    """(m, orbit): the fewest nodes m whose ranks stand for all under shifts or XORs by
-    multiples of m nodes that map members by `allowed` maps, and orbit(rank), the ranks a
-    representative stands for."""
+def translation_period(nodes: int, width: int, lay: Layout, allowed: tuple, unit: int = 1):
+    """(m, orbit): the fewest nodes m (a multiple of `unit`) whose ranks stand for all under
+    shifts or XORs by multiples of m nodes that map members by `allowed` maps, and
+    orbit(rank), the ranks a representative stands for."""
     p = nodes * width
     ranks = np.arange(p)
 
     def works(image) -> bool:
         return bool(index_maps(lay, image) & set(allowed))
 
-    for m in range(1, nodes):
+    for m in range(unit, nodes, unit):
         if nodes % m == 0 and works((ranks + m * width) % p):
             shift = m
             break
@@ -131,7 +132,7 @@ def translation_period(nodes: int, width: int, lay: Layout, allowed: tuple):
         shift = nodes
     flip = nodes
     if (p & (p - 1)) == 0:
-        flip = next((m for m in (1 << k for k in range(nodes.bit_length())) if m < nodes and all(
+        flip = next((m for m in (1 << k for k in range(nodes.bit_length())) if m < nodes and m % unit == 0 and all(
             works(ranks ^ (m * width << t)) for t in range((nodes // m).bit_length() - 1))), nodes)
     if flip < shift:
         return flip, lambda r: r ^ (np.arange(nodes // flip) * flip * width)

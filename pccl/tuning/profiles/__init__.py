@@ -8,6 +8,11 @@ A profile describes one kind of node and its links:
   inter   alpha, and the bandwidth of one NIC (bytes/s, per direction); ranks that share a
           NIC share its bandwidth. `stream_bandwidth`, where given, caps what one rank
           reaches alone.
+  network (optional) the tier above the node: groups of `nodes_per_group` consecutive
+          nodes (a dragonfly group, a pod), the alpha of a message between groups, and the
+          oversubscription of the links between groups: a group's bandwidth to the others
+          is its nodes' NIC bandwidth divided by it (adaptive routing spreads a group's
+          traffic over all of them)
   reduce  bytes/s of a local reduction (gamma = 1/bandwidth per byte reduced)
   copy    bytes/s of a local copy (the plans' shuffle)
   codecs  per codec (pccl.compression.codecs): bytes/s of values encoded, and of values
@@ -65,6 +70,14 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Network:
+    nodes_per_group: int       # consecutive nodes per group
+    alpha: float               # seconds per message between groups
+    oversubscription: float    # the group's NIC bandwidth over its bandwidth to other groups
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class CodecRate:
     encode: float        # bytes/s of values encoded
     decode: float        # bytes/s of values decoded and reduced into a buffer
@@ -82,6 +95,7 @@ class Profile:
     reduce_bandwidth: float    # bytes/s
     copy_bandwidth: float      # bytes/s
     native_stripes_nics: bool = False
+    network: Optional[Network] = None   # the tier above the node, where the machine has one
     # ((collective, ((below bytes, schedule), ..., (inf, schedule))), ...); a name alone
     # stands for every size; collectives not named: ring
     native_algorithms: tuple = ()
@@ -106,6 +120,17 @@ class Profile:
         for name, value in positive.items():
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"profile {self.name!r}: {name} must be a positive number of bytes/s, got {value!r}")
+        if self.network is not None:
+            net = self.network
+            if not (isinstance(net.nodes_per_group, int) and net.nodes_per_group >= 1):
+                raise ValueError(f"profile {self.name!r}: network.nodes_per_group must be a positive integer, "
+                                 f"got {net.nodes_per_group!r}")
+            if not (isinstance(net.alpha, (int, float)) and net.alpha >= 0):
+                raise ValueError(f"profile {self.name!r}: network.alpha must be a number >= 0 seconds, "
+                                 f"got {net.alpha!r}")
+            if not (isinstance(net.oversubscription, (int, float)) and net.oversubscription > 0):
+                raise ValueError(f"profile {self.name!r}: network.oversubscription must be a positive number, "
+                                 f"got {net.oversubscription!r}")
         for codec, rate in self.codecs:
             for name, value in (("encode", rate.encode), ("decode", rate.decode)):
                 if not (isinstance(value, (int, float)) and value > 0):
@@ -181,6 +206,12 @@ class Profile:
     def copy_beta(self) -> float:
         return 1.0 / self.copy_bandwidth
 
+    def group_beta(self, nodes_per_group: int) -> float:
+        """Seconds per byte of a group's traffic to other groups (all its links at once);
+        without a network tier, as fast as its nodes' NICs."""
+        over = self.network.oversubscription if self.network else 1.0
+        return over / (nodes_per_group * self.nics_per_node * self.inter.bandwidth)
+
     def to_dict(self) -> dict:
         """The file form: times in microseconds, bandwidths in GB/s (1e9 bytes/s)."""
         def link(l: Link) -> dict:
@@ -192,6 +223,10 @@ class Profile:
         return {"name": self.name, "description": self.description,
                 "ranks_per_node": self.ranks_per_node, "nics_per_node": self.nics_per_node,
                 "intra": link(self.intra), "inter": link(self.inter),
+                **({"network": {"nodes_per_group": self.network.nodes_per_group,
+                                "alpha_us": self.network.alpha * 1e6,
+                                "oversubscription": self.network.oversubscription,
+                                "source": self.network.source}} if self.network else {}),
                 "reduce": {"bandwidth_GBps": self.reduce_bandwidth / 1e9,
                            "source": self.sources.get("reduce", "")},
                 "copy": {"bandwidth_GBps": self.copy_bandwidth / 1e9, "source": self.sources.get("copy", "")},
@@ -228,6 +263,9 @@ class Profile:
             sources["copy"] = data["copy"].get("source", "")
             native = data.get("native", {})
             sources["native"] = native.get("source", "")
+            net = data.get("network")
+            network = None if net is None else Network(net["nodes_per_group"], us(net["alpha_us"]),
+                                                       float(net["oversubscription"]), net.get("source", ""))
             calibrated = data.get("calibration", {})
             if calibrated:
                 sources["calibration"] = calibrated.get("source", "")
@@ -235,7 +273,7 @@ class Profile:
                        nics_per_node=data["nics_per_node"], intra=link(data["intra"]),
                        inter=link(data["inter"]), reduce_bandwidth=gbps(data["reduce"]["bandwidth_GBps"]),
                        copy_bandwidth=gbps(data["copy"]["bandwidth_GBps"]),
-                       native_stripes_nics=bool(native.get("stripes_nics", False)),
+                       native_stripes_nics=bool(native.get("stripes_nics", False)), network=network,
                        native_algorithms=tuple(sorted((c, bands if isinstance(bands, str) else
                                                        tuple(tuple(band) for band in bands))
                                                       for c, bands in native.get("algorithms", {}).items())),
