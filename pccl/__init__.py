@@ -28,6 +28,7 @@ _EXPORTS = {
     "GENERATORS": "pccl.algorithms",
     "Hierarchical": "pccl.plans",
     "HORing": "pccl.plans",
+    "ThreeLevel": "pccl.plans",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,4 +1,5 @@
-"""Two-level plans (PCCL's hierarchical collectives, PaRO's HO-Ring), built per rank and cached."""
+"""Multi-level plans (PCCL's hierarchical collectives on two levels, and on three where the
+network has groups of nodes; PaRO's HO-Ring), built per rank and cached."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +9,7 @@ from typing import Optional, Union
 from pccl.algorithms import algorithms_for
 from pccl.core.topology import Topology, TopologyError
 from pccl.ir.plan import Plan
-from pccl.plans import hierarchical, ho_ring
+from pccl.plans import hierarchical, ho_ring, three_level
 
 # An inter-node algorithm named for one collective, used for its mirror image.
 DUAL = {"recursive_doubling": "recursive_halving", "recursive_halving": "recursive_doubling",
@@ -31,7 +32,8 @@ class Hierarchical:
     intra: str = "native"
 
     def algorithm_for(self, level: str, collective: str) -> str:
-        name = (self.inter or DEFAULT_INTER[collective]) if level == "inter" else self.intra
+        """The algorithm of `level`'s phases: `inter` on every level above the node."""
+        name = self.intra if level == "intra" else (self.inter or DEFAULT_INTER[collective])
         valid = algorithms_for(collective) + ("native",)
         if name not in valid:
             name = DUAL.get(name, name)
@@ -42,13 +44,19 @@ class Hierarchical:
 
 
 @dataclass(frozen=True)
+class ThreeLevel(Hierarchical):
+    """The hierarchical plan on three levels (pccl.plans.three_level): global (one rank per
+    network group), group, node; `inter` runs both network levels, `intra` the node's."""
+
+
+@dataclass(frozen=True)
 class HORing:
     """PaRO's Hierarchical Overlapping Ring (Section 3.4): the inter-node and intra-node
     rings run concurrently, then an intra-node ring moves the rest; rings throughout."""
 
 
-PlanSpec = Union[Hierarchical, HORing]
-NAMED = {"hierarchical": Hierarchical(), "ho_ring": HORing()}
+PlanSpec = Union[Hierarchical, ThreeLevel, HORing]
+NAMED = {"hierarchical": Hierarchical(), "three_level": ThreeLevel(), "ho_ring": HORing()}
 
 
 def spec_of(algorithm) -> Optional[PlanSpec]:
@@ -94,6 +102,13 @@ def build(spec: PlanSpec, collective: str, topology: Topology, rank: int) -> Pla
                         lambda src, dst: ho_ring.all_gather(topology, rank, src, dst),
                         lambda src, dst: ho_ring.reduce_scatter(topology, rank, src, dst))
     pick = spec.algorithm_for
+    if isinstance(spec, ThreeLevel):
+        return assemble(
+            collective, "three_level", topology, rank,
+            lambda src, dst: three_level.all_gather(topology, rank, pick("inter", "all_gather"),
+                                                    pick("intra", "all_gather"), src, dst),
+            lambda src, dst: three_level.reduce_scatter(topology, rank, pick("inter", "reduce_scatter"),
+                                                        pick("intra", "reduce_scatter"), src, dst))
     return assemble(
         collective, "hierarchical", topology, rank,
         lambda src, dst: hierarchical.all_gather(topology, rank, pick("inter", "all_gather"),

@@ -1,6 +1,7 @@
 """The Communicator: validated collectives over one process group, any executor."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -239,18 +240,26 @@ class Communicator:
             return topology
         ranks_per_node = ranks_per_node or int(os.environ.get("PCCL_RANKS_PER_NODE", 0)) or None
         if ranks_per_node is not None:
-            return Topology.regular(self.size, ranks_per_node, nics_per_node or 1)
-        if self.mpi_comm is not None:
-            return detect(self.mpi_comm, nics_per_node)
-        return detect_torch(self.group, nics_per_node)
+            found = Topology.regular(self.size, ranks_per_node, nics_per_node or 1)
+        elif self.mpi_comm is not None:
+            found = detect(self.mpi_comm, nics_per_node)
+        else:
+            found = detect_torch(self.group, nics_per_node)
+        # Network groups are not detected: the job's placement on them is the scheduler's.
+        per_group = int(os.environ.get("PCCL_NODES_PER_GROUP", 0)) or None
+        return dataclasses.replace(found, nodes_per_group=per_group) if per_group else found
 
     def _plan_executor(self) -> PlanExecutor:
-        """The executor of two-level plans, over the intra-node and inter-node communicators
+        """The executor of the plans, over the intra-node and inter-node communicators (and
+        the group and global ones where the network has groups)
         (made with this communicator where they are torch groups, else on first use;
         creating them is collective over this communicator)."""
         if self._plans is None:
+            wanted = dict(self.level_transports)
+            if self.topology.has_groups:   # the three-level plans' network levels ride the inter-node transport
+                wanted.update(group=wanted["inter"], **{"global": wanted["inter"]})
             levels = {level: self.split(self.topology.level_groups(level), transport)
-                      for level, transport in self.level_transports.items()}
+                      for level, transport in wanted.items()}
             for level, comm in levels.items():
                 comm.label = f"the {level}-node level's "
             self._plans = PlanExecutor(levels)

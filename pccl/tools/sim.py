@@ -50,11 +50,19 @@ def doubling_range(text: str, parse) -> list[int]:
 
 
 def topology_for(ranks: int, prof: profiles.Profile, ranks_per_node: Optional[int],
-                 nics_per_node: Optional[int]) -> Topology:
+                 nics_per_node: Optional[int], nodes_per_group: Optional[int] = None) -> Topology:
+    """`ranks` in the profile's node shape and network groups (overrides where given;
+    nodes_per_group 0: no groups); a world within one group has none."""
     per_node = ranks_per_node or prof.ranks_per_node
     if ranks < per_node:
         per_node = ranks  # less than a node: one partial node
-    return Topology.regular(ranks, per_node, nics_per_node or prof.nics_per_node)
+    group = prof.network.nodes_per_group if nodes_per_group is None and prof.network else nodes_per_group
+    nodes = ranks // per_node if ranks % per_node == 0 else 0
+    if group and nodes > group and nodes % group:
+        raise TopologyError(f"{nodes} nodes do not fill network groups of {group} nodes; expected a multiple of "
+                            f"{group} (or --nodes-per-group)")
+    return Topology.regular(ranks, per_node, nics_per_node or prof.nics_per_node,
+                            group if group and nodes > group else None)
 
 
 def evaluate(collective: str, topology: Topology, prof: profiles.Profile, sizes: list[int],
@@ -79,7 +87,8 @@ def evaluate(collective: str, topology: Topology, prof: profiles.Profile, sizes:
 def record(collective: str, topology: Topology, prof: profiles.Profile, size: int, result: dict, i: int) -> dict:
     return {"profile": prof.name, "collective": collective, "ranks": topology.size,
             "nodes": topology.num_nodes, "ranks_per_node": topology.ranks_per_node,
-            "nics_per_node": topology.nics_per_node, "size": size,
+            "nics_per_node": topology.nics_per_node,
+            "nodes_per_group": topology.nodes_per_group if topology.has_groups else None, "size": size,
             "algorithms": {name: float(t[i]) for name, t in result["algorithms"].items()},
             "auto": result["auto"][i],
             **({"auto_compressed": result["auto_compressed"][i]} if "auto_compressed" in result else {})}
@@ -88,8 +97,9 @@ def record(collective: str, topology: Topology, prof: profiles.Profile, size: in
 def table(records: list[dict], baseline: str) -> str:
     lines = []
     for rec in records:
+        groups = f", groups of {rec['nodes_per_group']} nodes" if rec["nodes_per_group"] else ""
         lines.append(f"# {rec['collective']}  profile: {rec['profile']}  ranks: {rec['ranks']} "
-                     f"({rec['nodes']}x{rec['ranks_per_node']}, {rec['nics_per_node']} NIC(s)/node)  "
+                     f"({rec['nodes']}x{rec['ranks_per_node']}, {rec['nics_per_node']} NIC(s)/node{groups})  "
                      f"size: {rec['size']} B")
         lines.append(f"#{'algorithm':>24} {'time(us)':>12} {'algbw(GB/s)':>12} {'vs ' + baseline:>14}")
         base = rec["algorithms"].get(baseline)
@@ -160,6 +170,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("--size", default="16M", help="buffer bytes (K/M/G): a size, a comma list, or a doubling range a:b")
     add("--ranks-per-node", type=at_least(1), default=None, help="override the profile's node shape")
     add("--nics-per-node", type=at_least(1), default=None, help="override the profile's NICs per node")
+    add("--nodes-per-group", type=at_least(0), default=None,
+        help="override the profile's nodes per network group (dragonfly group, pod); 0: no groups")
     add("--baseline", default="ring", help="the algorithm speedups are measured against")
     add("--target", default="hierarchical", help="the heatmap's algorithm ('auto': the model's choice)")
     add("--heatmap", metavar="PREFIX", default=None, help="write PREFIX.csv and PREFIX.png")
@@ -190,7 +202,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     records = []
     for ranks in args.ranks_list:
         try:
-            topology = topology_for(ranks, prof, args.ranks_per_node, args.nics_per_node)
+            topology = topology_for(ranks, prof, args.ranks_per_node, args.nics_per_node, args.nodes_per_group)
         except TopologyError as e:
             sys.exit(f"pccl-sim: {e}")
         result = evaluate(args.collective, topology, prof, args.sizes, args.codecs)

@@ -67,8 +67,8 @@ class StepCounts:
 
     intra_msgs: np.ndarray
     intra_blocks: np.ndarray
-    inter_msgs: np.ndarray        # to other nodes of this rank's network group
-    global_msgs: np.ndarray       # to other network groups
+    inter_msgs: np.ndarray        # to other nodes of this rank's network group: (sent, received)
+    global_msgs: np.ndarray       # to other network groups: (sent, received)
     inter_blocks: np.ndarray      # this rank's own inter-node blocks (max of sent, received)
     nic_blocks: np.ndarray        # the blocks through this rank's NIC, over all ranks on it
     node_blocks: np.ndarray       # the blocks through all NICs of this rank's node
@@ -105,7 +105,8 @@ class StepCounts:
         intra = profile.intra.alpha * self.intra_msgs + profile.intra.beta * wire * self.intra_blocks
         own, nic = self.inter_loads(profile)
         global_alpha = profile.network.alpha if profile.network else profile.inter.alpha
-        inter = profile.inter.alpha * self.inter_msgs + global_alpha * self.global_msgs + wire * np.maximum(
+        latency = (profile.inter.alpha * self.inter_msgs + global_alpha * self.global_msgs).max(axis=0)  # duplex
+        inter = latency + wire * np.maximum(
             np.maximum(profile.inter.stream_beta * own, profile.inter.beta * nic),
             profile.group_beta(self.nodes_per_group) * self.group_blocks)
         step = np.maximum(intra, inter) + local
@@ -303,8 +304,8 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: Lev
     return StepCounts(
         intra_msgs=np.maximum(count["intra_send_msgs"], count["intra_recv_msgs"]),
         intra_blocks=np.maximum(count["intra_send_blocks"], count["intra_recv_blocks"]),
-        inter_msgs=np.maximum(count["inter_send_msgs"], count["inter_recv_msgs"]),
-        global_msgs=np.maximum(count["global_send_msgs"], count["global_recv_msgs"]),
+        inter_msgs=np.stack([count["inter_send_msgs"], count["inter_recv_msgs"]]),
+        global_msgs=np.stack([count["global_send_msgs"], count["global_recv_msgs"]]),
         inter_blocks=np.maximum(sent, received),
         nic_blocks=busiest(nic[ranks], sent, received), node_blocks=busiest(node[ranks], sent, received),
         group_blocks=busiest(group[ranks], count["global_send_blocks"], count["global_recv_blocks"]),

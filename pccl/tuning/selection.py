@@ -43,6 +43,7 @@ from pccl.algorithms import GENERATORS, algorithms_for
 from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.topology import Topology
+from pccl.plans import three_level
 from pccl.tuning import cost_model
 from pccl.tuning.profiles import Profile
 
@@ -97,8 +98,12 @@ class Tuner:
         return self.with_plans and t.is_uniform and t.num_nodes > 1 and t.ranks_per_node > 1
 
     def candidates(self, collective: str) -> tuple:
+        """The flat algorithms, native, and the plans that apply (three levels only where
+        the network has groups: elsewhere it is the two-level plan)."""
         names = algorithms_for(collective) + (("native",) if self.with_native else ())
-        return names + PLAN_NAMES if self.plans_apply else names
+        if not self.plans_apply:
+            return names
+        return names + tuple(n for n in PLAN_NAMES if n != "three_level" or three_level.applies(self.topology))
 
     def predictions(self, collective: str, nbytes) -> dict:
         """Predicted seconds of every candidate, by name, for `nbytes` (a number or an array)."""

@@ -12,7 +12,7 @@ from pccl import plans
 from pccl.algorithms import algorithms_for
 from pccl.core.topology import Topology
 from pccl.tuning import cost_model, profiles
-from pccl.tuning.profiles import Link, Profile
+from pccl.tuning.profiles import Link, Network, Profile
 from pccl.tuning.selection import Tuner, bucket, forced
 
 MB = 1 << 20
@@ -320,3 +320,37 @@ def test_a_forced_plan_is_ignored_where_plans_cannot_run(monkeypatch, shape, wit
     tuner = Tuner(Topology.regular(*shape), PROFILE, with_plans=with_plans)
     assert tuner.choose("all_gather", MB) in tuner.candidates("all_gather")
     assert isinstance(tuner.choose("all_gather", MB), str)
+
+
+def test_a_ring_between_network_groups_waits_on_the_groups_links():
+    """4 nodes of 1 rank in 2 groups, links between groups oversubscribed 8:1: each ring
+    step one rank per group sends a block out, over a group bandwidth of 2 NICs / 8."""
+    net = make_profile(ranks_per_node=1, network=Network(2, 9e-6, 8.0))
+    m = 1 * MB
+    grouped = cost_model.predict("all_gather", "ring", Topology.regular(4, 1, 1, 2), net, 4 * m)
+    close(grouped, 3 * (9e-6 + m * 8 / (2 * 10e9)))
+    flat = cost_model.predict("all_gather", "ring", Topology.regular(4, 1), net, 4 * m)
+    close(flat, 3 * (7e-6 + m / 10e9))
+
+
+def test_three_levels_send_less_between_groups_and_auto_takes_them_there():
+    """Frontier's dragonfly (128-node groups, 1.75:1): the two-level plan's recursive
+    doubling between nodes crosses groups with N - G blocks per rank, the three-level plan
+    with K - 1; without groups the three-level plan is no candidate."""
+    frontier = profiles.load("frontier")
+    topo = Topology.regular(16384, 8, 4, 128)
+    size = 256 * MB
+    three = cost_model.predict("all_gather", plans.NAMED["three_level"], topo, frontier, size)
+    two = cost_model.predict("all_gather", "hierarchical", topo, frontier, size)
+    assert three < 0.9 * two
+    assert Tuner(topo, frontier).name("all_gather", size) == "three_level"
+    assert "three_level" not in Tuner(Topology.regular(16384, 8, 4), frontier).candidates("all_gather")
+
+
+def test_network_tier_profiles_carry_sources_and_bad_values_say_why():
+    for name in ("frontier", "dgx-h100", "fat-tree-2to1"):
+        net = profiles.load(name).network
+        assert net.nodes_per_group > 1 and net.oversubscription >= 1 and len(net.source) > 100
+        assert Profile.from_dict(profiles.load(name).to_dict()) == profiles.load(name)
+    with pytest.raises(ValueError, match="network.oversubscription must be a positive number"):
+        make_profile(network=Network(4, 1e-6, 0.0))

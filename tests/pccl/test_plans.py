@@ -12,7 +12,7 @@ from pccl.core.topology import Topology, TopologyError
 from pccl.executors.plan import identity, permute_
 from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase, Ref
 from pccl.ir.schedule import Kind
-from pccl.plans import Hierarchical, HORing, build
+from pccl.plans import Hierarchical, HORing, ThreeLevel, build
 from pccl.plans.layout import grid_perm, inverse
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
@@ -438,3 +438,32 @@ def test_identity_leaves_values_unchanged(op, dtype):
     out = x.clone()
     reduce_(out, ident, op)                  # x op identity
     assert torch.equal(out, x)
+
+
+# --- three levels: node, network group, world ------------------------------------------------------
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_three_level_plans_verify_on_grids_with_network_groups(collective):
+    for nodes, local, per_group in [(4, 2, 2), (6, 3, 2), (6, 2, 3), (8, 4, 2), (12, 2, 4), (16, 3, 4), (9, 1, 3)]:
+        topology = Topology.regular(nodes * local, local, 1, per_group)
+        for spec in (ThreeLevel(), ThreeLevel(inter="ring", intra="ring"), ThreeLevel(inter="bruck")):
+            verify_plan(spec, collective, topology)
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_three_level_plans_verify_on_shuffled_placements(collective):
+    shuffled = Topology(((5, 1), (0, 4), (3, 2), (7, 6)), 1, 2)
+    round_robin = Topology(tuple(tuple(range(n, 12, 6)) for n in range(6)), 1, 3)
+    for topology in (shuffled, round_robin):
+        verify_plan(ThreeLevel(), collective, topology)
+
+
+def test_three_level_phases_run_the_least_data_between_groups():
+    """All-gather: the global phase moves one block per rank, the group phase one per group,
+    the node phase one per node; without groups the plan is the two-level one."""
+    t = Topology.regular(24, 2, 1, 3)
+    phases = list(build(ThreeLevel(), "all_gather", t, 5).phases())
+    assert [(ph.level, ph.input.count, ph.output.count) for ph in phases] == [
+        ("global", 1, 4), ("group", 4, 12), ("intra", 12, 24)]
+    flat = Topology.regular(24, 2, 1)
+    assert build(ThreeLevel(), "all_gather", flat, 5).steps == build(Hierarchical(), "all_gather", flat, 5).steps

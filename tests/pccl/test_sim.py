@@ -27,15 +27,16 @@ def test_json_for_scripts_matches_the_model():
     run = sim("--profile", "frontier", "--collective", "all_gather", "--ranks", "2048", "--size", "16M", "--json")
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
-    topo = Topology.regular(2048, 8, 4)
+    topo = Topology.regular(2048, 8, 4, 128)   # 2 of Frontier's dragonfly groups
     prof = profiles.load("frontier")
-    assert set(out["algorithms"]) == {"ring", "recursive_doubling", "bruck", "hierarchical", "ho_ring", "native"}
+    assert set(out["algorithms"]) == {"ring", "recursive_doubling", "bruck", "hierarchical", "three_level",
+                                      "ho_ring", "native"}
     for name, seconds in out["algorithms"].items():
         predicted = cost_model.predict("all_gather", plans.NAMED.get(name, name), topo, prof, 16 << 20)
         assert seconds == pytest.approx(predicted)
     candidates = {k: v for k, v in out["algorithms"].items() if k != "native"}
-    assert out["auto"] == min(candidates, key=candidates.get) == "hierarchical"
-    assert (out["ranks"], out["nodes"], out["size"]) == (2048, 256, 16 << 20)
+    assert out["auto"] == min(candidates, key=candidates.get) == "three_level"
+    assert (out["ranks"], out["nodes"], out["nodes_per_group"], out["size"]) == (2048, 256, 128, 16 << 20)
 
 
 def test_heatmap_csv_holds_the_speedups(tmp_path):

@@ -75,6 +75,13 @@ def test_partitions_that_no_translation_keeps_are_evaluated_in_full():
     assert len(symmetry.classes(topo, symmetry.layout(topo, odd), "none").ranks) == 16
 
 
+def predicted(collective, algorithm, topo, profile, exact=False):
+    """A flat algorithm or plan on the world; a partition (a tuple) runs the ring on each group."""
+    if isinstance(algorithm, tuple):
+        return cost_model.predict_groups(collective, "ring", topo, algorithm, profile, SIZES, exact=exact)
+    return cost_model.predict(collective, algorithm, topo, profile, SIZES, exact=exact)
+
+
 def agree(symmetric, exact, what):
     np.testing.assert_allclose(symmetric, exact, rtol=1e-12, atol=0, err_msg=str(what))
 
@@ -86,19 +93,24 @@ def every_case(topo: Topology):
         if topo.is_uniform and topo.num_nodes > 1 and topo.ranks_per_node > 1:
             for spec in plans.NAMED.values():
                 yield collective, spec
+        if topo.has_groups:   # the network levels as a sharded engine's partitions would use them
+            for level in ("group", "global"):
+                yield collective, tuple(tuple(g) for g in topo.level_groups(level))
 
 
-SHAPES = [(12, 2, 1), (9, 4, 2), (16, 2, 2), (10, 3, 1), (11, 1, 1), (8, 8, 4), (6, 8, 4), (32, 4, 2), (7, 6, 4)]
+# (nodes, ranks per node, NICs per node, nodes per network group)
+SHAPES = [(12, 2, 1, None), (9, 4, 2, None), (16, 2, 2, None), (10, 3, 1, None), (11, 1, 1, None),
+          (8, 8, 4, None), (6, 8, 4, None), (32, 4, 2, None), (7, 6, 4, None),
+          (8, 2, 2, 2), (12, 4, 1, 3), (16, 2, 2, 4), (6, 3, 1, 2), (10, 1, 1, 5)]
 
 
-@pytest.mark.parametrize("nodes,local,nics", SHAPES)
-def test_symmetric_equals_exact_for_every_algorithm_and_plan(nodes, local, nics):
-    topo = Topology.regular(nodes * local, local, nics)
+@pytest.mark.parametrize("nodes,local,nics,per_group", SHAPES)
+def test_symmetric_equals_exact_for_every_algorithm_and_plan(nodes, local, nics, per_group):
+    topo = Topology.regular(nodes * local, local, nics, per_group)
     for profile in (FRONTIER, EMULATED):
         for collective, algorithm in every_case(topo):
-            agree(cost_model.predict(collective, algorithm, topo, profile, SIZES),
-                  cost_model.predict(collective, algorithm, topo, profile, SIZES, exact=True),
-                  (collective, algorithm, profile.name))
+            agree(predicted(collective, algorithm, topo, profile),
+                  predicted(collective, algorithm, topo, profile, exact=True), (collective, algorithm, profile.name))
 
 
 @pytest.mark.parametrize("topo", [Topology(((0, 1, 2), (3, 4), (5, 6, 7, 8)), 2),   # uneven

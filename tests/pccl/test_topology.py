@@ -177,3 +177,25 @@ def test_topologies_are_hashable_and_compare_by_value():
     assert Topology.regular(8, 4) == Topology(((0, 1, 2, 3), (4, 5, 6, 7)))
     assert hash(Topology.regular(8, 4)) == hash(Topology(((0, 1, 2, 3), (4, 5, 6, 7))))
     assert Topology.regular(8, 4) != Topology.regular(8, 4, nics_per_node=2)
+
+
+def test_network_groups_give_two_more_levels():
+    """2 groups x 2 nodes x 2 ranks: "group" joins a local index's ranks within a group,
+    "global" one rank per group at the same place."""
+    t = Topology.regular(8, 2, 1, 2)
+    assert t.has_groups and [t.group_of(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert t.level_groups("group") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert t.level_groups("global") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert t.level_ranks("global", 6) == (2, 6) and t.level_ranks("group", 6) == (4, 6)
+    assert "groups of 2 nodes" in t.describe()
+    assert not Topology.regular(8, 2, 1, 4).has_groups   # one group of all nodes
+
+
+@pytest.mark.parametrize("bad", [0, 3, 2.0])
+def test_nodes_per_group_must_divide_the_nodes(bad):
+    with pytest.raises(TopologyError, match="nodes_per_group must be a positive divisor of the 4 nodes"):
+        Topology.regular(8, 2, 1, bad)
+
+
+def test_a_sub_group_has_no_network_groups():
+    assert not Topology.regular(8, 2, 1, 2).restrict([0, 1, 4, 5]).has_groups

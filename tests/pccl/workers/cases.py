@@ -76,7 +76,8 @@ def matches(actual: torch.Tensor, expected: torch.Tensor, op: str) -> bool:
 
 # Two-level plans: emulated topologies (ranks, ranks per node), plan specs, level transports.
 PLAN_TOPOLOGIES = ((8, 4), (8, 2), (6, 3), (6, 2), (4, 2), (1, 1))
-PLAN_SPECS = ("hierarchical", "ho_ring", "hier_ring_ring", "hier_bruck_native")
+PLAN_GROUPS = {(8, 2): 2}   # (p, ranks per node) -> nodes per network group: 2 groups x 2 nodes x 2 ranks
+PLAN_SPECS = ("hierarchical", "ho_ring", "hier_ring_ring", "hier_bruck_native", "three_level")
 # transport label -> (pccl.init keyword arguments, plan specs run on it, light case list)
 PLAN_TRANSPORTS = {
     "cpp": (dict(executor="cpp"), PLAN_SPECS, False),

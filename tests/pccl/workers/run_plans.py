@@ -1,7 +1,8 @@
 """mpiexec worker: every two-level plan on one emulated topology, written as a JSON report.
 
 Usage: mpiexec -n P python -m tests.pccl.workers.run_plans RANKS_PER_NODE REPORT.json
-Consecutive groups of RANKS_PER_NODE ranks are treated as nodes.
+Consecutive groups of RANKS_PER_NODE ranks are treated as nodes, and where cases.PLAN_GROUPS
+says so, consecutive nodes as network groups (the three-level plans' topology).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from mpi4py import MPI
 
 import pccl
-from tests.pccl.workers.cases import PLAN_TRANSPORTS, combos, group_id, light_combos, plan_groups
+from tests.pccl.workers.cases import PLAN_GROUPS, PLAN_TRANSPORTS, combos, group_id, light_combos, plan_groups
 from tests.pccl.workers.harness import run_group
 
 torch.set_num_threads(1)
@@ -24,6 +25,7 @@ SPECS = {
     "ho_ring": "ho_ring",
     "hier_ring_ring": pccl.Hierarchical(inter="ring", intra="ring"),
     "hier_bruck_native": pccl.Hierarchical(inter="bruck", intra="native"),
+    "three_level": "three_level",
 }
 
 
@@ -52,7 +54,8 @@ def async_plans(comm) -> list[str]:
 def main() -> None:
     ranks_per_node, path = int(sys.argv[1]), sys.argv[2]
     p = world.size
-    comms = {label: pccl.init(timeout=60, ranks_per_node=ranks_per_node, **kwargs)
+    topology = pccl.Topology.regular(p, ranks_per_node, 1, PLAN_GROUPS.get((p, ranks_per_node)))
+    comms = {label: pccl.init(timeout=60, topology=topology, **kwargs)
              for label, (kwargs, _, _) in PLAN_TRANSPORTS.items()}
     report = {}
     for transport, collective, spec in plan_groups():
