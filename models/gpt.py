@@ -84,6 +84,7 @@ PRESETS = {
     "gpt_2p7b": GPTConfig(width=2560, layers=32, heads=32, **_OPT),
     "gpt_7b": GPTConfig(width=4096, layers=32, heads=32, **_OPT),
     "gpt_13b": GPTConfig(width=5120, layers=40, heads=40, **_OPT),
+    "gpt_66b": GPTConfig(width=9216, layers=64, heads=72, **_OPT),   # OPT-66B: the 70B class
 }
 
 

@@ -102,16 +102,10 @@ def build(spec: PlanSpec, collective: str, topology: Topology, rank: int) -> Pla
                         lambda src, dst: ho_ring.all_gather(topology, rank, src, dst),
                         lambda src, dst: ho_ring.reduce_scatter(topology, rank, src, dst))
     pick = spec.algorithm_for
-    if isinstance(spec, ThreeLevel):
-        return assemble(
-            collective, "three_level", topology, rank,
-            lambda src, dst: three_level.all_gather(topology, rank, pick("inter", "all_gather"),
-                                                    pick("intra", "all_gather"), src, dst),
-            lambda src, dst: three_level.reduce_scatter(topology, rank, pick("inter", "reduce_scatter"),
-                                                        pick("intra", "reduce_scatter"), src, dst))
+    name, levels = ("three_level", three_level) if isinstance(spec, ThreeLevel) else ("hierarchical", hierarchical)
     return assemble(
-        collective, "hierarchical", topology, rank,
-        lambda src, dst: hierarchical.all_gather(topology, rank, pick("inter", "all_gather"),
-                                                 pick("intra", "all_gather"), src, dst),
-        lambda src, dst: hierarchical.reduce_scatter(topology, rank, pick("inter", "reduce_scatter"),
-                                                     pick("intra", "reduce_scatter"), src, dst))
+        collective, name, topology, rank,
+        lambda src, dst: levels.all_gather(topology, rank, pick("inter", "all_gather"),
+                                           pick("intra", "all_gather"), src, dst),
+        lambda src, dst: levels.reduce_scatter(topology, rank, pick("inter", "reduce_scatter"),
+                                               pick("intra", "reduce_scatter"), src, dst))

@@ -24,7 +24,7 @@ def test_presets_have_the_papers_shapes_and_sizes():
     assert (PRESETS["gpt_13b"].layers, PRESETS["gpt_13b"].width, PRESETS["gpt_13b"].heads) == (40, 5120, 40)
     # Sizes as the names say, within the rounding of the names (OPT: 125M ... 13B).
     for name, billions in [("gpt_125m", 0.125), ("gpt_350m", 0.35), ("gpt_1p3b", 1.3), ("gpt_2p7b", 2.7),
-                           ("gpt_7b", 6.7), ("gpt_13b", 13.0)]:
+                           ("gpt_7b", 6.7), ("gpt_13b", 13.0), ("gpt_66b", 66.0)]:
         n = PRESETS[name].num_params() / 1e9
         assert abs(n - billions) / billions < 0.03, (name, n)
     with torch.device("meta"):   # the formula holds for the big ones too, without allocating them
