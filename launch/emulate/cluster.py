@@ -11,6 +11,12 @@ Both directions of every node's link are shaped with ``tc ... tbf`` at the given
 the node's ``eth0`` egress (node -> switch) and the bridge port's ``v<i>`` egress
 (switch -> node). netem is not needed (and not available here), so no latency is added.
 
+Two tiers (``groups=K``): the nodes form K groups of consecutive nodes, each on a bridge of
+its own (namespace ``...-g<j>``), and each group bridge reaches the core bridge (``...-br``)
+through one uplink (``uplink`` in the group, ``u<j>`` in the core), shaped both ways at
+``uplink_rate``: the group's nodes share it, as a dragonfly group's nodes share its global
+links or a leaf's share its uplinks. One subnet spans them all.
+
 MPI jobs start with hydra's ``mpiexec`` inside node 0, which reaches the other nodes
 through ``launch/emulate/rsh.py`` (``-launcher ssh -launcher-exec``).
 
@@ -169,20 +175,28 @@ class EmulatedCluster:
     Builds the namespaces on entry and removes everything on exit, on an exception, and
     on SIGINT/SIGTERM (turned into exceptions while the cluster is up)."""
 
-    def __init__(self, nodes: int, ranks_per_node: int = 1, rate: str = "1gbit", prefix: str = PREFIX):
+    def __init__(self, nodes: int, ranks_per_node: int = 1, rate: str = "1gbit", prefix: str = PREFIX,
+                 groups: int = 1, uplink_rate: Optional[str] = None):
         if not (isinstance(nodes, int) and 1 <= nodes <= 250):
             raise ValueError(f"nodes must be an integer from 1 to 250, got {nodes!r}")
         if not (isinstance(ranks_per_node, int) and ranks_per_node >= 1):
             raise ValueError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")
         if not re.fullmatch(r"[a-z][a-z0-9-]{0,15}", prefix):
             raise ValueError(f"prefix must be 1-16 lowercase letters, digits or '-', got {prefix!r}")
+        if not (isinstance(groups, int) and groups >= 1 and nodes % groups == 0):
+            raise ValueError(f"groups must be a positive divisor of the {nodes} nodes, got {groups!r}")
         rate_bits(rate)  # a bad rate fails here, before anything is built
-        self.rate = rate
+        rate_bits(uplink_rate or rate)
+        self.rate, self.groups, self.uplink_rate = rate, groups, uplink_rate or rate
         self.ranks_per_node, self.prefix = ranks_per_node, prefix
         self.name = f"{prefix}-{os.getpid()}-{next(_serial)}"
         self.bridge = f"{self.name}-br"
         self.nodes = [Node(i, f"{self.name}-n{i}", f"node{i}", f"{SUBNET}.{i + 1}", port=f"v{i}")
                       for i in range(nodes)]
+        # The bridge each node's link ends on: the core's, or its group's.
+        self.group_bridges = [f"{self.name}-g{j}" for j in range(groups)] if groups > 1 else []
+        self.switch_of = [self.group_bridges[i * groups // nodes] if groups > 1 else self.bridge
+                          for i in range(nodes)]
         self._handlers: dict = {}
 
     # -- setup and teardown ------------------------------------------------------------
@@ -211,11 +225,21 @@ class EmulatedCluster:
             _run("ip", "netns", "add", self.bridge)
         except EmulationError as e:
             raise EmulationError(f"cannot create a network namespace: {e}") from None
-        br = ("ip", "-n", self.bridge)
-        _run(*br, "link", "add", "br0", "type", "bridge")
-        _run(*br, "link", "set", "br0", "up")
+        for switch in [self.bridge] + self.group_bridges:
+            if switch != self.bridge:
+                _run("ip", "netns", "add", switch)
+            _run("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
+            _run("ip", "-n", switch, "link", "set", "br0", "up")
+        for j, switch in enumerate(self.group_bridges):   # each group's uplink to the core
+            core = ("ip", "-n", self.bridge)
+            _run(*core, "link", "add", f"u{j}", "type", "veth", "peer", "name", "uplink", "netns", switch)
+            _run(*core, "link", "set", f"u{j}", "master", "br0", "up")
+            _run("ip", "-n", switch, "link", "set", "dev", "uplink", "master", "br0", "up")
+            for where, dev in ((switch, "uplink"), (self.bridge, f"u{j}")):
+                self._shape(where, dev, self.uplink_rate)
         hosts = "127.0.0.1 localhost\n" + "".join(f"{n.address} {n.hostname}\n" for n in self.nodes)
         for n in self.nodes:
+            br = ("ip", "-n", self.switch_of[n.index])
             _run("ip", "netns", "add", n.namespace)
             (ETC_NETNS / n.namespace).mkdir(parents=True, exist_ok=True)
             (ETC_NETNS / n.namespace / "hosts").write_text(hosts)
@@ -226,13 +250,17 @@ class EmulatedCluster:
             _run(*ns, "link", "set", "lo", "up")
             _run(*ns, "addr", "add", f"{n.address}/24", "dev", n.interface)
             _run(*ns, "link", "set", n.interface, "up")
-            for where, dev in ((n.namespace, n.interface), (self.bridge, n.port)):
-                proc = _run("tc", "-n", where, "qdisc", "add", "dev", dev, "root", *tbf_args(self.rate), check=False)
-                if proc.returncode != 0:
-                    raise EmulationError(f"tc tbf is not available (kernel module sch_tbf?): {proc.stderr.strip()}")
+            for where, dev in ((n.namespace, n.interface), (self.switch_of[n.index], n.port)):
+                self._shape(where, dev, self.rate)
+
+    @staticmethod
+    def _shape(namespace: str, device: str, rate: str) -> None:
+        proc = _run("tc", "-n", namespace, "qdisc", "add", "dev", device, "root", *tbf_args(rate), check=False)
+        if proc.returncode != 0:
+            raise EmulationError(f"tc tbf is not available (kernel module sch_tbf?): {proc.stderr.strip()}")
 
     def teardown(self) -> None:
-        for ns in [n.namespace for n in self.nodes] + [self.bridge]:
+        for ns in [n.namespace for n in self.nodes] + [self.bridge] + self.group_bridges:
             _remove_namespace(ns)
 
     def _trap_signals(self) -> None:

@@ -42,6 +42,10 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", type=positive, default=2, help="emulated nodes (default 2)")
     ap.add_argument("--ranks-per-node", type=positive, default=1, help="MPI ranks per node (default 1)")
     ap.add_argument("--rate", type=rate, default="1gbit", help="each link, each direction (tc units; default 1gbit)")
+    ap.add_argument("--groups", type=positive, default=1,
+                    help="network groups of consecutive nodes, each behind one shared uplink (default 1: none)")
+    ap.add_argument("--uplink-rate", type=rate, default=None,
+                    help="each group's uplink to the core, each direction (default: --rate)")
     ap.add_argument("--counters", metavar="PATH", help="write the per-node byte counts as JSON")
     ap.add_argument("--timeout", type=float, help="seconds before the job is killed")
     ap.add_argument("--prefix", default=PREFIX, help=f"name prefix of namespaces and files (default {PREFIX})")
@@ -52,7 +56,8 @@ def main(argv=None) -> int:
         ap.error("no command given; put it after --")
 
     try:
-        with EmulatedCluster(args.nodes, args.ranks_per_node, args.rate, args.prefix) as cluster:
+        with EmulatedCluster(args.nodes, args.ranks_per_node, args.rate, args.prefix, args.groups,
+                             args.uplink_rate) as cluster:
             before, start = cluster.counters(), time.perf_counter()
             job = cluster.launch(command, timeout=args.timeout)
             seconds, traffic = time.perf_counter() - start, delta(before, cluster.counters())

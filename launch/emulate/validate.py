@@ -9,10 +9,22 @@ emulated nodes with links shaped to `--rate`, and takes the median time of each
 (collective, size, algorithm) over the launches. The profile the model predicts with is
 calibrated first on the first shape (pccl-bench --calibrate, in the same emulation) unless
 --profile names one; auto runs with it (PCCL_PROFILE). Writes results.json and report.md.
+
+Two tiers: `--groups K --uplink-rate R` puts the nodes in K groups of consecutive nodes,
+each behind one uplink of rate R to the core (cluster.py), tells pccl (PCCL_NODES_PER_GROUP)
+and predicts with the profile's network tier, or, where the profile has none, one derived
+from the rates: a group's nodes' links over its uplink is the oversubscription, and
+messages between groups cost the inter-node alpha (a switch hop more is not measurable
+here). For example 2 groups x 2 nodes x 2 ranks, the three-level plan against the
+two-level one, the ring and MPI's own:
+
+    .venv/bin/python launch/emulate/validate.py --shapes 4x2 --groups 2 --uplink-rate 500mbit \
+        --profile pccl/tuning/profiles/emulated-1gbit.json --algorithms three_level,hierarchical,ring,native,auto
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -26,6 +38,7 @@ from pccl import plans
 from pccl.analysis import traffic
 from pccl.core.topology import Topology
 from pccl.tuning import cost_model, profiles
+from pccl.tuning.profiles import Network
 from pccl.util.sizes import parse_size, size_label
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,8 +49,13 @@ def bench(cluster: EmulatedCluster, args, json_path: Path, profile_path: Path) -
     argv = [str(venv_bin() / "pccl-bench"), "-b", args.min_size, "-e", args.max_size, "-f", "4",
             "-n", str(args.iters), "-w", "1", "--executors", "cpp",
             "--collectives", "all_gather,reduce_scatter", "--json", str(json_path)]
+    if args.algorithms:
+        argv += ["--algorithms", args.algorithms]
+    env = {"PCCL_PROFILE": str(profile_path)}
+    if args.groups > 1:
+        env["PCCL_NODES_PER_GROUP"] = str(len(cluster.nodes) // args.groups)
     before = cluster.counters()
-    job = cluster.launch(argv, env={"PCCL_PROFILE": str(profile_path)}, capture=True, timeout=args.timeout)
+    job = cluster.launch(argv, env=env, capture=True, timeout=args.timeout)
     moved = delta(before, cluster.counters())
     if job.returncode != 0:
         raise RuntimeError(f"pccl-bench failed (exit {job.returncode}):\n{job.stdout[-2000:]}\n{job.stderr[-2000:]}")
@@ -82,7 +100,7 @@ def busiest_link_bytes(collective: str, algorithm: str, topology: Topology, prof
 def measure_shape(nodes: int, local: int, args, profile_path: Path, out: Path) -> list[dict]:
     """The launches of one shape; also saved to launches-<shape>.json for --report-only."""
     launches = []
-    with EmulatedCluster(nodes, local, args.rate) as cluster:
+    with EmulatedCluster(nodes, local, args.rate, groups=args.groups, uplink_rate=args.uplink_rate) as cluster:
         for i in range(args.launches):
             launches.append(bench(cluster, args, out / f"bench-{nodes}x{local}-{i}.json", profile_path))
             print(f"# {nodes}x{local}: launch {i + 1}/{args.launches} done", flush=True)
@@ -92,7 +110,7 @@ def measure_shape(nodes: int, local: int, args, profile_path: Path, out: Path) -
 
 def validate_shape(nodes: int, local: int, launches: list[dict], args, profile_path: Path) -> dict:
     """Measured (median over launches) against predicted, per (collective, size, algorithm)."""
-    topology = Topology.regular(nodes * local, local, 1)
+    topology = Topology.regular(nodes * local, local, 1, nodes // args.groups if args.groups > 1 else None)
     prof = profiles.load(profile_path)
     times: dict = {}
     picked: dict = {}
@@ -167,6 +185,21 @@ def report(shapes: list[dict], prof: profiles.Profile, args) -> str:
     return "\n".join(lines)
 
 
+def with_network(profile_path: Path, args) -> Path:
+    """The profile with a network tier: its own, or one derived from the emulated rates."""
+    prof = profiles.load(profile_path)
+    if prof.network is not None:
+        return profile_path
+    nodes = args.shapes[0][0] // args.groups
+    over = nodes * rate_bits(args.rate) / rate_bits(args.uplink_rate or args.rate)
+    derived = dataclasses.replace(prof, name=f"{prof.name}-groups", network=Network(
+        nodes, prof.inter.alpha, over, f"derived from the emulation: {nodes} nodes of {args.rate} links share a "
+                                       f"{args.uplink_rate or args.rate} uplink per group; alpha as between nodes"))
+    path = args.out / "profile-groups.json"
+    derived.save(path)
+    return path
+
+
 def shape_arg(text: str) -> list[tuple[int, int]]:
     try:
         return [tuple(int(x) for x in s.split("x")) for s in text.split(",")]
@@ -185,6 +218,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-size", default="64M")
     ap.add_argument("--profile", type=Path, default=None, help="skip calibration and predict with this profile")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--groups", type=int, default=1, help="network groups of consecutive nodes (two tiers)")
+    ap.add_argument("--uplink-rate", default=None, help="each group's uplink to the core (default --rate)")
+    ap.add_argument("--algorithms", default=None, help="pccl-bench --algorithms (default: all; include auto)")
     ap.add_argument("--report-only", action="store_true",
                     help="no launches: predict again for the launches saved in --out (after a model change)")
     args = ap.parse_args(argv)
@@ -202,6 +238,8 @@ def main(argv=None) -> int:
         if job.returncode != 0:
             raise SystemExit(f"calibration failed:\n{job.stdout[-2000:]}\n{job.stderr[-2000:]}")
         print(f"# calibrated {profile_path}", flush=True)
+    if args.groups > 1:
+        profile_path = with_network(profile_path, args)
     shapes = []
     for n, l in args.shapes:
         saved = args.out / f"launches-{n}x{l}.json"

@@ -23,6 +23,7 @@ from pccl.algorithms import ALL_NAMES, algorithms_for
 from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DATATYPES, OPS
+from pccl.plans import NAMED
 from pccl.tools.cli import comma_list, round_size, size_arg, size_sweep, time_per_call
 from pccl.tuning.calibrate import CALL_SIZES, REPEATS, calibrate, calibrated
 from pccl.util.args import at_least
@@ -31,7 +32,7 @@ from pccl.util.sizes import parse_size
 
 EXECUTORS = ("cpp", "python", "gloo")
 MPI_EXECUTORS = ("cpp", "python")
-PLANS = ("hierarchical", "ho_ring")  # two-level plans: run by default on multi-node topologies
+PLANS = tuple(NAMED)  # the plans: run by default on multi-node topologies (three_level where there are groups)
 
 
 # ---------------------------------------------------------------------- bandwidth
@@ -234,7 +235,8 @@ def variants(collective: str, algorithms: Optional[list[str]],
     """
     valid = algorithms_for(collective) + ("native", "auto") + PLANS
     two_level = all(c.topology.num_nodes > 1 and c.topology.ranks_per_node > 1 for c in comms.values())
-    default = valid if two_level else tuple(a for a in valid if a not in PLANS)
+    groups = all(c.topology.has_groups for c in comms.values())
+    default = tuple(a for a in valid if a not in PLANS or (two_level and (a != "three_level" or groups)))
     chosen = [a for a in (algorithms or default) if a in valid]
     first_mpi = next((e for e in comms if e in MPI_EXECUTORS), None)
     out = []

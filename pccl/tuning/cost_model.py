@@ -209,7 +209,7 @@ def rank_steps(t: Transfers, reach: np.ndarray, messages: np.ndarray, scale: flo
     shape = (len(REACHES), 1, 2, steps)
     sent = [np.bincount(slot, w, minlength=len(REACHES) * 2 * steps).reshape(shape) for w in (messages, t.blocks)]
     reducing = t.kind == Kind.RECV_REDUCE
-    rows = [np.concatenate([sent[0], sent[1] * scale], axis=1).reshape(-1, steps),
+    rows = [np.concatenate([sent[0], sent[1] * scale], axis=1).reshape(len(REACHES) * 4, steps),
             np.bincount(t.step[reducing], t.blocks[reducing] * scale, minlength=steps)[None]]
     for coded in (t.encode * scale, t.decode * scale, t.calls):
         rows.append(np.r_[coded, np.zeros(steps - t.num_steps)][None])

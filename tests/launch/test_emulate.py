@@ -69,6 +69,10 @@ def test_arguments():
         emu.EmulatedCluster(0)
     with pytest.raises(ValueError, match="ranks_per_node"):
         emu.EmulatedCluster(2, ranks_per_node=0)
+    with pytest.raises(ValueError, match="groups must be a positive divisor of the 3 nodes"):
+        emu.EmulatedCluster(3, groups=2)
+    with pytest.raises(ValueError, match="rate must be"):
+        emu.EmulatedCluster(4, groups=2, uplink_rate="slow")
     assert emu.burst_bytes("1gbit") >= 64 * 1024 + 1500
     for args, message in ((["--rate", "fast", "--", "true"], "rate must be"),
                           (["--nodes", "0", "--", "true"], "must be >= 1"), ([], "no command")):
@@ -114,6 +118,28 @@ def test_collective_crosses_shaped_links(namespaces):
     # bucket that may pass at once, that takes at least this long (10% slack).
     fastest = (max(out.values()) - emu.burst_bytes(rate)) * 8 / emu.rate_bits(rate)
     assert min(report["seconds"]) >= 0.9 * fastest, (report["seconds"], fastest)
+
+
+@pytest.mark.mpi
+def test_groups_reach_each_other_through_their_shaped_uplinks(namespaces):
+    """2 groups of 2 nodes: each group on its own switch, one uplink each to the core,
+    shaped at the uplink rate; a ring all-gather across all four nodes works, and the
+    bytes that leave a group pass its uplink."""
+    with emu.EmulatedCluster(4, groups=2, rate="1gbit", uplink_rate="100mbit") as c:
+        name = c.name
+        assert len(ours(name)) == 11   # 4 nodes, the core and 2 group switches; 4 /etc/netns folders
+        shaping = emu._run("tc", "-n", c.bridge, "qdisc", "show", "dev", "u0").stdout
+        assert "tbf" in shaping and "100Mbit" in shaping, shaping
+        read = lambda: emu._run("ip", "netns", "exec", c.bridge, "cat",   # noqa: E731
+                                "/sys/class/net/u0/statistics/tx_bytes").stdout
+        before = int(read())
+        job = c.launch([sys.executable, str(CHECK), "--bytes", str(1 << 20), "--algorithm", "ring"],
+                       env=job_env(), capture=True, timeout=120, cwd=ROOT)
+        into_group0 = int(read()) - before
+    assert ours(name) == []
+    assert job.returncode == 0, f"{job.stdout[-3000:]}\n{job.stderr[-3000:]}"
+    assert json.loads(job.stdout.strip().splitlines()[-1])["ok"]
+    assert into_group0 > (1 << 20) // 4, into_group0   # node3 -> node0's blocks came in over the uplink
 
 
 @pytest.mark.mpi

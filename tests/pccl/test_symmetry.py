@@ -162,3 +162,16 @@ def test_symmetric_equals_exact_at_4096_ranks(nodes, local):
     for collective, algorithm in cases:
         agree(cost_model.predict(collective, algorithm, topo, FRONTIER, SIZES),
               cost_model.predict(collective, algorithm, topo, FRONTIER, SIZES, exact=True), (collective, algorithm))
+
+
+def test_groups_of_one_rank_take_no_steps():
+    """A one-rank world, and every rank its own group (a sharded engine's groups of one):
+    nothing is sent, in either evaluation."""
+    one = Topology.regular(1, 1)
+    singles = tuple((r,) for r in range(8))
+    for collective in COLLECTIVES:
+        for algorithm in algorithms_for(collective) + ("native",):
+            for exact in (False, True):
+                assert (cost_model.predict(collective, algorithm, one, FRONTIER, SIZES, exact=exact) == 0).all()
+                assert (cost_model.predict_groups(collective, algorithm, Topology.regular(8, 4), singles, FRONTIER,
+                                                  SIZES, exact=exact) == 0).all()
