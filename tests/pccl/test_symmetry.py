@@ -154,7 +154,7 @@ def test_symmetric_equals_exact_compressed(nodes, local):
 @pytest.mark.parametrize("nodes,local", [(512, 8), (455, 9)])
 def test_symmetric_equals_exact_at_4096_ranks(nodes, local):
     """The logarithmic schedules and the hierarchical plan at about 4096 ranks (the rings'
-    exact evaluation grows with p squared: they are held to it above, at up to 256)."""
+    exact evaluation grows with p squared: they are held to it above, at up to 128 ranks)."""
     topo = Topology.regular(nodes * local, local, 4)
     cases = [(c, plans.NAMED["hierarchical"]) for c in COLLECTIVES]
     if nodes == 512:   # the folded world's exact evaluation takes seconds more
