@@ -225,6 +225,8 @@ def main(argv=None) -> int:
                     help="no launches: predict again for the launches saved in --out (after a model change)")
     args = ap.parse_args(argv)
     parse_size(args.min_size), parse_size(args.max_size)
+    if args.groups > 1 and len({n for n, _ in args.shapes}) > 1:   # one derived network tier for all shapes
+        ap.error(f"--groups takes shapes of one node count, got {args.shapes}")
     args.out.mkdir(parents=True, exist_ok=True)
     profile_path = args.profile
     if args.report_only:

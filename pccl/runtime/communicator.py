@@ -257,7 +257,8 @@ class Communicator:
         if self._plans is None:
             wanted = dict(self.level_transports)
             if self.topology.has_groups:   # the three-level plans' network levels ride the inter-node transport
-                wanted.update(group=wanted["inter"], **{"global": wanted["inter"]})
+                for level in ("group", "global"):
+                    wanted[level] = wanted["inter"]
             levels = {level: self.split(self.topology.level_groups(level), transport)
                       for level, transport in wanted.items()}
             for level, comm in levels.items():

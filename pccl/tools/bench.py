@@ -23,7 +23,7 @@ from pccl.algorithms import ALL_NAMES, algorithms_for
 from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DATATYPES, OPS
-from pccl.plans import NAMED
+from pccl.plans import NAMED, three_level
 from pccl.tools.cli import comma_list, round_size, size_arg, size_sweep, time_per_call
 from pccl.tuning.calibrate import CALL_SIZES, REPEATS, calibrate, calibrated
 from pccl.util.args import at_least
@@ -235,7 +235,7 @@ def variants(collective: str, algorithms: Optional[list[str]],
     """
     valid = algorithms_for(collective) + ("native", "auto") + PLANS
     two_level = all(c.topology.num_nodes > 1 and c.topology.ranks_per_node > 1 for c in comms.values())
-    groups = all(c.topology.has_groups for c in comms.values())
+    groups = all(three_level.applies(c.topology) for c in comms.values())   # as auto offers it
     default = tuple(a for a in valid if a not in PLANS or (two_level and (a != "three_level" or groups)))
     chosen = [a for a in (algorithms or default) if a in valid]
     first_mpi = next((e for e in comms if e in MPI_EXECUTORS), None)

@@ -258,7 +258,8 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: Lev
     size, kind = lay.size, "none" if exact else symmetry_of(algorithm, lay.size)
     cls = symmetry.classes(topology, lay, kind, exact)
     node, nic, group = places(topology)
-    first, lengths = member_segments(collective, algorithm, size, codec)
+    if kind != "none":   # every representative's table is member 0's
+        first, lengths = member_segments(collective, algorithm, size, codec)
     rows = []   # (evaluated rank, its member's table, peers, messages): several where rotations split runs
     for rank, orbit in zip(cls.ranks, cls.orbits):
         index, members = int(lay.index_of[rank]), lay.groups[lay.group_of[rank]]
@@ -271,7 +272,7 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: Lev
             t = member_transfers(collective, algorithm, size, index, codec)
             rows.append((rank, t, members[t.peer], t.messages))
     steps = max(t.num_steps for _, t, _, _ in rows)
-    if kind == "none":
+    if kind == "none":   # each rank's own table, step by step
         lengths = np.ones(steps)
     # Each row's steps, run-length compressed as they are made (a ring's are all alike),
     # then cut wherever any row's change, so that a column stands for steps alike on all.
@@ -357,7 +358,7 @@ def phase_counts(phase: Phase, topology: Topology, natives: tuple, coded: dict, 
     """A phase is a flat collective on each level group; its buffer of `count` blocks splits
     into one block per group member."""
     full = phase.output if phase.collective == "all_gather" else phase.input
-    size = len(topology.level_ranks(phase.level, 0))
+    size = symmetry.layout(topology, phase.level).size   # group_counts lays the level out too (cached)
     return group_counts(phase.collective, phase.algorithm, topology, phase.level, full.count / size, natives,
                         coded.get(phase.level), exact)
 

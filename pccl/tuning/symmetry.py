@@ -88,8 +88,10 @@ def index_maps(lay: Layout, image: np.ndarray) -> set:
         return set()
     new, old = lay.index_of[moved], np.arange(lay.size)
     shift, flip = (new - old) % lay.size, new ^ old
-    return {kind for kind, change in (("identity", new - old), ("rotation", shift), ("xor", flip))
-            if (change == (change[:, :1] if kind != "identity" else 0)).all()}
+    kinds = {"xor"} if (flip == flip[:, :1]).all() else set()
+    if (shift == shift[:, :1]).all():
+        kinds |= {"rotation"} if shift.any() else {"rotation", "identity"}
+    return kinds
 
 
 @dataclass(frozen=True, eq=False)
