@@ -461,7 +461,7 @@ void MpiComm::reduce_scatter(const int64_t* ops, int64_t rows, void* out, const 
   if (codec != nullptr) mem.copy(work, source, bytes * size_);
   run(ops, rows, work, Layout(count * size_, size_), dtype, op, mem, codec, codec ? nullptr : source);
   mem.copy(out, (touched_[rank_] ? work : source) + rank_ * bytes, bytes);
-  if (op == Op::Avg) mem.scale(out, count, dtype, 1.0 / size_);
+  if (op == Op::Avg) mem.divide(out, count, dtype, size_);
 }
 
 void MpiComm::all_reduce(const int64_t* ops, int64_t rows, void* buf, int64_t count, DType dtype, Op op,
@@ -470,7 +470,7 @@ void MpiComm::all_reduce(const int64_t* ops, int64_t rows, void* buf, int64_t co
   check_usable();
   mem.activate();
   run(ops, rows, static_cast<char*>(buf), Layout(count, size_), dtype, op, mem, codec);
-  if (op == Op::Avg) mem.scale(buf, count, dtype, 1.0 / size_);
+  if (op == Op::Avg) mem.divide(buf, count, dtype, size_);
 }
 
 }  // namespace pccl

@@ -50,10 +50,10 @@ void Memory::reduce(void* dst, const void* a, const void* b, int64_t n, DType dt
   if (emulated != nullptr) return emulated->push([=] { pccl::reduce(dst, a, b, n, dtype, op); }, false);
   PCCL_ON_GPU(gpu::reduce(dst, a, b, n, dtype, op, stream));
 }
-void Memory::scale(void* buf, int64_t n, DType dtype, double factor) const {
-  if (!gpu()) return pccl::scale(buf, n, dtype, factor);
-  if (emulated != nullptr) return emulated->push([=] { pccl::scale(buf, n, dtype, factor); }, false);
-  PCCL_ON_GPU(gpu::scale(buf, n, dtype, factor, stream));
+void Memory::divide(void* buf, int64_t n, DType dtype, int64_t divisor) const {
+  if (!gpu()) return pccl::divide(buf, n, dtype, divisor);
+  if (emulated != nullptr) return emulated->push([=] { pccl::divide(buf, n, dtype, divisor); }, false);
+  PCCL_ON_GPU(gpu::divide(buf, n, dtype, divisor, stream));
 }
 void Memory::sync() const {
   if (!gpu()) return;

@@ -1,5 +1,5 @@
 // Where a collective's buffers live, host memory or a GPU (with the caller's stream),
-// and the local work done there: copies, reductions and scaling queued on the stream,
+// and the local work done there: copies, reductions and divisions queued on the stream,
 // fences the CPU waits for before MPI touches what the stream wrote, and workspaces.
 #pragma once
 #include <cstddef>
@@ -41,7 +41,7 @@ struct Memory {
   void activate() const;   // make `device` current on the calling thread
   void copy(void* dst, const void* src, size_t bytes) const;
   void reduce(void* dst, const void* a, const void* b, int64_t n, DType dtype, Op op) const;
-  void scale(void* buf, int64_t n, DType dtype, double factor) const;
+  void divide(void* buf, int64_t n, DType dtype, int64_t divisor) const;  // op avg's last step
   void sync() const;       // GPU: wait until the stream's queued work is done
 };
 

@@ -166,9 +166,9 @@ NB_MODULE(_native, m) {
   m.def("reduce", [](uintptr_t dst, uintptr_t a, uintptr_t b, int64_t n, int dtype, int op) {
     reduce(ptr(dst), ptr(a), ptr(b), n, static_cast<DType>(dtype), static_cast<Op>(op));
   }, nb::call_guard<nb::gil_scoped_release>(), "dst[i] = op(a[i], b[i]) for n elements (dst may be a)");
-  m.def("scale", [](uintptr_t buf, int64_t n, int dtype, double factor) {
-    scale(ptr(buf), n, static_cast<DType>(dtype), factor);
-  }, nb::call_guard<nb::gil_scoped_release>(), "buf[i] *= factor for n elements");
+  m.def("divide", [](uintptr_t buf, int64_t n, int dtype, int64_t divisor) {
+    divide(ptr(buf), n, static_cast<DType>(dtype), divisor);
+  }, nb::call_guard<nb::gil_scoped_release>(), "buf[i] /= divisor for n elements (a true division: op avg)");
   m.attr("int8_group") = kGroup;
   m.def("encoded_bytes", [](int codec, int64_t n) { return Codec(codec).bytes(n); },
         "bytes of a native codec's encoding of n values (codec.h)");
@@ -184,9 +184,9 @@ NB_MODULE(_native, m) {
   m.def("gpu_reduce", [](uintptr_t dst, uintptr_t a, uintptr_t b, int64_t n, int dtype, int op, uintptr_t stream) {
     gpu::reduce(ptr(dst), ptr(a), ptr(b), n, static_cast<DType>(dtype), static_cast<Op>(op), ptr(stream));
   }, nb::call_guard<nb::gil_scoped_release>(), "dst[i] = op(a[i], b[i]) on a GPU stream");
-  m.def("gpu_scale", [](uintptr_t buf, int64_t n, int dtype, double factor, uintptr_t stream) {
-    gpu::scale(ptr(buf), n, static_cast<DType>(dtype), factor, ptr(stream));
-  }, nb::call_guard<nb::gil_scoped_release>(), "buf[i] *= factor on a GPU stream");
+  m.def("gpu_divide", [](uintptr_t buf, int64_t n, int dtype, int64_t divisor, uintptr_t stream) {
+    gpu::divide(ptr(buf), n, static_cast<DType>(dtype), divisor, ptr(stream));
+  }, nb::call_guard<nb::gil_scoped_release>(), "buf[i] /= divisor on a GPU stream (a true division: op avg)");
   m.def("gpu_encode", [](int codec, uintptr_t dst, uintptr_t src, int64_t n, int dtype, uintptr_t stream) {
     gpu::encode(codec, ptr(dst), ptr(src), n, static_cast<DType>(dtype), ptr(stream));
   }, nb::call_guard<nb::gil_scoped_release>(), "encode n values with a native codec on a GPU stream");

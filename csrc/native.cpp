@@ -177,7 +177,7 @@ void MpiComm::native_reduce_scatter(void* out, const void* in, int64_t count, DT
     alltoall_reduce(out, in, Layout(count * size_, size_), dtype, op, mem);
   else
     native_on(out, bytes, in, bytes * size_, mem, run);
-  if (op == Op::Avg) mem.scale(out, count, dtype, 1.0 / size_);
+  if (op == Op::Avg) mem.divide(out, count, dtype, size_);
 }
 
 void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op, const Memory& mem) {
@@ -204,7 +204,7 @@ void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op, co
       });
     });
   }
-  if (op == Op::Avg) mem.scale(buf, count, dtype, 1.0 / size_);
+  if (op == Op::Avg) mem.divide(buf, count, dtype, size_);
 }
 
 }  // namespace pccl

@@ -15,8 +15,9 @@ void reduce(void* dst, const void* a, const void* b, int64_t n, DType dtype, Op 
 // else dst = op(dst, decoded).
 void encode(int codec, void* dst, const void* src, int64_t n, DType dtype, void* stream);
 void decode(int codec, void* dst, const void* src, int64_t n, DType dtype, int op, void* stream);
-// buf[i] *= factor on `stream`.
-void scale(void* buf, int64_t n, DType dtype, double factor, void* stream);
+// buf[i] /= divisor on `stream`, a true division (half types in float, rounded once), as the
+// CPU kernel divides (op avg).
+void divide(void* buf, int64_t n, DType dtype, int64_t divisor, void* stream);
 // Device-to-device (or any direction) copy on `stream`.
 void copy(void* dst, const void* src, size_t bytes, void* stream);
 // Wait until everything queued on `stream` is done (before MPI reads device memory).

@@ -41,11 +41,13 @@ __global__ void combine(T* dst, const T* a, const T* __restrict__ b, int64_t n) 
     dst[i] = Num<T>::store(O::apply(Num<T>::load(a[i]), Num<T>::load(b[i])));
 }
 
+// A true division (IEEE-rounded: no fast-math flags in this build), not torch's CUDA
+// x * (1 / divisor): op avg has one meaning on every device.
 template <typename T>
-__global__ void multiply(T* buf, int64_t n, typename Num<T>::Acc factor) {
+__global__ void divide(T* buf, int64_t n, typename Num<T>::Acc divisor) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    buf[i] = Num<T>::store(Num<T>::load(buf[i]) * factor);
+    buf[i] = Num<T>::store(Num<T>::load(buf[i]) / divisor);
 }
 
 constexpr int kThreads = 256;
@@ -82,9 +84,9 @@ void by_dtype(void* dst, const void* a, const void* b, int64_t n, DType dtype, v
 #include "codec.cuh"
 
 template <typename T>
-void launch_scale(void* buf, int64_t n, typename Num<T>::Acc factor, void* stream) {
-  multiply<T><<<blocks_for(n), kThreads, 0, static_cast<gpuStream_t>(stream)>>>(static_cast<T*>(buf), n, factor);
-  check(gpuGetLastError(), "scale kernel launch");
+void launch_divide(void* buf, int64_t n, typename Num<T>::Acc divisor, void* stream) {
+  divide<T><<<blocks_for(n), kThreads, 0, static_cast<gpuStream_t>(stream)>>>(static_cast<T*>(buf), n, divisor);
+  check(gpuGetLastError(), "divide kernel launch");
 }
 
 }  // namespace
@@ -99,14 +101,14 @@ void reduce(void* dst, const void* a, const void* b, int64_t n, DType dtype, Op 
   throw std::invalid_argument("unknown op code");
 }
 
-void scale(void* buf, int64_t n, DType dtype, double factor, void* stream) {
+void divide(void* buf, int64_t n, DType dtype, int64_t divisor, void* stream) {
   if (n == 0) return;
   switch (dtype) {
-    case DType::F32: return launch_scale<float>(buf, n, static_cast<float>(factor), stream);
-    case DType::F64: return launch_scale<double>(buf, n, factor, stream);
-    case DType::F16: return launch_scale<half_t>(buf, n, static_cast<float>(factor), stream);
-    case DType::BF16: return launch_scale<bfloat16_t>(buf, n, static_cast<float>(factor), stream);
-    default: throw std::invalid_argument("scaling (op avg) needs a floating-point dtype");
+    case DType::F32: return launch_divide<float>(buf, n, static_cast<float>(divisor), stream);
+    case DType::F64: return launch_divide<double>(buf, n, static_cast<double>(divisor), stream);
+    case DType::F16: return launch_divide<half_t>(buf, n, static_cast<float>(divisor), stream);
+    case DType::BF16: return launch_divide<bfloat16_t>(buf, n, static_cast<float>(divisor), stream);
+    default: throw std::invalid_argument("dividing (op avg) needs a floating-point dtype");
   }
 }
 

@@ -1,6 +1,8 @@
 """Element types and reduction operators, with the codes the native layer uses."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 # (name the command-line tools use, as nccl-tests names it; torch dtype; native code)
@@ -26,6 +28,30 @@ def reduce_(dst: torch.Tensor, src: torch.Tensor, op: str) -> None:
         torch.maximum(dst, src, out=dst)
     else:
         torch.minimum(dst, src, out=dst)
+
+
+def average_(tensor: torch.Tensor, size: int) -> None:
+    """tensor /= size in place: op avg's last step, after a sum over `size` ranks. A true
+    division, as the native CPU and GPU kernels divide, so avg has one meaning everywhere.
+    torch divides truly on CPUs, but its CUDA and ROCm kernels multiply by the reciprocal of a
+    Python-number divisor (x * float(1/3) and x / 3 differ in about a third of all values);
+    a divisor that is a tensor on the device is divided by."""
+    if tensor.device.type == "cpu" or size & (size - 1) == 0:   # a power of two: both are exact
+        tensor.div_(size)
+    elif exactly(size, tensor.dtype):
+        tensor.div_(_divisor(size, tensor.dtype, tensor.device))
+    else:   # a half type that cannot hold `size`: divide in float, round once
+        tensor.copy_(tensor.float().div_(_divisor(size, torch.float32, tensor.device)))
+
+
+def exactly(value: int, dtype: torch.dtype) -> bool:
+    """Whether `dtype` holds the integer `value` exactly."""
+    return int(torch.tensor(value, dtype=dtype).item()) == value
+
+
+@lru_cache(maxsize=None)
+def _divisor(size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor(size, dtype=dtype, device=device)
 
 
 def dtype_code(dtype: torch.dtype) -> int:

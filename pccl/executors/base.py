@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from pccl.core.dtypes import reduce_
+from pccl.core.dtypes import average_, reduce_
 from pccl.ir.blocks import block_offsets
 from pccl.ir.compressed import compress
 from pccl.ir.schedule import Kind, Schedule
@@ -146,9 +146,9 @@ class ScheduleExecutor(ABC):
         n = output.numel()
         output.copy_(work[self.rank * n:(self.rank + 1) * n])
         if op == "avg":
-            output.div_(self.size)
+            average_(output, self.size)
 
     def all_reduce(self, sched: Schedule, tensor: torch.Tensor, op: str, codec=None) -> None:
         self.execute(sched, tensor, block_offsets(tensor.numel(), self.size), op, codec)
         if op == "avg":
-            tensor.div_(self.size)
+            average_(tensor, self.size)

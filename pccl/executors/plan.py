@@ -3,7 +3,7 @@
 Workspaces are cached per (name, dtype, device) and grow only, so the steady state
 allocates nothing. The shuffle is one pass: one Triton kernel on GPUs (index_copy_ where
 Triton is missing, and on CPUs for many small blocks), straight copies of each piece
-otherwise. Phases reduce with "sum" when the op is "avg"; the result is scaled by 1/size
+otherwise. Phases reduce with "sum" when the op is "avg"; the result is divided by the size
 once at the end.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from pccl.core.dtypes import reduce_
+from pccl.core.dtypes import average_, reduce_
 from pccl.executors.shuffle_triton import permute_blocks
 from pccl.executors.streams import SideStream
 from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase, Plan, Ref
@@ -143,7 +143,7 @@ class PlanExecutor:
             else:
                 raise TypeError(f"unknown plan step {step!r}")
         if op == "avg":
-            bufs["output" if "output" in bufs else "io"].div_(plan.nodes * plan.local)
+            average_(bufs["output" if "output" in bufs else "io"], plan.nodes * plan.local)
 
     def all_reduce(self, plan: Plan, tensor: torch.Tensor, op: str, codecs: Optional[dict] = None) -> None:
         """All-reduce in place; a length not divisible by the size runs on a padded copy."""

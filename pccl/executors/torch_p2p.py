@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from pccl.core.dtypes import average_
 from pccl.core.errors import CollectiveTimeout, PeerLost, waited_peers
 from pccl.executors.base import ScheduleExecutor
 
@@ -75,10 +76,10 @@ class TorchP2PExecutor(ScheduleExecutor):
         self._wait(lambda: [reduce_scatter_single(output, input, op=TORCH_OPS[op], group=self.group, async_op=True)],
                    "reduce_scatter_single")
         if op == "avg":
-            output.div_(self.size)
+            average_(output, self.size)
 
     def native_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
         self._wait(lambda: [dist.all_reduce(tensor, op=TORCH_OPS[op], group=self.group, async_op=True)],
                    "all_reduce")
         if op == "avg":
-            tensor.div_(self.size)
+            average_(tensor, self.size)

@@ -6,7 +6,8 @@ here as its own test case.
 """
 import pytest
 
-from tests.pccl.workers.cases import EXECUTORS, WORLD_SIZES, group_id, groups
+from pccl.algorithms import algorithms_for
+from tests.pccl.workers.cases import EXECUTORS, REDUCING, WORLD_SIZES, group_id, groups
 from tests.support.mpirun import check_group as check
 from tests.support.mpirun import report_of
 
@@ -32,3 +33,12 @@ def test_collective(report, p, executor, collective, algorithm):
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_bad_input_raises_and_leaves_communicator_usable(report, p, executor):
     check(report(p), f"_bad_input-{executor}")
+
+
+@pytest.mark.parametrize("p", WORLD_SIZES)
+@pytest.mark.parametrize("collective,algorithm", [(c, a) for c in REDUCING for a in algorithms_for(c)],
+                         ids=lambda v: str(v))
+def test_executors_give_bit_identical_avg(report, p, collective, algorithm):
+    """The C++ and Python executors over MPI and the torch.distributed executor (gloo), one
+    schedule: op avg of random fp32, fp64, fp16 and bf16 values, the same bits on each."""
+    check(report(p), f"_agree-{collective}-{algorithm}")

@@ -69,7 +69,7 @@ def test_cuda_sources_compile_and_link(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         (name,) = [n for n in zf.namelist() if n.startswith("pccl/_native") and n.endswith(".so")]
         module = zf.read(name)
-    for needed in (b"gpu_reduce\0", b"gpu_scale\0", b"gpu_encode\0", b"gpu_decode\0", b"libcudart.so",
+    for needed in (b"gpu_reduce\0", b"gpu_divide\0", b"gpu_encode\0", b"gpu_decode\0", b"libcudart.so",
                    b".nv_fatbin\0"):
         assert needed in module, f"{needed!r} is missing from the CUDA build of {name}"
 
@@ -101,13 +101,14 @@ def test_gpu_reduce_matches_torch(dtype, op, n):
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_gpu_scale_matches_torch(dtype):
+def test_gpu_divide_is_the_cpus_true_division(dtype):
+    # Against torch on the CPU: torch's CUDA a / 3 multiplies by the reciprocal.
     a = torch.randn(4099, device="cuda").to(dtype)
-    expected = (a.float() * (1 / 3)).to(dtype)
+    expected = a.cpu() / 3
     stream = torch.cuda.current_stream()
-    _native.gpu_scale(a.data_ptr(), a.numel(), DTYPES[dtype], 1 / 3, stream.cuda_stream)
+    _native.gpu_divide(a.data_ptr(), a.numel(), DTYPES[dtype], 3, stream.cuda_stream)
     stream.synchronize()
-    assert torch.equal(a, expected)
+    assert torch.equal(a.cpu(), expected)
 
 
 @needs_gpu

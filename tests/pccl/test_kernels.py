@@ -8,7 +8,7 @@ from pccl.core.dtypes import DTYPES, OPS
 
 TORCH_REF = {
     "sum": torch.add,
-    "avg": torch.add,  # avg reduces as sum; the caller scales once at the end
+    "avg": torch.add,  # avg reduces as sum; the caller divides once at the end
     "max": torch.maximum,
     "min": torch.minimum,
 }
@@ -34,18 +34,37 @@ def test_reduce_matches_torch(dtype, op, n, in_place):
     assert torch.equal(dst, expected)
 
 
+def true_quotient(a: torch.Tensor, divisor: int) -> torch.Tensor:
+    """a / divisor correctly rounded to a's dtype, by numpy: float32 and float64 divide in
+    their own type; half types in float64, rounded once (exact: a 53-bit quotient rounded
+    to 11 or 8 bits is the correctly rounded one)."""
+    if a.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(a.numpy() / a.numpy().dtype.type(divisor))
+    return torch.from_numpy(a.double().numpy() / divisor).to(a.dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-def test_scale_matches_torch(dtype):
-    a = sample(dtype, 1001, 3)
-    expected = (a.float() * (1 / 3)).to(dtype) if dtype != torch.float64 else a * (1 / 3)
-    _native.scale(a.data_ptr(), a.numel(), DTYPES[dtype], 1 / 3)
+@pytest.mark.parametrize("divisor", [1, 2, 3, 5, 7, 1000, 65537])
+def test_divide_is_a_true_division_as_torch_and_numpy_divide(dtype, divisor):
+    a = sample(dtype, 4099, 3)
+    expected = a / divisor
+    assert torch.equal(expected, true_quotient(a, divisor))
+    _native.divide(a.data_ptr(), a.numel(), DTYPES[dtype], divisor)
     assert torch.equal(a, expected)
 
 
-def test_scale_refuses_integers():
+def test_divide_is_not_a_multiplication_by_the_reciprocal():
+    # The bug this guards: x * float32(1/3) differs from x / 3 in about a third of values.
+    a = sample(torch.float32, 4099, 3)
+    by_reciprocal = a * torch.tensor(1 / 3, dtype=torch.float32)
+    _native.divide(a.data_ptr(), a.numel(), DTYPES[torch.float32], 3)
+    assert 0.2 < (a != by_reciprocal).float().mean() < 0.5
+
+
+def test_divide_refuses_integers():
     a = torch.ones(4, dtype=torch.int32)
     with pytest.raises(ValueError, match="floating-point"):
-        _native.scale(a.data_ptr(), 4, DTYPES[torch.int32], 0.5)
+        _native.divide(a.data_ptr(), 4, DTYPES[torch.int32], 2)
 
 
 def test_bf16_rounds_to_nearest_even_and_keeps_nan():
@@ -93,13 +112,13 @@ def test_half_types_convert_every_value_as_torch_does(dtype, piece):
 
 @PATHS
 @pytest.mark.parametrize("dtype", HALF_TYPES)
-@pytest.mark.parametrize("factor", [1 / 3, 0.5, 2**-10, 3.0, 1000.0, 1.0001, 0.9999])
-def test_half_types_round_like_torch(dtype, factor, piece):
-    # Scaling every value rounds results onto every part of the range: ties to even,
-    # results that become subnormal or zero, and results that overflow to infinity.
+@pytest.mark.parametrize("divisor", [2, 3, 7, 1000, 2**20, 65537])
+def test_half_types_divide_like_torch(dtype, divisor, piece):
+    # Dividing every value rounds results onto every part of the range: ties to even,
+    # results that become subnormal or zero; infinities and NaNs stay what they are.
     a = every_value(dtype)
-    expected = (a.float() * factor).to(dtype)
-    in_pieces(_native.scale, (a,), a.numel(), DTYPES[dtype], factor, piece=piece)
+    expected = a / divisor
+    in_pieces(_native.divide, (a,), a.numel(), DTYPES[dtype], divisor, piece=piece)
     assert same_values(a, expected)
 
 

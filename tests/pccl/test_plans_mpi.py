@@ -4,7 +4,7 @@ and Python MPI executors, gloo, and mixed transports (intra gloo, inter MPI); as
 One mpiexec launch per topology; each group is reported as its own test case."""
 import pytest
 
-from tests.pccl.workers.cases import PLAN_TOPOLOGIES, PLAN_TRANSPORTS, group_id, plan_groups
+from tests.pccl.workers.cases import AGREEING_PLANS, PLAN_TOPOLOGIES, PLAN_TRANSPORTS, REDUCING, group_id, plan_groups
 from tests.support.mpirun import check_group as check
 from tests.support.mpirun import report_of
 
@@ -34,3 +34,11 @@ def test_plan(report, p, ranks_per_node, transport, collective, spec):
 @pytest.mark.parametrize("transport", list(PLAN_TRANSPORTS))
 def test_async_plans_keep_issue_order(report, p, ranks_per_node, transport):
     check(report(p, ranks_per_node), f"_async-{transport}")
+
+
+@pytest.mark.parametrize("p,ranks_per_node", PLAN_TOPOLOGIES, ids=TOPOLOGY_IDS)
+@pytest.mark.parametrize("collective,spec", [(c, s) for c in REDUCING for s in AGREEING_PLANS], ids=lambda v: str(v))
+def test_transports_give_bit_identical_avg(report, p, ranks_per_node, collective, spec):
+    """The same plan, pccl schedules on every level, over the C++ and Python MPI executors,
+    gloo and mixed levels: op avg of random values, the same bits on each."""
+    check(report(p, ranks_per_node), f"_agree-{collective}-{spec}")

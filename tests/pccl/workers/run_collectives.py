@@ -2,7 +2,8 @@
 
 Usage: mpiexec -n P python -m tests.pccl.workers.run_collectives REPORT.json
 The report maps group ids to the list of failing combinations (empty when it passed),
-plus "_bad_input" for the argument-validation round trip.
+plus "_bad_input" for the argument-validation round trip and "_agree-COLLECTIVE-ALGORITHM"
+for the executors' bit-identical avg of random values.
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import torch
 from mpi4py import MPI
 
 import pccl
-from tests.pccl.workers.cases import EXECUTORS, combos, group_id, groups
-from tests.pccl.workers.harness import run_group
+from pccl.algorithms import algorithms_for
+from tests.pccl.workers.cases import EXECUTORS, REDUCING, cases_for, group_id, groups
+from tests.pccl.workers.harness import agreement, run_group
 
 torch.set_num_threads(1)
 world = MPI.COMM_WORLD
@@ -65,9 +67,12 @@ def main() -> None:
     for executor, collective, algorithm in groups():
         try:
             report[group_id(executor, collective, algorithm)] = run_group(
-                comms[executor], collective, algorithm, list(combos(collective, p)))
+                comms[executor], collective, algorithm, cases_for(executor, collective, p))
         except Exception:  # noqa: BLE001
             report[group_id(executor, collective, algorithm)] = [traceback.format_exc()]
+    for collective in REDUCING:
+        for algorithm in algorithms_for(collective):
+            report[f"_agree-{collective}-{algorithm}"] = agreement(comms, collective, algorithm)
     if rank == 0:
         Path(sys.argv[1]).write_text(json.dumps(report, indent=1))
 

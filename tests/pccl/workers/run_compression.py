@@ -15,7 +15,8 @@ The references, per case:
                    codec's unit of it (int8 1/254, bf16 2^-9, fp16 2^-11, zfp:R 2^-(R-5));
                    all-reduce results identical on every rank (per message: not)
 The C++ executor runs the native codecs itself: its results equal the Python executor's
-bit for bit (same plan, same kernels, same order of reductions; checked at one size).
+bit for bit, sum and avg (same plan, same kernels, same order of reductions, the same
+division; checked at one size), and avg is the sum divided by p, exactly.
 Two-level plans (2 ranks per emulated node) compress their inter-node phases only.
 The report maps case names to failures (empty lists pass).
 """
@@ -56,17 +57,18 @@ def same_everywhere(t: torch.Tensor) -> bool:
     return len(set(world.allgather(digest))) == 1
 
 
-def call(comm, collective: str, algorithm, compression, case: str, n: int) -> torch.Tensor:
+def call(comm, collective: str, algorithm, compression, case: str, n: int, op: str = "sum") -> torch.Tensor:
     """One compressed collective on this rank's inputs; its output."""
     if collective == "all_gather":
         out = torch.empty(p * n, device=DEVICE)
         comm.all_gather(out, data(rank, case, n).to(DEVICE), algorithm=algorithm, compression=compression)
     elif collective == "reduce_scatter":
         out = torch.empty(n, device=DEVICE)
-        comm.reduce_scatter(out, data(rank, case, n * p).to(DEVICE), algorithm=algorithm, compression=compression)
+        comm.reduce_scatter(out, data(rank, case, n * p).to(DEVICE), op=op, algorithm=algorithm,
+                            compression=compression)
     else:
         out = data(rank, case, n * p + 3).to(DEVICE)
-        comm.all_reduce(out, algorithm=algorithm, compression=compression)
+        comm.all_reduce(out, op=op, algorithm=algorithm, compression=compression)
     return out.cpu()
 
 
@@ -81,6 +83,13 @@ def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool, tw
         encodes = verify_compressed(collective, algorithm, p, per_message)["encodes"]
     out = call(comm, collective, algorithm, compression, case, n)
     problems = []
+    if collective != "all_gather" and n == SIZES[1]:
+        avg = call(comm, collective, algorithm, compression, case, n, "avg")
+        if not torch.equal(avg, out / p):
+            problems.append(f"{case}: avg is not the sum divided by {p}")
+        if twin is not None and c.native is not None and \
+                not torch.equal(avg, call(twin, collective, algorithm, compression, case, n, "avg")):
+            problems.append(f"{case}: the C++ and Python executors' avg disagree")
     if twin is not None and c.native is not None and n == SIZES[1] and \
             not torch.equal(out, call(twin, collective, algorithm, compression, case, n)):
         problems.append(f"{case}: the C++ and Python executors disagree")

@@ -79,7 +79,7 @@ def fp_reference_in_rank_order(collective, dtype, op, n):
     for x in inputs[1:]:
         acc = (acc.float() + x.float()).to(dtype)
     if op == "avg":
-        acc = (acc.float() * (1 / p)).to(dtype)
+        acc = acc / p   # torch on the CPU: a true division in float, rounded once
     return acc[rank * n:(rank + 1) * n] if collective == "reduce_scatter" else acc
 
 

@@ -28,7 +28,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64):
                 comm.reduce_scatter(cpu_out, x, op=op, algorithm=algorithm)
                 work = comm.reduce_scatter(gpu_out, x.cuda(), op=op, algorithm=algorithm, async_op=True)
                 work.wait()
-                if not torch.allclose(gpu_out.cpu().double(), cpu_out.double(), rtol=1e-2, atol=1e-2):
+                if not torch.equal(gpu_out.cpu(), cpu_out):   # exact sums of small integers; avg divides alike
                     failures.append(f"reduce_scatter {algorithm} {op} {dtype} n={n}")
         for algorithm in ("ring", "recursive_doubling", "rabenseifner", "native"):
             x = make_input(rank, n, dtype, n)

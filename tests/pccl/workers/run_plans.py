@@ -15,8 +15,17 @@ import torch
 from mpi4py import MPI
 
 import pccl
-from tests.pccl.workers.cases import PLAN_GROUPS, PLAN_TRANSPORTS, combos, group_id, light_combos, plan_groups
-from tests.pccl.workers.harness import run_group
+from tests.pccl.workers.cases import (
+    AGREEING_PLANS,
+    PLAN_GROUPS,
+    PLAN_TRANSPORTS,
+    REDUCING,
+    combos,
+    group_id,
+    light_combos,
+    plan_groups,
+)
+from tests.pccl.workers.harness import agreement, run_group
 
 torch.set_num_threads(1)
 world = MPI.COMM_WORLD
@@ -59,14 +68,17 @@ def main() -> None:
              for label, (kwargs, _, _) in PLAN_TRANSPORTS.items()}
     report = {}
     for transport, collective, spec in plan_groups():
-        light = PLAN_TRANSPORTS[transport][2]
-        cases = list((light_combos if light else combos)(collective, p))
+        whole = spec in PLAN_TRANSPORTS[transport][2]
+        cases = list((combos if whole else light_combos)(collective, p))
         try:
             report[group_id(transport, collective, spec)] = run_group(comms[transport], collective, SPECS[spec], cases)
         except Exception:  # noqa: BLE001
             report[group_id(transport, collective, spec)] = [traceback.format_exc()]
     for label, comm in comms.items():
         report[f"_async-{label}"] = async_plans(comm)
+    for collective in REDUCING:
+        for spec in AGREEING_PLANS:
+            report[f"_agree-{collective}-{spec}"] = agreement(comms, collective, SPECS[spec])
     if world.rank == 0:
         Path(path).write_text(json.dumps(report, indent=1))
 
