@@ -1,15 +1,23 @@
 """Symbolic verifier: run every rank's schedule on provenance counts and check the result.
 
 Each rank's buffer is a (blocks x ranks) matrix of counts: entry [b, c] says how many
-times rank c's contribution is contained in block b. Messages are matched the way MPI
-matches them (first posted send with first posted receive per ordered pair of ranks);
-a step completes once all its transfers are matched, and only then are its receives
-applied. So the verifier catches wrong data, double-counted or missing contributions,
-mismatched block lists, unmatched messages and deadlocks.
+times rank c's contribution is contained in block b. Messages are what the executors send
+(one per run of blocks, Schedule.ops) and are matched the way MPI matches them: the i-th
+send from rank a to rank b with the i-th receive that b posts from a. A step completes
+once all its messages are matched (its peers have posted theirs), and only then are its
+receives applied; a send carries the buffer as it was when its step began. So the verifier
+catches wrong data, double-counted or missing contributions, mismatched blocks, unmatched
+messages and deadlocks.
+
+The simulation runs in rounds, all ranks at once on numpy arrays: in each round, every
+rank whose current step is complete lands it and enters its next. The result does not
+depend on the order in which ranks complete (each rank's buffer changes only by its own
+steps, and a send's payload is fixed when its step begins), so rounds compute what any
+interleaving would, and no progress in a round is a deadlock.
 """
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,143 +32,214 @@ class ScheduleError(AssertionError):
     """A schedule is malformed, deadlocks, or computes the wrong result."""
 
 
-def initial_state(collective: str, p: int) -> list[np.ndarray]:
-    state = []
-    for r in range(p):
-        s = np.zeros((p, p), dtype=np.int64)
-        if collective == "all_gather":
-            s[r, r] = 1
-        else:
-            s[:, r] = 1
-        state.append(s)
-    return state
+def spans(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(owner, index): the runs [first, first + count) expanded, each index with the
+    position of its run."""
+    owner = np.repeat(np.arange(first.size), count)
+    starts = np.cumsum(count) - count
+    return owner, first[owner] + np.arange(owner.size) - starts[owner]
 
 
-def check_step(sched: Schedule, index: int) -> None:
-    step = sched.steps[index]
-    p, where = sched.size, f"{sched.algorithm} {sched.collective} p={sched.size} rank={sched.rank} step={index}"
-    seen: dict[tuple[bool, int], int] = {}
-    targets: set[int] = set()
-    sent: set[int] = set()
-    for t in step:
-        if not 0 <= t.peer < p or t.peer == sched.rank:
-            raise ScheduleError(f"{where}: bad peer {t.peer}")
-        if any(not 0 <= b < p for b in t.blocks):
-            raise ScheduleError(f"{where}: block out of range in {t.blocks}")
-        key = (t.kind == Kind.SEND, t.peer)
-        if key in seen:
-            raise ScheduleError(f"{where}: two {'sends to' if key[0] else 'receives from'} peer {t.peer}")
-        seen[key] = 1
-        if t.kind == Kind.SEND:
-            sent.update(t.blocks)
-        else:
-            if targets & set(t.blocks):
-                raise ScheduleError(f"{where}: receives overlap on blocks {sorted(targets & set(t.blocks))}")
-            targets.update(t.blocks)
-    copied = {b for t in step if t.kind == Kind.RECV for b in t.blocks}
-    if copied & sent:
-        raise ScheduleError(f"{where}: blocks {sorted(copied & sent)} are sent and overwritten in one step")
+@dataclass
+class Messages:
+    """Every rank's messages, one row each in rank, step and posting order, matched."""
+    schedules: list
+    rank: np.ndarray
+    step: np.ndarray
+    kind: np.ndarray
+    peer: np.ndarray
+    first: np.ndarray
+    count: np.ndarray
+    partner: np.ndarray      # the matched message's row, -1 for none
+    nsteps: np.ndarray       # steps of each rank
+    base: np.ndarray         # rank r's step k is global step base[r] + k
+    start: np.ndarray        # global step g's messages are rows start[g]:start[g + 1]
+
+    @property
+    def size(self) -> int:
+        return len(self.schedules)
+
+    def where(self, r: int, k: int) -> str:
+        sched = self.schedules[r]
+        return f"{sched.algorithm} {sched.collective} p={sched.size} rank={r} step={k}"
+
+    def of(self, ranks: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(i, row) of every message of step steps[i] of rank ranks[i], for every i."""
+        g = self.base[ranks] + steps
+        return spans(self.start[g], self.start[g + 1] - self.start[g])
+
+    def blocks(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rank, block) of every block these messages carry, message by message."""
+        owner, block = spans(self.first[rows], self.count[rows])
+        return self.rank[rows][owner], block
+
+
+def messages(schedules: list[Schedule]) -> Messages:
+    """The message table of every rank's schedule, checked (check_steps) and matched."""
+    p = len(schedules)
+    tables = [s.ops for s in schedules]
+    rank = np.repeat(np.arange(p), [len(t) for t in tables])
+    step, kind, peer, first, count = np.concatenate(tables).T
+    nsteps = np.array([s.num_steps for s in schedules], dtype=np.int64)
+    base = np.cumsum(nsteps) - nsteps
+    g = base[rank] + step
+    start = np.r_[0, np.cumsum(np.bincount(g, minlength=int(nsteps.sum())))]
+    msgs = Messages(schedules, rank, step, kind, peer, first, count, np.full(rank.size, -1), nsteps, base, start)
+    check_steps(msgs, g)
+    # The i-th send from a to b meets the i-th receive that b posts from a.
+    sending = kind == Kind.SEND
+    pair = np.where(sending, rank * p + peer, peer * p + rank)
+    key = pair * (rank.size + 1) + occurrence(pair * 2 + sending)
+    sends, recvs = np.flatnonzero(sending), np.flatnonzero(~sending)
+    order = sends[np.argsort(key[sends])]
+    at = np.minimum(np.searchsorted(key[order], key[recvs]), max(order.size - 1, 0))
+    hit = (key[order[at]] == key[recvs]) if order.size else np.zeros(recvs.size, bool)
+    received, sent = recvs[hit], order[at[hit]]
+    msgs.partner[received], msgs.partner[sent] = sent, received
+    wrong = np.flatnonzero((first[received] != first[sent]) | (count[received] != count[sent]))
+    if wrong.size:
+        rcv, snd = received[wrong[0]], sent[wrong[0]]
+        raise ScheduleError(
+            f"{schedules[0].algorithm} {schedules[0].collective} p={p}: rank {rank[snd]} sends blocks "
+            f"{list(range(first[snd], first[snd] + count[snd]))} but rank {rank[rcv]} expects "
+            f"{list(range(first[rcv], first[rcv] + count[rcv]))}")
+    return msgs
+
+
+def occurrence(values: np.ndarray) -> np.ndarray:
+    """How many times each value occurred before, in order."""
+    order = np.argsort(values, kind="stable")
+    ranked = values[order]
+    heads = np.r_[True, ranked[1:] != ranked[:-1]]
+    out = np.empty(values.size, np.int64)
+    out[order] = np.arange(values.size) - np.maximum.accumulate(np.where(heads, np.arange(values.size), 0))
+    return out
+
+
+def check_steps(msgs: Messages, g: np.ndarray) -> None:
+    """Raise ScheduleError at the first malformed message of any rank's steps (g: each
+    message's global step)."""
+    p, kind, peer, first, count = msgs.size, msgs.kind, msgs.peer, msgs.first, msgs.count
+
+    def fail(bad: np.ndarray, what) -> None:
+        rows = np.flatnonzero(bad)
+        if rows.size:
+            row = rows[0]
+            raise ScheduleError(f"{msgs.where(msgs.rank[row], msgs.step[row])}: {what(row)}")
+
+    def blocks(row: int) -> list[int]:
+        return list(range(first[row], first[row] + count[row]))
+
+    fail((peer < 0) | (peer >= p) | (peer == msgs.rank), lambda row: f"bad peer {peer[row]}")
+    fail((first < 0) | (count < 1) | (first + count > p), lambda row: f"block out of range in {blocks(row)}")
+    # One transfer per peer and direction in a step: its runs are consecutive rows of one
+    # kind, ascending, apart (what Schedule.ops makes of one transfer).
+    sending = kind == Kind.SEND
+    key = (g * 2 + sending) * p + peer
+    same, later, again = (np.zeros(key.size, bool) for _ in range(3))
+    same[1:] = (key[1:] == key[:-1]) & (kind[1:] == kind[:-1])
+    later[1:] = first[1:] > first[:-1] + count[:-1]
+    again[np.flatnonzero(~same)] = occurrence(key[~same]) > 0
+    fail(again | (same & ~later),
+         lambda row: f"two {'sends to' if sending[row] else 'receives from'} peer {peer[row]}")
+    owner, block = spans(first, count)
+    slot = g[owner] * p + block           # a block of a step
+    receiving = ~sending[owner]
+    fail(np.isin(np.arange(key.size), owner[receiving][occurrence(slot[receiving]) > 0]),
+         lambda row: f"receives overlap on blocks {blocks(row)}")
+    copied = (kind[owner] == Kind.RECV) & np.isin(slot, slot[~receiving])
+    fail(np.isin(np.arange(key.size), owner[copied]),
+         lambda row: f"blocks {blocks(row)} are sent and overwritten in one step")
 
 
 class Provenance:
-    """What the simulation carries: each rank's (blocks x ranks) contribution counts."""
+    """What the simulation carries: every rank's (blocks x ranks) contribution counts, in
+    one (ranks x blocks x ranks) array; a send's counts are taken when its step begins and
+    kept, a round's sends together, until the matching receive lands."""
 
     def __init__(self, schedules: list[Schedule]):
         self.schedules = schedules
-        self.state = initial_state(schedules[0].collective, len(schedules))
+        p = len(schedules)
+        self.state = np.zeros((p, p, p), dtype=np.int32)
+        ranks = np.arange(p)
+        if schedules[0].collective == "all_gather":
+            self.state[ranks, ranks, ranks] = 1
+        else:
+            self.state[ranks, :, ranks] = 1
+        self.batches: dict[int, list] = {}    # a round's sends: [their blocks' counts, messages not yet landed]
+        self.batch = self.offset = None       # per send message: its batch, its first block's row there
+        self.entered = 0                      # batches made
 
-    def begin(self, r: int, index: int) -> None:
-        """Rank r enters step `index`."""
+    def enter(self, msgs: Messages, ranks: np.ndarray, steps: np.ndarray) -> None:
+        """Ranks[i] begins its step steps[i]: its sends take their blocks' counts."""
+        if self.batch is None:
+            self.batch, self.offset = np.full(msgs.rank.size, -1), np.zeros(msgs.rank.size, np.int64)
+        _, rows = msgs.of(ranks, steps)
+        rows = rows[msgs.kind[rows] == Kind.SEND]
+        if not rows.size:
+            return
+        holder, block = msgs.blocks(rows)
+        counts = self.state[holder, block]
+        if self.schedules[0].collective == "all_gather" and not counts.any(axis=1).all():
+            row = rows[np.repeat(np.arange(rows.size), msgs.count[rows])[~counts.any(axis=1)][0]]
+            raise ScheduleError(f"{msgs.where(msgs.rank[row], msgs.step[row])}: sends blocks it does not hold")
+        key = self.entered = self.entered + 1
+        self.batches[key] = [counts, rows.size]
+        self.batch[rows], self.offset[rows] = key, np.cumsum(msgs.count[rows]) - msgs.count[rows]
 
-    def payload(self, r: int, index: int, t) -> object:
-        """What rank r's send `t` carries."""
-        payload = self.state[r][list(t.blocks)].copy()
-        sched = self.schedules[r]
-        if sched.collective == "all_gather" and not payload.any(axis=1).all():
-            raise ScheduleError(f"{sched.algorithm} all_gather p={sched.size}: rank {r} step {index} sends blocks it "
-                                f"does not hold")
-        return payload
+    def land(self, msgs: Messages, ranks: np.ndarray, steps: np.ndarray) -> None:
+        """Ranks[i] completes its step steps[i]: its receives land (copied or added)."""
+        _, rows = msgs.of(ranks, steps)
+        rows = rows[msgs.kind[rows] != Kind.SEND]
+        if not rows.size:
+            return
+        sent = msgs.partner[rows]
+        holder, block = msgs.blocks(rows)
+        message = np.repeat(np.arange(rows.size), msgs.count[rows])
+        batch = self.batch[sent][message]
+        at = self.offset[sent][message] + block - msgs.first[rows][message]
+        counts = np.empty((block.size, len(self.schedules)), np.int32)
+        for key in np.unique(batch).tolist():
+            mine = batch == key
+            counts[mine] = self.batches[key][0][at[mine]]
+            self.batches[key][1] -= int(np.count_nonzero(self.batch[sent] == key))
+            if not self.batches[key][1]:
+                del self.batches[key]
+        adds = msgs.kind[rows][message] == Kind.RECV_REDUCE
+        self.state[holder[~adds], block[~adds]] = counts[~adds]
+        self.state[holder[adds], block[adds]] += counts[adds]
 
-    def land(self, r: int, index: int, received: list) -> None:
-        """Rank r's step `index` completes with these (transfer, payload) receives."""
-        for t, payload in received:
-            idx = list(t.blocks)
-            if t.kind == Kind.RECV:
-                self.state[r][idx] = payload
-            else:
-                self.state[r][idx] += payload
-
-    def finish(self) -> list[np.ndarray]:
+    def finish(self) -> np.ndarray:
         return self.state
 
 
-def simulate(schedules: list[Schedule], model=None) -> list[np.ndarray]:
-    """Execute all ranks' schedules symbolically, messages matched as MPI matches them;
-    return each rank's final provenance. `model`: what the messages carry and how they
-    land (default: Provenance; verify_compressed's carries encodings)."""
-    p = len(schedules)
-    collective = schedules[0].collective
+def simulate(schedules: list[Schedule], model=None) -> np.ndarray:
+    """Execute all ranks' schedules symbolically, in rounds (see the module's docstring);
+    return every rank's final provenance, (ranks x blocks x ranks). `model`: what the
+    messages carry and how they land (default: Provenance; verify_compressed's carries
+    encodings)."""
+    msgs = messages(schedules)
     model = model or Provenance(schedules)
-    pos = [0] * p
-    unmatched = [0] * p
-    received: list[list] = [[] for _ in range(p)]
-    sends: dict[tuple[int, int], deque] = defaultdict(deque)
-    recvs: dict[tuple[int, int], deque] = defaultdict(deque)
-    ready: deque[int] = deque()
-
-    def match(src: int, dst: int) -> None:
-        sq, rq = sends[(src, dst)], recvs[(src, dst)]
-        while sq and rq:
-            blocks, payload = sq.popleft()
-            t = rq.popleft()
-            if t.blocks != blocks:
-                raise ScheduleError(
-                    f"{schedules[0].algorithm} {collective} p={p}: rank {src} sends blocks {blocks} "
-                    f"but rank {dst} expects {t.blocks}")
-            received[dst].append((t, payload))
-            for r in (src, dst):
-                unmatched[r] -= 1
-                if unmatched[r] == 0:
-                    ready.append(r)
-
-    def enter(r: int) -> None:
-        sched = schedules[r]
-        if pos[r] == len(sched.steps):
-            return
-        check_step(sched, pos[r])
-        step = sched.steps[pos[r]]
-        unmatched[r] = len(step)
-        if not step:
-            ready.append(r)
-        model.begin(r, pos[r])
-        for t in step:
-            if t.kind == Kind.SEND:
-                sends[(r, t.peer)].append((t.blocks, model.payload(r, pos[r], t)))
-            else:
-                recvs[(t.peer, r)].append(t)
-        for t in step:
-            if t.kind == Kind.SEND:
-                match(r, t.peer)
-            else:
-                match(t.peer, r)
-
-    for r in range(p):
-        enter(r)
-    while ready:
-        r = ready.popleft()
-        model.land(r, pos[r], received[r])
-        received[r].clear()
-        pos[r] += 1
-        enter(r)
-
-    stuck = [r for r in range(p) if pos[r] < len(schedules[r].steps)]
-    if stuck:
-        raise ScheduleError(
-            f"{schedules[0].algorithm} {collective} p={p}: deadlock, ranks {stuck[:8]} stuck at steps "
-            f"{[pos[r] for r in stuck[:8]]}")
-    leftover = [k for k, q in list(sends.items()) + list(recvs.items()) if q]
-    if leftover:
-        raise ScheduleError(f"{schedules[0].algorithm} {collective} p={p}: unmatched messages on {leftover[:8]}")
+    pos = np.zeros(len(schedules), np.int64)
+    live = np.flatnonzero(msgs.nsteps > 0)
+    model.enter(msgs, live, pos[live])
+    while live.size:
+        owner, rows = msgs.of(live, pos[live])
+        partner = msgs.partner[rows]
+        posted = (partner >= 0) & (pos[msgs.rank[partner]] >= msgs.step[partner])
+        waiting = np.bincount(owner[~posted], minlength=live.size) > 0
+        done = live[~waiting]
+        if not done.size:
+            lost = rows[partner < 0]
+            raise ScheduleError(
+                f"{schedules[0].algorithm} {schedules[0].collective} p={len(schedules)}: deadlock, ranks "
+                f"{live[:8].tolist()} stuck at steps {pos[live[:8]].tolist()}" +
+                (f"; unmatched messages of ranks {sorted(set(msgs.rank[lost].tolist()))[:8]}" if lost.size else ""))
+        model.land(msgs, done, pos[done])
+        pos[done] += 1
+        entering = done[pos[done] < msgs.nsteps[done]]
+        model.enter(msgs, entering, pos[entering])
+        live = live[pos[live] < msgs.nsteps[live]]
     return model.finish()
 
 
@@ -169,25 +248,22 @@ def verify(collective: str, algorithm: str, p: int) -> None:
     verify_schedules([schedule(collective, algorithm, p, r) for r in range(p)])
 
 
-def verify_schedules(schedules: list[Schedule], final: list[np.ndarray] | None = None) -> None:
+def verify_schedules(schedules: list[Schedule], final: np.ndarray | None = None) -> None:
     """Raise ScheduleError unless these per-rank schedules compute their collective (from
     `final`, the simulation's result, when given)."""
     final = simulate(schedules) if final is None else final
     collective, algorithm, p = schedules[0].collective, schedules[0].algorithm, len(schedules)
-    eye = np.eye(p, dtype=np.int64)
-    everyone = np.ones(p, dtype=np.int64)
-    for r, s in enumerate(final):
-        if collective == "all_gather":
-            bad = [b for b in range(p) if not np.array_equal(s[b], eye[b])]
-        elif collective == "reduce_scatter":
-            bad = [] if np.array_equal(s[r], everyone) else [r]
-        else:
-            bad = [b for b in range(p) if not np.array_equal(s[b], everyone)]
-        if bad:
-            b = bad[0]
-            raise ScheduleError(
-                f"{algorithm} {collective} p={p}: rank {r} block {b} ends with contributions "
-                f"{dict((c, int(n)) for c, n in enumerate(s[b]) if n)}")
+    if collective == "all_gather":
+        bad = (final != np.eye(p, dtype=final.dtype)).any(axis=2)   # block b: rank b's contribution once
+    else:
+        bad = (final != 1).any(axis=2)                              # every contribution once
+        if collective == "reduce_scatter":
+            bad &= np.eye(p, dtype=bool)                            # only a rank's own block counts
+    if bad.any():
+        r, b = np.argwhere(bad)[0]
+        raise ScheduleError(
+            f"{algorithm} {collective} p={p}: rank {r} block {b} ends with contributions "
+            f"{dict((c, int(n)) for c, n in enumerate(final[r, b]) if n)}")
 
 
 class Encoded(Provenance):
@@ -207,6 +283,7 @@ class Encoded(Provenance):
         self.frozen: list[set[int]] = [set() for _ in range(p)]
         self.decoded: list[set[int]] = [set() for _ in range(p)]
         self.final: list[dict[int, int]] = [{} for _ in range(p)]   # block -> the token it ended as
+        self.sent: dict[int, tuple] = {}                      # a send message's row -> its tokens
 
     def _fail(self, r: int, message: str) -> None:
         sched = self.schedules[r]
@@ -224,40 +301,52 @@ class Encoded(Provenance):
         self.maker.append(b)
         self.enc[r][b] = len(self.tokens) - 1
 
-    def begin(self, r: int, index: int) -> None:
-        for b in self.plans[r].steps[index].encode:
-            if b in self.frozen[r]:
-                self._fail(r, f"step {index} encodes block {b}, which it holds only encoded")
-            if self.schedules[r].collective == "all_gather" and not self.state[r][b].any():
-                self._fail(r, f"step {index} encodes block {b}, which it does not hold")
-            self._encode(r, b)
+    def enter(self, msgs: Messages, ranks: np.ndarray, steps: np.ndarray) -> None:
+        for r, index in zip(ranks.tolist(), steps.tolist()):
+            for b in self.plans[r].steps[index].encode:
+                if b in self.frozen[r]:
+                    self._fail(r, f"step {index} encodes block {b}, which it holds only encoded")
+                if self.schedules[r].collective == "all_gather" and not self.state[r][b].any():
+                    self._fail(r, f"step {index} encodes block {b}, which it does not hold")
+                self._encode(r, b)
+            for row in self._rows(msgs, r, index):
+                if msgs.kind[row] == Kind.SEND:
+                    blocks = range(msgs.first[row], msgs.first[row] + msgs.count[row])
+                    missing = [b for b in blocks if b not in self.enc[r]]
+                    if missing:
+                        self._fail(r, f"step {index} sends blocks {missing} with no valid encoding")
+                    self.sent[row] = tuple(self.enc[r][b] for b in blocks)
 
-    def payload(self, r: int, index: int, t) -> object:
-        missing = [b for b in t.blocks if b not in self.enc[r]]
-        if missing:
-            self._fail(r, f"step {index} sends blocks {missing} with no valid encoding")
-        return tuple(self.enc[r][b] for b in t.blocks)
+    def land(self, msgs: Messages, ranks: np.ndarray, steps: np.ndarray) -> None:
+        for r, index in zip(ranks.tolist(), steps.tolist()):
+            step = self.plans[r].steps[index]
+            for b in step.thaw:
+                self.state[r][b] = self._decode(r, self.enc[r].pop(b))
+                self.frozen[r].discard(b)
+            for row in self._rows(msgs, r, index):
+                kind = msgs.kind[row]
+                if kind == Kind.SEND:
+                    continue
+                tokens = self.sent.pop(msgs.partner[row])
+                for b, token in zip(range(msgs.first[row], msgs.first[row] + msgs.count[row]), tokens):
+                    if kind == Kind.RECV and step.unpack:
+                        self.state[r][b] = self._decode(r, token)
+                        self.enc[r].pop(b, None)
+                    elif kind == Kind.RECV:
+                        self.enc[r][b] = token
+                        self.frozen[r].add(b)
+                    else:
+                        if b in self.frozen[r]:
+                            self._fail(r, f"step {index} reduces into block {b}, held only encoded and not thawed")
+                        self.state[r][b] = self.state[r][b] + self._decode(r, token)
+                        self.enc[r].pop(b, None)
 
-    def land(self, r: int, index: int, received: list) -> None:
-        step = self.plans[r].steps[index]
-        for b in step.thaw:
-            self.state[r][b] = self._decode(r, self.enc[r].pop(b))
-            self.frozen[r].discard(b)
-        for t, tokens in received:
-            for b, token in zip(t.blocks, tokens):
-                if t.kind == Kind.RECV and step.unpack:
-                    self.state[r][b] = self._decode(r, token)
-                    self.enc[r].pop(b, None)
-                elif t.kind == Kind.RECV:
-                    self.enc[r][b] = token
-                    self.frozen[r].add(b)
-                else:
-                    if b in self.frozen[r]:
-                        self._fail(r, f"step {index} reduces into block {b}, held only encoded and not thawed")
-                    self.state[r][b] = self.state[r][b] + self._decode(r, token)
-                    self.enc[r].pop(b, None)
+    @staticmethod
+    def _rows(msgs: Messages, r: int, index: int) -> range:
+        g = msgs.base[r] + index
+        return range(msgs.start[g], msgs.start[g + 1])
 
-    def finish(self) -> list[np.ndarray]:
+    def finish(self) -> np.ndarray:
         for r, plan in enumerate(self.plans):
             for b in plan.seal:
                 self._encode(r, b)

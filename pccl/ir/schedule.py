@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,16 +45,12 @@ def runs(blocks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return tuple((s, c) for s, c in out)
 
 
-@dataclass(frozen=True, slots=True)   # schedules of 100k-rank rings hold a million of these
-class Transfer:
+class Transfer(NamedTuple):
+    """One transfer with a peer. A named tuple: cheap to make (schedules of 100k-rank rings
+    hold a million of these) and immutable; made by send, recv and recv_reduce."""
     kind: Kind
     peer: int
     blocks: tuple[int, ...]   # sorted, distinct block indices
-
-    def __post_init__(self) -> None:
-        b = self.blocks
-        if len(b) > 1 and list(b) != sorted(set(b)):
-            raise ValueError(f"transfer blocks must be sorted and distinct, got {self.blocks}")
 
     @property
     def runs(self) -> tuple[tuple[int, int], ...]:
@@ -61,16 +58,23 @@ class Transfer:
         return runs(self.blocks)
 
 
+def transfer(kind: Kind, peer: int, blocks) -> Transfer:
+    b = tuple(sorted(blocks))
+    if len(b) > 1 and len(set(b)) != len(b):
+        raise ValueError(f"transfer blocks must be distinct, got {b}")
+    return Transfer(kind, peer, b)
+
+
 def send(peer: int, blocks) -> Transfer:
-    return Transfer(Kind.SEND, peer, tuple(sorted(blocks)))
+    return transfer(Kind.SEND, peer, blocks)
 
 
 def recv(peer: int, blocks) -> Transfer:
-    return Transfer(Kind.RECV, peer, tuple(sorted(blocks)))
+    return transfer(Kind.RECV, peer, blocks)
 
 
 def recv_reduce(peer: int, blocks) -> Transfer:
-    return Transfer(Kind.RECV_REDUCE, peer, tuple(sorted(blocks)))
+    return transfer(Kind.RECV_REDUCE, peer, blocks)
 
 
 Step = tuple[Transfer, ...]
@@ -91,12 +95,11 @@ class Schedule:
         Within a step, receives come before sends so they are posted first. This is the
         form the C++ executor consumes.
         """
-        rows = []
-        for i, step in enumerate(self.steps):
-            ordered = sorted(step, key=lambda t: t.kind == Kind.SEND)
-            for t in ordered:
-                for first, count in t.runs:
-                    rows.append((i, int(t.kind), t.peer, first, count))
+        rows = [(i, t.kind, t.peer, first, count)
+                for i, step in enumerate(self.steps)
+                for receives in (True, False)
+                for t in step if (t.kind != Kind.SEND) == receives
+                for first, count in runs(t.blocks)]
         return np.asarray(rows, dtype=np.int64).reshape(-1, 5)
 
     @property
