@@ -6,9 +6,10 @@ records what happened (outcome, seconds to the end, exit code, the survivors' er
 
 Two families:
 
-- Collectives (tests/faults/collective_worker.py, 4 ranks as 2 emulated nodes of 2): rank 1
-  is SIGKILLed in a flat ring all-gather, in either level of a two-level plan, in an async
-  all-gather on the communicator's worker thread, or in the transport's own collective; for
+- Collectives (tests/faults/collective_worker.py; plans on 4 ranks as 2 emulated nodes of 2,
+  the rest on 2 ranks): rank 1 is SIGKILLed in a flat ring all-gather, in either level of a
+  two-level plan, in an async all-gather on the communicator's worker thread, or in the
+  transport's own collective; for
   the C++, Python and torch (gloo) executors. Launchers: `mpiexec` as users run it (it kills
   the job when a rank dies), "mpiexec-unnoticed": mpiexec with each rank under a shell that
   lingers after its rank was killed, so the launcher never learns of the death (as when a
@@ -39,7 +40,15 @@ from tests.support.mpirun import ROOT, job_env
 TIMEOUT = 2.0            # the communicators' timeout in every scenario, seconds
 SLACK = 30.0             # the issue's bound: every survivor ends within TIMEOUT + SLACK
 STARTUP = 30.0           # launching and importing on an oversubscribed 2-core machine
-RANKS, VICTIM = 4, 1
+# Under torchrun nothing lines the workers up before gloo connects them, which waits the
+# communicators' timeout for the last to arrive: their imports, on shared cores, can differ
+# by more than TIMEOUT.
+ARRIVAL = 10.0
+# Runs whose fault the launcher handles (it aborts the job when a rank dies) or that have
+# none: a long timeout, so that a healthy step slowed by shared cores (rank 0 building the
+# data cache while rank 1 waits) is not taken for a fault.
+HEALTHY = 60.0
+RANKS, VICTIM = 4, 1     # plans: 2 nodes of 2; the other places need no more than 2 ranks
 UNNOTICED = "mpiexec-unnoticed"
 TRAIN = ["model.width=64", "model.layers=2", "model.heads=2", "model.vocab=512", "train.seq_len=32",
          "train.micro_batch=4", "train.global_batch_tokens=1024", "optim.warmup_steps=2", "optim.decay_steps=20",
@@ -90,24 +99,33 @@ def lingering(words: list[str]) -> list[str]:
             "; code=$?; if [ $code = 137 ]; then sleep 3600; fi; exit $code"]
 
 
+def ranks_of(place: str) -> int:
+    return RANKS if place.startswith("plan-") else 2
+
+
+def timeout_of(how: str) -> float:
+    return ARRIVAL if how == "torchrun" else TIMEOUT
+
+
 def collective(place: str, executor: str, how: str, out: Path) -> Outcome:
     """Rank VICTIM SIGKILLed at `place` of a collective on `executor`, launched `how`
     ("mpiexec", "mpiexec-unnoticed" or "torchrun")."""
     out.mkdir(parents=True, exist_ok=True)
+    ranks, timeout = ranks_of(place), timeout_of(how)
     worker = [sys.executable, "-m", "tests.faults.collective_worker", "--executor", executor, "--place", place,
-              "--out", str(out), "--timeout", str(TIMEOUT), "--victim", str(VICTIM)]
+              "--out", str(out), "--timeout", str(timeout), "--victim", str(VICTIM)]
     if how == "mpiexec":
-        cmd = [*launcher(), "-n", str(RANKS), *worker]
+        cmd = [*launcher(), "-n", str(ranks), *worker]
     elif how == UNNOTICED:
-        cmd = [*launcher(), "-n", str(RANKS), *lingering(worker)]
+        cmd = [*launcher(), "-n", str(ranks), *lingering(worker)]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}", *worker[1:]]
-    code, seconds, output, hung = bounded(cmd, job_env(), TIMEOUT + SLACK + STARTUP)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *worker[1:]]
+    code, seconds, output, hung = bounded(cmd, job_env(), timeout + SLACK + STARTUP)
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
     o = Outcome("kill", place, executor, how, seconds, code, hung, reports, output, out)
     raised = [r for r in reports if r["outcome"] == "raised"]
     errors = sorted({r["error"] for r in raised})
-    aborted = RANKS - 1 - len(reports)
+    aborted = ranks - 1 - len(reports)
     o.summary = (f"{len(raised)} raised {'/'.join(errors) or '-'}" if raised else "no survivor raised") + \
         (f", {aborted} ended by the {'job' if how == UNNOTICED else 'launcher'}'s abort" if aborted else "")
     if "did not complete within the timeout" in output:

@@ -36,11 +36,11 @@ def test_a_killed_rank_ends_the_job_naming_the_collective_and_the_peer(place, ex
     assert o.exit_code != 0, o.output[-3000:]
     assert all(r["rank"] != VICTIM for r in o.reports)
     assert all(r["outcome"] == "raised" for r in o.reports), o.reports   # no survivor went on as if nothing happened
-    assert len(o.reports) <= suite.RANKS - 1
+    assert len(o.reports) <= suite.ranks_of(place) - 1
     for r in o.reports:
         assert r["error"] in ("CollectiveTimeout", "PeerLost"), r
         assert "during all-gather (" in r["message"], r["message"]   # the collective, named
-        assert r["seconds"] <= suite.TIMEOUT + suite.SLACK, r
+        assert r["seconds"] <= suite.timeout_of(how) + suite.SLACK, r
         if place.startswith("plan-"):
             assert re.search(r"the (intra|inter)-node level's all-gather \(ring", r["message"]), r["message"]
     if how == "mpiexec-unnoticed":
@@ -62,7 +62,7 @@ def test_a_killed_rank_ends_the_job_naming_the_collective_and_the_peer(place, ex
 def reference(tmp_path_factory):
     """An uninterrupted run (6 steps, checkpoints every 2): its losses and snapshots."""
     out = tmp_path_factory.mktemp("faults") / "reference"
-    o = recorded(suite.training("", "-", out, "train.steps=6", "train.checkpoint_interval=2"))
+    o = recorded(suite.training("", "-", out, "train.steps=6", "train.checkpoint_interval=2", timeout=suite.HEALTHY))
     o.summary = "completed (the reference)"
     assert o.exit_code == 0, o.output[-3000:]
     return out
@@ -72,7 +72,8 @@ def reference(tmp_path_factory):
                                          ("kill-data@0:1", "data loader start")])
 def test_a_killed_training_rank_fails_the_launch_quickly(fault, place, reference):
     out = reference.parent / fault.replace("@", "-").replace(":", "-")
-    o = recorded(suite.training(fault, place, out, "train.steps=6", "train.checkpoint_interval=2"))
+    o = recorded(suite.training(fault, place, out, "train.steps=6", "train.checkpoint_interval=2",
+                                timeout=suite.HEALTHY))
     o.summary = "launcher abort"
     assert o.exit_code not in (0, None), o.output[-3000:]
     assert "BAD TERMINATION" in o.output or "Killed" in o.output, o.output[-3000:]
@@ -117,7 +118,7 @@ def test_a_rank_killed_mid_save_keeps_the_previous_snapshot_and_the_relaunch_res
     train.resume=auto, which resumes from step 2 and ends with the uninterrupted losses."""
     out = reference.parent / "kill-save"
     o = recorded(suite.training("kill-save@4:1", "checkpoint save", out, "train.steps=6", "train.checkpoint_interval=2",
-                          restarts=1))
+                                restarts=1, timeout=suite.HEALTHY))
     o.summary = "relaunched, resumed exactly"
     assert o.exit_code == 0, o.output[-3000:]
     assert "restart 1 of 1" in o.output and "resumed at step 2 from snap-00000002-" in o.output, o.output[-3000:]
@@ -127,8 +128,8 @@ def test_a_rank_killed_mid_save_keeps_the_previous_snapshot_and_the_relaunch_res
 
 def test_a_stopped_rank_is_reported_as_a_straggler_and_changes_nothing(reference):
     out = reference.parent / "stop"
-    o = recorded(suite.training("stop@3:1:4", "step start", out, "train.steps=6", "train.checkpoint_interval=2",
-                          "train.straggler_seconds=2", timeout=30))   # stopped for less than the timeout
+    o = recorded(suite.training("stop@3:1:6", "step start", out, "train.steps=6", "train.checkpoint_interval=2",
+                                "train.straggler_seconds=2", timeout=suite.HEALTHY))   # stopped for less than it
     assert o.exit_code == 0, o.output[-3000:]
     record = next(r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["step"] == 3)
     straggler = record["straggler"]
@@ -148,7 +149,7 @@ def test_a_full_disk_fails_the_save_clearly_and_keeps_the_previous_snapshot(refe
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         o = recorded(suite.training("", "checkpoint save", disk / "run", "train.steps=4", "train.checkpoint_interval=2",
-                              cache=reference.parent / "data"))
+                                    cache=reference.parent / "data", timeout=suite.HEALTHY))
         o.fault, o.summary = "full disk", "save failed clearly, previous snapshot intact"
         assert o.exit_code != 0 and "CheckpointSaveError" in o.output, o.output[-3000:]
         assert "No space left on device" in o.output, o.output[-3000:]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,20 @@ def job_env() -> dict:
 
 
 def mpiexec(ranks: int, script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run `script` (a path under the repository, or "-m module") on `ranks` ranks."""
+    """Run `script` (a path under the repository, or "-m module") on `ranks` ranks. Past
+    `timeout` seconds the whole job (mpiexec and every rank: its own session) is killed and
+    subprocess.TimeoutExpired raised."""
     target = list(script.split()) if script.startswith("-m ") else [str(ROOT / script)]
     cmd = [*launcher(), "-n", str(ranks), sys.executable, *target, *args]
-    return subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    with subprocess.Popen(cmd, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                          start_new_session=True) as job:
+        try:
+            out, err = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, job.returncode, out, err)
 
 
 def report_of(cache: dict, key, tmp_dir: Path, ranks: int, script: str, *args: str) -> dict:
@@ -32,7 +43,11 @@ def report_of(cache: dict, key, tmp_dir: Path, ranks: int, script: str, *args: s
     launch, {"_launch": its output}."""
     if key not in cache:
         path = tmp_dir / "report.json"
-        run = mpiexec(ranks, script, *args, str(path))
+        try:
+            run = mpiexec(ranks, script, *args, str(path))
+        except subprocess.TimeoutExpired as e:   # once: the next test of the key must not wait again
+            cache[key] = {"_launch": f"no report after {e.timeout:.0f} s (a hang)"}
+            return cache[key]
         if run.returncode != 0 or not path.exists():
             cache[key] = {"_launch": f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"}
         else:

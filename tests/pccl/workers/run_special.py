@@ -26,13 +26,11 @@ def scenario_async() -> None:
         out = torch.empty(1000 * p)
         world.Barrier()
         if rank == 1:
-            time.sleep(0.5)  # a late peer: rank 0's async call must not wait for it
-        t0 = time.perf_counter()
+            world.recv(source=0)   # a late peer: it joins only once rank 0's async call has returned
         work = comm.all_gather(out, x, algorithm="ring", async_op=True)
-        returned = time.perf_counter() - t0
-        if rank == 0:
-            assert returned < 0.25, f"{name}: async call blocked for {returned:.2f} s"
+        if rank == 0:   # (had the call waited for rank 1, it would have timed out instead)
             assert not work.is_completed(), f"{name}: completed before the late peer arrived"
+            world.send("go", dest=1)
         # Queued behind the async one: a sync call and a second async call, in issue order.
         y = torch.full((10,), float(rank))
         comm.all_reduce(y, algorithm="recursive_doubling")
@@ -96,7 +94,7 @@ def scenario_native_watchdog() -> None:
     comm = pccl.init(timeout=1.5)
     if rank == 0:
         comm.all_gather(torch.empty(4 * p), torch.ones(4), algorithm="native")
-    time.sleep(20)  # the watchdog must abort the job long before this
+    time.sleep(3600)  # only the watchdog's abort ends the job
 
 
 KEPT = []  # communicators that live until the interpreter exits, as in a user's script
@@ -125,7 +123,7 @@ def scenario_large() -> None:
     del x
     for r in range(p):
         block = out[r * n:(r + 1) * n]
-        assert bool((block == r + 1).all()), f"block {r} wrong"
+        assert block.min().item() == block.max().item() == r + 1, f"block {r} wrong"   # no 1 GiB mask
     assert out.numel() > 2**31
 
 
