@@ -1,7 +1,9 @@
 # Two commands set everything up on a fresh machine:
 #   make train   the main job: shard-train on the embedded default (tiny GPT, synthetic corpus)
-#   make test    ruff, then the test suite (single-process and multi-rank under mpiexec)
-# make test-fast runs the quick single-process tests (pytest -m "not mpi and not slow"),
+#   make test    ruff, then the test suite: the single-process tests side by side (pytest-xdist,
+#                one per core), then the multi-rank ones under mpiexec, one launch at a time
+# make test-fast runs the single-process tests alone (pytest -m "not mpi and not slow"),
+# make test-all adds the slow tests (the symbolic verifier's whole sweeps, CUDA training),
 # make test-faults the fault-injection suite (a table of what each injected fault did),
 # make lint runs ruff alone, and make bench runs pccl-bench on 4 local ranks over a small
 # size sweep.
@@ -37,7 +39,7 @@ TORCH ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 SYSTEM_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all test test-fast lint bench train build clean
+.PHONY: all test test-all test-fast lint bench train build clean
 
 all: build
 
@@ -51,7 +53,7 @@ ifeq ($(MPI),system)
 else
 	$(PY) -m pip install -q "$(MPI)" "mpi4py>=4.0"
 endif
-	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest "ruff==0.17.6" \
+	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest pytest-xdist "ruff==0.17.6" \
 		"hydra-core>=1.3" "datasets>=2.14" "sentencepiece>=0.1.99" tqdm matplotlib wandb "zfpy>=1.0"
 	# GPU torch builds bring their own Triton (pytorch-triton-rocm on AMD); elsewhere it is
 	# installed so the tests run the shuffle kernel in Triton's interpreter.
@@ -70,11 +72,23 @@ build: $(NATIVE)
 lint: build
 	$(BIN)/ruff check .
 
+# The single-process tests run side by side, one per core; the multi-rank tests after them, one
+# launch at a time: each already runs more ranks than this machine has cores, and some count
+# seconds (timeouts, stragglers). Both parts run; the target fails if either does.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+SUITE = status=0; \
+	$(PYTEST) -n auto -m "not mpi and $(1)" tests || status=$$?; \
+	$(PYTEST) -m "mpi and $(1)" tests || status=$$?; \
+	exit $$status
+
 test: lint
-	$(PY) -m pytest -q tests
+	$(call SUITE,not slow)
+
+test-all: lint
+	$(call SUITE,(slow or not slow))
 
 test-fast: build
-	$(PY) -m pytest -q -m "not mpi and not slow" tests
+	$(PYTEST) -n auto -m "not mpi and not slow" tests
 
 # make test-faults: the fault-injection suite alone (tests/faults; also part of make test):
 # ranks killed, stopped and a disk filled on purpose, ending with the table of outcomes.

@@ -48,7 +48,6 @@ def test_gpu_sources_call_only_functions_every_rocm_defines():
     assert not unverified, f"not verified in ROCm's headers: {unverified}"
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_cuda_sources_compile_and_link(tmp_path):
     """The build `make GPU=cuda` runs (scikit-build-core, the project's CMake target, the

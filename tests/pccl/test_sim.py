@@ -90,8 +90,9 @@ def test_fit_recovers_alpha_and_bandwidth():
 @pytest.mark.mpi
 def test_calibrate_writes_a_profile_that_loads(tmp_path):
     path = tmp_path / "measured.json"
+    # -e 16: the collectives timed at one size (the one-node test below times several)
     run = mpiexec(4, "-m pccl.tools.bench", "--calibrate", str(path), "--ranks-per-node", "2", "--profile-name", "here",
-                  "-b", "4", "-e", "4K", timeout=300)
+                  "-b", "4", "-e", "16", timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     prof = profiles.load(path)
     assert (prof.name, prof.ranks_per_node, prof.nics_per_node) == ("here", 2, 1)
