@@ -91,9 +91,10 @@ PLAN_SPECS = ("hierarchical", "ho_ring", "hier_ring_ring", "hier_bruck_native", 
 # transport label -> (pccl.init keyword arguments, plan specs run on it, the specs that run
 # the whole case matrix). The plan executor's arithmetic is one code for every spec and
 # transport (its phases are the flat executors', tested on the whole matrix): the whole
-# matrix runs once per topology, on the default plan, the light one everywhere else.
+# matrix runs on the default plans (two levels, and three where there are network groups),
+# the light one everywhere else.
 PLAN_TRANSPORTS = {
-    "cpp": (dict(executor="cpp"), PLAN_SPECS, ("hierarchical",)),
+    "cpp": (dict(executor="cpp"), PLAN_SPECS, ("hierarchical", "three_level")),
     "python": (dict(executor="python"), ("hierarchical", "ho_ring"), ()),
     "mixed": (dict(executor="cpp", intra="gloo", inter="mpi"), ("hierarchical", "ho_ring"), ()),
     "gloo": (dict(transport="gloo"), ("hierarchical", "ho_ring"), ()),
