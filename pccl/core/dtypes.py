@@ -34,24 +34,28 @@ def average_(tensor: torch.Tensor, size: int) -> None:
     """tensor /= size in place: op avg's last step, after a sum over `size` ranks. A true
     division, as the native CPU and GPU kernels divide, so avg has one meaning everywhere.
     torch divides truly on CPUs, but its CUDA and ROCm kernels multiply by the reciprocal of a
-    Python-number divisor (x * float(1/3) and x / 3 differ in about a third of all values);
-    a divisor that is a tensor on the device is divided by."""
+    Python-number divisor (x * float(1/3) and x / 3 differ in about a third of all values)."""
     if tensor.device.type == "cpu" or size & (size - 1) == 0:   # a power of two: both are exact
         tensor.div_(size)
-    elif exactly(size, tensor.dtype):
-        tensor.div_(_divisor(size, tensor.dtype, tensor.device))
-    else:   # a half type that cannot hold `size`: divide in float, round once
-        tensor.copy_(tensor.float().div_(_divisor(size, torch.float32, tensor.device)))
+    else:
+        divide_by_tensor_(tensor, size)
 
 
-def exactly(value: int, dtype: torch.dtype) -> bool:
-    """Whether `dtype` holds the integer `value` exactly."""
-    return int(torch.tensor(value, dtype=dtype).item()) == value
+def divide_by_tensor_(tensor: torch.Tensor, size: int) -> None:
+    """tensor /= size with the divisor a tensor on tensor's device, which torch divides by on
+    every device. A half type that cannot hold `size` exactly divides in float and rounds once."""
+    divisor = _divisor(size, tensor.dtype, tensor.device)
+    if divisor.dtype == tensor.dtype:
+        tensor.div_(divisor)
+    else:
+        tensor.copy_(tensor.float().div_(divisor))
 
 
 @lru_cache(maxsize=None)
 def _divisor(size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(size, dtype=dtype, device=device)
+    """`size` as a tensor on `device`: of `dtype` where that holds it exactly, else float32."""
+    exact = torch.tensor(size, dtype=dtype).item() == size   # (fp16 rounds 65537 to inf)
+    return torch.tensor(size, dtype=dtype if exact else torch.float32, device=device)
 
 
 def dtype_code(dtype: torch.dtype) -> int:
