@@ -4,7 +4,6 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,19 +11,27 @@ import pytest
 from pccl import plans
 from pccl.algorithms import algorithms_for
 from pccl.core.topology import Topology
-from pccl.tools.sim import doubling_range
+from pccl.tools.sim import doubling_range, main
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.calibrate import fit
-from tests.support.mpirun import ROOT, job_env, mpiexec
+from tests.support.mpirun import mpiexec
 
 
-def sim(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pccl.tools.sim", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=job_env(), timeout=300)
+def sim(capsys, *args: str) -> subprocess.CompletedProcess:
+    """pccl-sim run in this process (a process of its own would import torch again): its
+    exit status, standard output and error."""
+    code, message = 0, ""
+    try:
+        main(list(args))
+    except SystemExit as e:   # argparse's errors (status 2), and sys.exit("pccl-sim: ...") (status 1)
+        code, message = (e.code, "") if isinstance(e.code, int) else (1, f"{e.code}\n")
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["pccl-sim", *args], code, out, err + message)
 
 
-def test_json_for_scripts_matches_the_model():
-    run = sim("--profile", "frontier", "--collective", "all_gather", "--ranks", "2048", "--size", "16M", "--json")
+def test_json_for_scripts_matches_the_model(capsys):
+    run = sim(capsys, "--profile", "frontier", "--collective", "all_gather", "--ranks", "2048", "--size", "16M",
+              "--json")
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     topo = Topology.regular(2048, 8, 4, 128)   # 2 of Frontier's dragonfly groups
@@ -39,10 +46,10 @@ def test_json_for_scripts_matches_the_model():
     assert (out["ranks"], out["nodes"], out["nodes_per_group"], out["size"]) == (2048, 256, 128, 16 << 20)
 
 
-def test_heatmap_csv_holds_the_speedups(tmp_path):
+def test_heatmap_csv_holds_the_speedups(tmp_path, capsys):
     prefix = tmp_path / "maps" / "rs"
-    run = sim("--profile", "perlmutter", "--collective", "reduce_scatter", "--ranks", "16:64", "--size", "16M,64M",
-              "--heatmap", str(prefix), "--baseline", "ring", "--target", "auto")
+    run = sim(capsys, "--profile", "perlmutter", "--collective", "reduce_scatter", "--ranks", "16:64", "--size",
+              "16M,64M", "--heatmap", str(prefix), "--baseline", "ring", "--target", "auto")
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "maps" / "rs.png").stat().st_size > 1000
     rows = list(csv.reader(open(f"{prefix}.csv")))
@@ -66,8 +73,8 @@ def test_heatmap_csv_holds_the_speedups(tmp_path):
     (("--ranks", "12", "--ranks-per-node", "8"), "not divisible"),
     (("--target", "fastest", "--heatmap", "x"), "no algorithm 'fastest'"),
 ])
-def test_bad_input_says_what_is_wrong(args, message):
-    run = sim(*args)
+def test_bad_input_says_what_is_wrong(args, message, capsys):
+    run = sim(capsys, *args)
     assert run.returncode != 0
     assert message in run.stderr
 
