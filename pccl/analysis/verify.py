@@ -133,7 +133,9 @@ def check_steps(msgs: Messages, g: np.ndarray) -> None:
     fail((peer < 0) | (peer >= p) | (peer == msgs.rank), lambda row: f"bad peer {peer[row]}")
     fail((first < 0) | (count < 1) | (first + count > p), lambda row: f"block out of range in {blocks(row)}")
     # One transfer per peer and direction in a step: its runs are consecutive rows of one
-    # kind, ascending, apart (what Schedule.ops makes of one transfer).
+    # kind, ascending, apart (what Schedule.ops makes of one transfer). Two transfers whose
+    # rows read as one transfer's (recv(3, [0]), recv(3, [5])) are the same messages on the
+    # wire, and pass.
     sending = kind == Kind.SEND
     key = (g * 2 + sending) * p + peer
     same, later, again = (np.zeros(key.size, bool) for _ in range(3))

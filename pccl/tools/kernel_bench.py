@@ -25,7 +25,7 @@ from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
 from pccl.util.files import write_json_atomic
 from pccl.util.sizes import parse_size, size_label
 
-KERNEL_OPS = ("sum", "max", "min")  # avg runs as sum (the scaling is a separate pass)
+KERNEL_OPS = ("sum", "max", "min")  # avg runs as sum (the division is a separate pass)
 TORCH_OPS = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}
 
 

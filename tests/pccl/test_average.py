@@ -24,8 +24,10 @@ def same_values(actual, expected):
 @pytest.mark.parametrize("dtype", HALF_TYPES)
 @pytest.mark.parametrize("size", SIZES)
 def test_the_device_path_divides_every_half_value_as_the_cpu_does(dtype, size):
-    """GPUs divide by a divisor tensor (divide_by_tensor_): the same bits as torch's true
-    division on the CPU, the float fallback included where the half type cannot hold size."""
+    """GPUs divide by a divisor tensor (divide_by_tensor_). On the CPU torch treats a 0-dim
+    divisor like a number, so what this checks is the choice of divisor: the half type
+    where it holds size exactly, float (one rounding) where it cannot (bf16 257, fp16 4097;
+    fp16 rounds 65537 to inf)."""
     x = every_value(dtype)
     mine = x.clone()
     divide_by_tensor_(mine, size)
@@ -44,7 +46,7 @@ def test_the_device_path_divides_full_types_as_the_cpu_does(dtype, size):
 @pytest.mark.gpu
 @pytest.mark.skipif(no_gpu_reason(nccl=False) is not None, reason=str(no_gpu_reason(nccl=False)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("size", [3, 4, 257])
+@pytest.mark.parametrize("size", [3, 4, 6, 257, 65537])
 def test_on_a_gpu_average_is_the_cpus_true_division(dtype, size):
     x = (torch.randn(4099, generator=torch.Generator().manual_seed(size)) * 100).to(dtype)
     on_gpu = x.cuda()

@@ -1,19 +1,24 @@
 """Schedule generators and the symbolic verifier (single process)."""
+from __future__ import annotations
+
 import math
 
 import pytest
 
 from pccl.algorithms import GENERATORS, schedule
 from pccl.analysis.verify import ScheduleError, simulate, verify, verify_schedules
-from pccl.ir.schedule import Kind, Schedule, recv, send
+from pccl.ir.schedule import Kind, Schedule, recv, recv_reduce, send
 
 CASES = [(c, a) for c, table in GENERATORS.items() for a in table]
 # The default run verifies every algorithm on a sample of world sizes: every p up to 33
 # (so every way folding splits up to 32 ranks: p - q extra ranks from 0 to q - 1, every
-# residue of small moduli), the powers of two 64 and 128 with their neighbours, and 100.
-# The whole sweeps (every p to 130, 255-257) are marked slow: make test-all. The mutation
-# test below shows the sample catches bugs of every shape of world size.
-SAMPLE = (*range(1, 34), 63, 64, 65, 100, 127, 128, 129, 130)
+# residue of small moduli), 40 and 50 (folds of 32 with 8 and 18 extra ranks), the powers
+# of two 64 and 128 with their neighbours, and 100. The whole sweeps (every p to 130,
+# 255-257) are marked slow: make test-all. The mutation tests below show that a bug made
+# only at sizes of one shape (odd, 2^k + 1, a multiple of 3, ...) is caught at the sample's
+# sizes of that shape wherever the sweep catches it; a bug at one size alone (p = 97) is
+# caught by the sweep only.
+SAMPLE = (*range(1, 34), 40, 50, 63, 64, 65, 100, 127, 128, 129, 130)
 SWEEP = (*range(1, 131), 255, 256, 257)
 
 
@@ -225,8 +230,27 @@ def test_verifier_rejects_overwriting_a_block_being_sent():
         s, r = steps[0]
         return ((s, recv(r.peer, s.blocks)),) + steps[1:]
 
-    with pytest.raises(ScheduleError):
+    with pytest.raises(ScheduleError, match="are sent and overwritten in one step"):
         simulate(broken("all_gather", "ring", 3, clobber))
+
+
+def first_step(*transfers):
+    """A mutation: rank 1's first step replaced by `transfers`."""
+    return lambda steps: (tuple(transfers),) + steps[1:]
+
+
+@pytest.mark.parametrize("step,message", [
+    ((send(1, [0]),), "bad peer 1"),                                    # itself
+    ((send(7, [0]),), "bad peer 7"),
+    ((send(0, [4]),), r"block out of range in \[4\]"),
+    ((send(0, [3]), send(0, [1])), "two sends to peer 0"),             # rows out of a transfer's order
+    ((send(0, [3]), send(2, [1]), send(0, [0])), "two sends to peer 0"),
+    ((recv(0, [0]), recv_reduce(0, [2])), "two receives from peer 0"),
+    ((recv(0, [0, 1]), recv(2, [1])), "receives overlap"),
+], ids=range(7))
+def test_every_malformed_step_is_named(step, message):
+    with pytest.raises(ScheduleError, match=message):
+        simulate(broken("all_reduce", "ring", 4, first_step(*step)))
 
 
 def test_verifier_rejects_a_wrong_result():

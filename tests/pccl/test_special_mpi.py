@@ -1,4 +1,6 @@
 """Multi-rank behaviour: async handles, timeouts instead of hangs, buffers over 2^31 bytes."""
+import time
+
 import pytest
 
 from tests.support.mpirun import mpiexec
@@ -29,10 +31,13 @@ def test_gloo_sub_groups_shut_down_cleanly():
 
 
 def test_native_mpi_collective_is_aborted_by_the_watchdog():
-    # The other ranks sleep an hour: a job that is not aborted raises TimeoutExpired here.
+    # The other ranks sleep an hour: a job that is not aborted raises TimeoutExpired here. The
+    # watchdog fires 1.5 s into the call; 60 s leaves the ranks' start on shared cores room.
+    t0 = time.perf_counter()
     run = mpiexec(3, "-m tests.pccl.workers.run_special", "native_watchdog", timeout=120)
     assert run.returncode != 0
     assert "did not complete within the timeout" in run.stderr + run.stdout
+    assert time.perf_counter() - t0 < 60, "the watchdog aborted the job far later than its 1.5 s"
 
 
 def available_gib() -> float:

@@ -42,11 +42,13 @@ def counts(collective: str, p: int) -> list[int]:
     return [0, 1, 7, 1001]
 
 
-def cases_for(executor: str, collective: str, p: int) -> list:
-    """The cases a group runs: the whole matrix on the C++ and Python executors; the light
-    one over gloo, whose arithmetic is the Python executor's (one ScheduleExecutor) and
-    whose every call costs milliseconds of TCP on shared cores."""
-    return list((light_combos if executor == "gloo" else combos)(collective, p))
+def cases_for(executor: str, algorithm: str, collective: str, p: int) -> list:
+    """The cases a group runs: the whole matrix, except the light one for gloo's schedules,
+    whose arithmetic is the Python executor's (one ScheduleExecutor) and whose every call
+    costs milliseconds of TCP on shared cores (gloo's own collectives, with arithmetic of
+    their own, run the whole matrix)."""
+    light = executor == "gloo" and algorithm != "native"
+    return list((light_combos if light else combos)(collective, p))
 
 
 def combos(collective: str, p: int):

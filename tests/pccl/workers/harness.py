@@ -47,8 +47,6 @@ def run_group(comm, collective, algorithm, cases) -> list[str]:
             for salt, label in sorted({k: v for w in everyone for k, v in w.items()}.items())]
 
 
-
-
 AGREEMENT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 

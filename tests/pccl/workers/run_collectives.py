@@ -67,7 +67,7 @@ def main() -> None:
     for executor, collective, algorithm in groups():
         try:
             report[group_id(executor, collective, algorithm)] = run_group(
-                comms[executor], collective, algorithm, cases_for(executor, collective, p))
+                comms[executor], collective, algorithm, cases_for(executor, algorithm, collective, p))
         except Exception:  # noqa: BLE001
             report[group_id(executor, collective, algorithm)] = [traceback.format_exc()]
     for collective in REDUCING:

@@ -73,8 +73,8 @@ def counts(collective: str, p: int) -> tuple[int, ...]:
 
 def run_case(comm, collective: str, algorithm, dtype, op: str, n: int, salt: int, async_op: bool,
              device: torch.device) -> bool:
-    """One call on GPU tensors; True when this rank's result equals the reference (exact
-    for sum and max of small integers, rounding tolerance for avg; see cases.py)."""
+    """One call on GPU tensors; True when this rank's result equals the reference bit for
+    bit (small integers sum exactly; avg is their sum divided by p, rounded once; see cases.py)."""
     p, rank = comm.size, comm.rank
     total = n * p if collective == "reduce_scatter" else n
     inputs = [make_input(r, total, dtype, salt) for r in range(p)]
