@@ -172,15 +172,12 @@ class Communicator:
             self.devices = transports.devices_of("mpi", gpu_mpi)
         self.executor = executor
         self.rank, self.size = self._native.rank, self._native.size
-        self.label = ""   # what a failure message calls it ("inter-node level"); empty: the communicator
-        self.default_compression = compression_from_environment()
-        self._calls: dict[tuple, Call] = {}
-        self._queue = SerialQueue(f"pccl-{self.transport}")
-        self._owns_group = False   # a torch group made by split, destroyed by close
-        self.topology = self._topology(topology, ranks_per_node, nics_per_node)
-        self.level_transports = {"intra": intra or self.backend, "inter": inter or self.backend}
+        # What the ranks find and agree on, in this order on every rank (detecting the
+        # topology and taking rank 0's profile are collective calls).
+        topology = self._topology(topology, ranks_per_node, nics_per_node)
+        level_transports = {"intra": intra or self.backend, "inter": inter or self.backend}
         level_devices = []
-        for level, transport in self.level_transports.items():
+        for level, transport in level_transports.items():
             if transport not in transports.TRANSPORTS and transport != self.backend:
                 raise ValueError(f"{level} must be one of {transports.TRANSPORTS}, got {transport!r}")
             if transport == "mpi" and self.transport != "mpi":
@@ -188,20 +185,37 @@ class Communicator:
             transports.check_available(transport)
             level_devices.append(transports.devices_of(transport, gpu_mpi))
         # The devices a two-level plan takes: those both of its levels carry.
-        self.plan_devices = tuple(d for d in level_devices[0] if d in level_devices[1])
-        self.profile = profile if isinstance(profile, Profile) else self._agreed_profile(profile)
-        self.interruptible = interruptible
-        native = not (interruptible and self.transport == "mpi")
-        self.tuner = Tuner(self.topology, self.profile, with_plans=self._can_build_levels(), with_native=native)
-        # auto where plans cannot run
-        self._flat_tuner = Tuner(self.topology, self.profile, with_plans=False, with_native=native)
-        self._plans: Optional[PlanExecutor] = None
-        self._compressed = None   # the executor of compressed schedules, where it is not _executor
+        plan_devices = tuple(d for d in level_devices[0] if d in level_devices[1])
+        profile = profile if isinstance(profile, Profile) else self._agreed_profile(profile)
+        self._set_up(topology, profile, level_transports, plan_devices, interruptible)
         if self.tuner.plans_apply and any(map(transports.uses_torch, self.level_transports.values())):
             # torch.distributed groups must be created in one global order on every rank:
             # now, on the constructing thread, not at a first plan call on whichever worker
             # thread (the engine's two lanes) gets there first.
             self._plan_executor()
+
+    def _set_up(self, topology: Topology, profile: Profile, level_transports: dict[str, str],
+                plan_devices: tuple[str, ...], interruptible: bool = False) -> None:
+        """The fields of every communicator, whatever carries its data, set once its
+        transport's own are (rank, size, transport, backend, executor, timeout, group,
+        mpi_comm, devices). The dry run (pccl/runtime/dry_run.py) is made by this too, so a
+        field added here is one it has."""
+        self.label = ""   # what a failure message calls it ("inter-node level"); empty: the communicator
+        self.default_compression = compression_from_environment()
+        self._calls: dict[tuple, Call] = {}
+        self._queue = SerialQueue(f"pccl-{self.transport}")
+        self._owns_group = False   # a torch group made by split, destroyed by close
+        self.topology = topology
+        self.level_transports = level_transports
+        self.plan_devices = plan_devices
+        self.profile = profile
+        self.interruptible = interruptible
+        native = not (interruptible and self.transport == "mpi")
+        self.tuner = Tuner(topology, profile, with_plans=self._can_build_levels(), with_native=native)
+        # auto where plans cannot run
+        self._flat_tuner = Tuner(topology, profile, with_plans=False, with_native=native)
+        self._plans: Optional[PlanExecutor] = None
+        self._compressed = None   # the executor of compressed schedules, where it is not _executor
 
     def _can_build_levels(self) -> bool:
         """torch.distributed level groups (gloo, NCCL) can only be made from a communicator

@@ -4,7 +4,7 @@ Its collectives check their buffers and resolve their algorithm exactly as a rea
 communicator's do (the same validation, the same tuner on the same topology and profile),
 then return at once, having recorded what they would have run and the time the cost model
 predicts for it. A program built on pccl can so be traced at a scale no machine here
-holds: the engine's step-time predictor (shard/predict.py) runs the sharded engine for
+holds: the engine's step-time predictor (shard/planning/predict.py) runs the sharded engine for
 GPT-7B on 1024 ranks on the meta device over one of these.
 
 Splits are symmetric: every group of the partition runs each collective at once (as the
@@ -22,11 +22,9 @@ from pccl import plans
 from pccl.core.dtypes import op_code
 from pccl.core.topology import Topology
 from pccl.runtime import validation
-from pccl.runtime.communicator import Communicator, compression_from_environment
-from pccl.runtime.work import SerialQueue
+from pccl.runtime.communicator import Communicator
 from pccl.tuning import cost_model
 from pccl.tuning.profiles import Profile
-from pccl.tuning.selection import Tuner
 
 DEVICES = ("cpu", "cuda", "meta")
 
@@ -41,24 +39,26 @@ class DryRunCommunicator(Communicator):
             raise TypeError(f"profile must be a pccl.tuning.profiles.Profile, got {type(profile).__name__}")
         if not (isinstance(rank, int) and 0 <= rank < topology.size):
             raise ValueError(f"rank must be in 0..{topology.size - 1}, got {rank!r}")
-        self.rank, self.size, self.topology, self.profile = rank, topology.size, topology, profile
-        # (the world's topology, this communicator's partition of it); None: the world itself
-        self._root = _root
+        # The transport's own fields, as Communicator.__init__ sets them before _set_up: no
+        # data moves, so no executor, group or MPI communicator, and no call times out.
+        self.rank, self.size = rank, topology.size
         self.transport = self.backend = self.executor = "dry-run"
         self.timeout = float("inf")
         self.group = self.mpi_comm = None
-        self.devices = self.plan_devices = DEVICES
-        self.level_transports = {"intra": "dry-run", "inter": "dry-run"}
-        self.default_compression = compression_from_environment()
-        self.tuner = Tuner(topology, profile)
-        self._flat_tuner = Tuner(topology, profile, with_plans=False)
-        self._queue = SerialQueue("pccl-dry-run")
-        self._plans = None
-        self._owns_group = False
+        self.devices = DEVICES
+        # Every other field as a real communicator's (no collective call: topology and profile are given).
+        self._set_up(topology, profile, {"intra": "dry-run", "inter": "dry-run"}, plan_devices=DEVICES)
+        # (the world's topology, this communicator's partition of it); None: the world itself
+        self._root = _root
         self.calls: list[tuple[str, object, int, float]] = []   # (collective, algorithm, bytes, seconds)
 
     def __repr__(self) -> str:
         return f"DryRunCommunicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
+
+    def _can_build_levels(self) -> bool:
+        """Its plan levels are never built, so auto weighs the plans wherever the topology
+        has them (as on a real world over all ranks)."""
+        return True
 
     def split(self, groups, transport: Optional[str] = None) -> "DryRunCommunicator":
         """This rank's group of `groups`, as Communicator.split, with every other group of the

@@ -31,39 +31,11 @@ from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.topology import Topology, TopologyError
 from pccl.tuning import cost_model, profiles
+from pccl.tuning.profiles import topology_for
 from pccl.tuning.selection import Tuner
 from pccl.util.args import at_least
 from pccl.util.files import write_atomic
-from pccl.util.sizes import parse_size, size_label
-
-
-def doubling_range(text: str, parse) -> list[int]:
-    """"a" -> [a]; "a,b,c" -> [a, b, c]; "a:b" -> [a, 2a, 4a, ..., <= b]."""
-    if ":" in text:
-        lo, hi = (parse(part) for part in text.split(":", 1))
-        if lo < 1 or hi < lo:
-            raise ValueError(f"a range needs 1 <= start <= end, got {text!r}")
-        out = [lo]
-        while out[-1] * 2 <= hi:
-            out.append(out[-1] * 2)
-        return out
-    return [parse(part) for part in text.split(",") if part.strip()]
-
-
-def topology_for(ranks: int, prof: profiles.Profile, ranks_per_node: Optional[int],
-                 nics_per_node: Optional[int], nodes_per_group: Optional[int] = None) -> Topology:
-    """`ranks` in the profile's node shape and network groups (overrides where given;
-    nodes_per_group 0: no groups); a world within one group has none."""
-    per_node = ranks_per_node or prof.ranks_per_node
-    if ranks < per_node:
-        per_node = ranks  # less than a node: one partial node
-    group = prof.network.nodes_per_group if nodes_per_group is None and prof.network else nodes_per_group
-    nodes = ranks // per_node if ranks % per_node == 0 else 0
-    if group and nodes > group and nodes % group:
-        raise TopologyError(f"{nodes} nodes do not fill network groups of {group} nodes; expected a multiple of "
-                            f"{group} (or --nodes-per-group)")
-    return Topology.regular(ranks, per_node, nics_per_node or prof.nics_per_node,
-                            group if group and nodes > group else None)
+from pccl.util.sizes import doubling_range, parse_size, size_label
 
 
 def evaluate(collective: str, topology: Topology, prof: profiles.Profile, sizes: list[int],

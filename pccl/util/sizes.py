@@ -22,3 +22,16 @@ def size_label(nbytes: int) -> str:
         if nbytes >= UNITS[unit] and nbytes % UNITS[unit] == 0:
             return f"{nbytes // UNITS[unit]}{unit}"
     return str(nbytes)
+
+
+def doubling_range(text: str, parse) -> list[int]:
+    """"a" -> [a]; "a,b,c" -> [a, b, c]; "a:b" -> [a, 2a, 4a, ..., <= b]."""
+    if ":" in text:
+        lo, hi = (parse(part) for part in text.split(":", 1))
+        if lo < 1 or hi < lo:
+            raise ValueError(f"a range needs 1 <= start <= end, got {text!r}")
+        out = [lo]
+        while out[-1] * 2 <= hi:
+            out.append(out[-1] * 2)
+        return out
+    return [parse(part) for part in text.split(",") if part.strip()]

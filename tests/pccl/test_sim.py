@@ -11,9 +11,10 @@ import pytest
 from pccl import plans
 from pccl.algorithms import algorithms_for
 from pccl.core.topology import Topology
-from pccl.tools.sim import doubling_range, main
+from pccl.tools.sim import main
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.calibrate import fit
+from pccl.util.sizes import doubling_range
 from tests.support.mpirun import mpiexec
 
 

@@ -47,6 +47,7 @@ from typing import Optional
 import numpy as np
 
 from pccl.algorithms import GENERATORS
+from pccl.core.topology import Topology, TopologyError
 from pccl.util.files import write_atomic
 
 BUILTIN_DIR = Path(__file__).resolve().parent  # the JSON files beside this module
@@ -316,3 +317,19 @@ def load(name_or_path) -> Profile:
 def from_environment() -> Profile:
     """The profile named by PCCL_PROFILE (a built-in name or a file), else the generic one."""
     return load(os.environ.get("PCCL_PROFILE") or DEFAULT)
+
+
+def topology_for(ranks: int, prof: Profile, ranks_per_node: Optional[int],
+                 nics_per_node: Optional[int], nodes_per_group: Optional[int] = None) -> Topology:
+    """`ranks` in the profile's node shape and network groups (overrides where given;
+    nodes_per_group 0: no groups); a world within one group has none."""
+    per_node = ranks_per_node or prof.ranks_per_node
+    if ranks < per_node:
+        per_node = ranks  # less than a node: one partial node
+    group = prof.network.nodes_per_group if nodes_per_group is None and prof.network else nodes_per_group
+    nodes = ranks // per_node if ranks % per_node == 0 else 0
+    if group and nodes > group and nodes % group:
+        raise TopologyError(f"{nodes} nodes do not fill network groups of {group} nodes; expected a multiple of "
+                            f"{group} (or --nodes-per-group)")
+    return Topology.regular(ranks, per_node, nics_per_node or prof.nics_per_node,
+                            group if group and nodes > group else None)
