@@ -66,7 +66,7 @@ read -r -a extra <<< "$MPIEXEC_ARGS"
 trainer_overrides "$RANKS_PER_NODE" "$DEVICE" "$@"
 restart_overrides "runs/$(date -u +%Y-%m-%d_%H-%M-%S)" "$@"
 
-cmd=("${launcher[@]}" "${extra[@]}" -n "$NPROC" "$PYTHON" -m shard.train "${overrides[@]}" "$@")
+cmd=("${launcher[@]}" "${extra[@]}" -n "$NPROC" "$PYTHON" -m shard.tools.train "${overrides[@]}" "$@")
 
 if [[ $DEVICE != cuda || -n ${OMP_NUM_THREADS:-} ]]; then
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

@@ -98,7 +98,7 @@ restart_overrides "$restart_out" "$@"
 
 cmd=("${torchrun[@]}" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --rdzv-backend=c10d
      --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$RDZV_ID" "${extra[@]}"
-     -m shard.train "${overrides[@]}" "$@")
+     -m shard.tools.train "${overrides[@]}" "$@")
 
 if [[ $DRY_RUN == 1 ]]; then
     quote_words "${cmd[@]}"

@@ -1,17 +1,26 @@
 """shard: a ZeRO-3/FSDP-style training engine with PaRO's grouped sharding strategies.
 
-Engine (engine.py), set up by an EngineConfig (config.py), runs a model cut into units
-(units.py), each unit's parameters in one flat padded buffer (flat.py), sharded by a
-strategy (strategy.py) over a layout of groups (layout.py), with communication on two
-lanes (lanes.py), AdamW over the flat optimizer shard (adamw.py) and sharded, reshardable
-checkpoints (checkpoint.py) of the engine's state_dict().
+Three layers, each importing only those below it (tests/shard/test_imports.py holds this):
+
+  shard.tools     the command lines (shard-train, shard-compare, shard-bench, shard-plan,
+                  shard-sim, ...) and the helpers only they use
+  shard.planning  the planner (strategy="auto": planning.build_engine), the memory model and
+                  the step-time predictor
+  shard.engine    the engine: units, strategies, lanes, AdamW, checkpoints; imports pccl only
+
+beside them shard.data (corpora, tokenizer, batches) and shard.models, the GPT of the
+repository's models/ folder: the source tree keeps models/ at the top, and the package
+maps it in as shard.models (pyproject.toml's wheel.packages; the editable install does the
+same), so `from shard.models import GPT` works in both.
+
+This module exports the engine's API.
 """
-from .checkpoint import CheckpointError, CheckpointSaveError
-from .config import EngineConfig, OptimizerConfig
-from .engine import Engine, StepResult
-from .flat import FlatParams
-from .strategy import STRATEGIES, Scope, Strategy, StrategyError
-from .units import Unit, UnitError, split_units
+from shard.engine.checkpoint import CheckpointError, CheckpointSaveError
+from shard.engine.config import EngineConfig, OptimizerConfig
+from shard.engine.engine import Engine, StepResult
+from shard.engine.flat import FlatParams
+from shard.engine.strategy import STRATEGIES, Scope, Strategy, StrategyError
+from shard.engine.units import Unit, UnitError, split_units
 
 __all__ = ["Engine", "EngineConfig", "OptimizerConfig", "StepResult", "CheckpointError", "CheckpointSaveError",
            "Scope", "Strategy", "StrategyError", "STRATEGIES", "FlatParams", "Unit", "UnitError", "split_units"]

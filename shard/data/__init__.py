@@ -7,9 +7,9 @@ resumable per-rank batches (batches.py).
     data = TokenData(path)                                                                       # every rank
     batches = Batches(data.train, seq_len, micro_batch, accumulation, rank, world, seed)
 """
-from .batches import Batches, eval_batches
-from .prepare import prepare
-from .synthetic import synthetic_documents
-from .tokens import DataError, TokenData
+from shard.data.batches import Batches, eval_batches
+from shard.data.prepare import prepare
+from shard.data.synthetic import synthetic_documents
+from shard.data.tokens import DataError, TokenData
 
 __all__ = ["prepare", "TokenData", "DataError", "Batches", "eval_batches", "synthetic_documents"]

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Mapping
 
 from pccl.util.files import fsync_dir, write_atomic, write_json_atomic
-
-from . import tokenizer
-from .pack import pack
-from .sources import load_documents
-from .spec import digest, identity, normalize
-from .tokens import DataError, TokenData
+from shard.data import tokenizer
+from shard.data.pack import pack
+from shard.data.sources import load_documents
+from shard.data.spec import digest, identity, normalize
+from shard.data.tokens import DataError, TokenData
 
 
 def _complete(entry: Path) -> bool:

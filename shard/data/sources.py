@@ -15,7 +15,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .synthetic import synthetic_documents
+from shard.data.synthetic import synthetic_documents
 
 SOURCES = ("synthetic", "text", "hf")
 TEXT_SUFFIXES = (".txt", ".md")

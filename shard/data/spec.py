@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from .sources import SOURCES, missing_files
+from shard.data.sources import SOURCES, missing_files
 
 FORMAT = 1  # bump when the files a spec produces change, so old cache entries are not reused
 DEFAULTS = {"seed": 0, "documents": None, "files": None, "name": None, "config": None, "split": "train",

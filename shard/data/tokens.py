@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import tokenizer as _tokenizer
+from shard.data import tokenizer as _tokenizer
 
 SPLITS = ("train", "val")
 DTYPES = ("uint16", "uint32")

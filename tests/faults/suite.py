@@ -150,7 +150,7 @@ def training(fault: str, place: str, out: Path, *extra: str, restarts: int = 0, 
 def training_unnoticed(fault: str, place: str, out: Path, cache: Path, *extra: str) -> Outcome:
     """shard-train on 2 ranks with SHARD_FAULTS=`fault`, the victim's death unnoticed by
     mpiexec (lingering): the survivor's engine must time out and end the job."""
-    words = [sys.executable, "-m", "shard.train", f"train.out_dir={out}", f"data.cache_dir={cache}",
+    words = [sys.executable, "-m", "shard.tools.train", f"train.out_dir={out}", f"data.cache_dir={cache}",
              f"comm.timeout={TIMEOUT}", "strategy=zero3", "comm.ranks_per_node=1", *TRAIN, *extra]
     code, seconds, output, hung = bounded([*launcher(), "-n", "2", *lingering(words)],
                                           dict(job_env(), SHARD_FAULTS=fault), TIMEOUT + SLACK + STARTUP + 30)

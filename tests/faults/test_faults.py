@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from shard import checkpoint
+from shard.engine import checkpoint
 from tests.faults import suite
 from tests.faults.suite import COLLECTIVES, VICTIM, Outcome
 

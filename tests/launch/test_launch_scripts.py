@@ -64,7 +64,7 @@ def opt(words: list, name: str) -> str:
 
 def trainer_args(words: list) -> list:
     i = words.index("-m")
-    assert words[i + 1] == "shard.train", words
+    assert words[i + 1] == "shard.tools.train", words
     return words[i + 2:]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pccl.tools import bench, sim
-from shard import compare
+from shard.tools import compare
 
 TOOLS = {"pccl-bench": bench.parse_args, "pccl-sim": sim.parse_args, "shard-compare": compare.parse}
 CASES = [

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shard.activations import activation_bytes
-from shard.engine import Engine
+from shard.engine.engine import Engine
 from shard.models.gpt import GPT, GPTConfig
+from shard.planning.activations import activation_bytes
 
 
 def saved_bytes(cfg: GPTConfig, micro_batch: int, seq_len: int, dtype: torch.dtype, checkpointing: bool) -> int:

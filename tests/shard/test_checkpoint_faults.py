@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-import shard.checkpoint as ckpt
+import shard.engine.checkpoint as ckpt
 from shard import CheckpointError, CheckpointSaveError, Engine
-from shard.config import EngineConfig
+from shard.engine.config import EngineConfig
 from tests.shard.test_engine_state import build, train_step
 
 

@@ -10,14 +10,15 @@ import sys
 import pytest
 import torch
 
-from shard.compare import check_run, compared, markdown
+from shard.tools.compare import compared, markdown
+from shard.tools.compare_runs import DeepSpeedRun, EngineRun, Fsdp2Run, parse_run
 from tests.support.mpirun import ROOT, job_env
 
 
 @pytest.mark.mpi
 def test_the_minimal_invocation_reports_every_run_and_fsdp2_equals_zero3(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "shard.compare", "--ranks", "2", "--steps", "3", "--model", "tiny",
-                          "--runs", "fsdp2,zero3-native,zero3-pccl,deepspeed-zero3", "--out", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-m", "shard.tools.compare", "--ranks", "2", "--steps", "3", "--model",
+                          "tiny", "--runs", "fsdp2,zero3-native,zero3-pccl,deepspeed-zero3", "--out", str(tmp_path)],
                          env=job_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads((tmp_path / "compare.json").read_text())["runs"]}
@@ -47,7 +48,7 @@ def test_micro_batches_paro_iig_and_the_predictor(tmp_path):
     """Two micro-batches a step: FSDP2 (a reduction per micro-batch) and the engine's
     PaRO-IIG (in the group per micro-batch, across groups once) do the same math; the
     engine's model state is PaRO's Table 2 (plus padding); --predict adds a prediction."""
-    run = subprocess.run([sys.executable, "-m", "shard.compare", "--ranks", "2", "--ranks-per-node", "1",
+    run = subprocess.run([sys.executable, "-m", "shard.tools.compare", "--ranks", "2", "--ranks-per-node", "1",
                           "--steps", "3", "--micro", "2", "--batch", "2", "--seq", "32", "--width", "64",
                           "--runs", "fsdp2,paro-iig-native", "--predict", "emulated-1gbit", "--out", str(tmp_path)],
                          env=job_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -56,7 +57,7 @@ def test_micro_batches_paro_iig_and_the_predictor(tmp_path):
     fsdp2, iig = rows["fsdp2"], rows["paro-iig-native"]
     assert not iig["diverged"] and iig["loss_gap"] < 1e-6
     assert iig["tokens_per_s"] == pytest.approx(2 * 2 * 2 * 32 / iig["step_time_s"])
-    for part in ("P", "G", "OS"):
+    for part in ("parameters", "gradients", "optimizer"):
         assert iig["table2_bytes"][part] <= iig["state_bytes"][part] <= iig["table2_bytes"][part] * 1.01 + 64
     assert "predicted_step_s" not in fsdp2 and iig["predicted_step_s"] > 0
     assert iig["prediction_error"] == pytest.approx(iig["predicted_step_s"] / iig["step_time_s"] - 1)
@@ -90,15 +91,39 @@ def test_a_run_whose_losses_diverge_gets_no_speedup():
 def test_unknown_runs_are_refused_before_anything_launches():
     for name in ("fsdp3", "zero3-gloo", "zero9-native"):
         with pytest.raises((SystemExit, ValueError)):
-            check_run(name)
-    check_run("paro-iig-hierarchical")
-    check_run("zero3-pccl+int8")
+            parse_run(name)
+    parse_run("paro-iig-hierarchical")
+    parse_run("zero3-pccl+int8")
     with pytest.raises(ValueError, match="unknown codec"):
-        check_run("zero3-pccl+int4")
+        parse_run("zero3-pccl+int4")
+
+
+def test_each_run_name_maps_to_its_run_and_bad_names_say_what_was_expected():
+    fsdp2, fsdp2_pccl = parse_run("fsdp2"), parse_run("fsdp2-pccl")
+    assert type(fsdp2) is Fsdp2Run and fsdp2.backend == "gloo" and fsdp2.name == "fsdp2"
+    assert type(fsdp2_pccl) is Fsdp2Run and fsdp2_pccl.backend == "pccl" and fsdp2_pccl.name == "fsdp2-pccl"
+    deepspeed = parse_run("deepspeed-zero3")
+    assert type(deepspeed) is DeepSpeedRun and deepspeed.name == "deepspeed-zero3"
+    engines = {"zero3-pccl": ("zero3", "pccl", None), "zero3-native+bf16": ("zero3", "native", "bf16"),
+               "paro-iig-native+int8": ("paro-iig", "native", "int8"), "mics-ho_ring": ("mics", "ho_ring", None),
+               "ddp-hierarchical+zfp:8": ("ddp", "hierarchical", "zfp:8")}
+    for name, (strategy, comm, codec) in engines.items():
+        run = parse_run(name)
+        assert type(run) is EngineRun and (run.strategy, run.comm, run.codec) == (strategy, comm, codec), name
+        assert run.name == name
+    expected = (r"expected fsdp2, fsdp2-pccl, deepspeed-zero3 or STRATEGY-COMM\[\+CODEC\] with COMM one of "
+                r"\('native', 'pccl', 'hierarchical', 'ho_ring'\)")
+    for bad in ("fsdp3", "zero3-gloo", "zero3", "-native", "deepspeed-zero2", "zero3-gloo+int8"):
+        with pytest.raises(SystemExit, match=f"unknown run '{bad.partition('+')[0]}'; {expected}"):
+            parse_run(bad)
+    with pytest.raises(ValueError, match="unknown strategy 'zero9'; expected"):
+        parse_run("zero9-native")
+    with pytest.raises(ValueError, match="unknown codec 'int4'; expected none, int8, bf16, fp16 or zfp:RATE"):
+        parse_run("zero3-pccl+int4")
 
 
 def test_emulated_nodes_launch_through_launch_emulate():
-    from shard.compare import EMULATE, launch_command, parse
+    from shard.tools.compare import EMULATE, launch_command, parse
 
     args = parse(["--nodes", "2x4", "--rate", "1gbit", "--steps", "3"])
     args.ranks, args.ranks_per_node = 8, 4   # as main() sets them
@@ -112,7 +137,7 @@ def test_emulated_nodes_launch_through_launch_emulate():
 
 
 def test_several_launches_report_the_median_one(monkeypatch):
-    from shard import compare
+    from shard.tools import compare
 
     speeds = iter([300.0, 100.0, 200.0])
     monkeypatch.setattr(compare, "launch", lambda args, name: {"name": name, "tokens_per_s": next(speeds)})

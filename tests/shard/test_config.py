@@ -1,12 +1,12 @@
-"""The engine's settings (shard/config.py): a bad value is refused when the config is
+"""The engine's settings (shard/engine/config.py): a bad value is refused when the config is
 built, naming the field, what was expected and what was given; Engine's keyword form
 builds the same config."""
 import dataclasses
 
 import pytest
 
-from shard.config import EngineConfig, OptimizerConfig
-from shard.strategy import Strategy, StrategyError
+from shard.engine.config import EngineConfig, OptimizerConfig
+from shard.engine.strategy import Strategy, StrategyError
 
 
 @pytest.mark.parametrize("build,error,words", [

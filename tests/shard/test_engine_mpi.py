@@ -16,7 +16,7 @@
 import pytest
 
 from shard import STRATEGIES, Strategy
-from shard.strategy import grouped_reduce_scatter_saving
+from shard.engine.strategy import grouped_reduce_scatter_saving
 from tests.support.mpirun import report_of
 
 pytestmark = pytest.mark.mpi
@@ -76,7 +76,7 @@ def test_memory_matches_paro_table_2(report, ranks, group, strategy):
     assert psi % ranks == 0 and psi - memory["numel"] < ranks * 7   # 7 units, each padded to N
     # fp32 parameters and gradients in this run; K = 12 bytes of master weights and moments
     expected = Strategy.parse(strategy).memory_per_rank(psi, ranks, group, param_bytes=4, grad_bytes=4)
-    assert {k: memory[k] for k in ("P", "G", "OS")} == expected
+    assert {k: memory[k] for k in ("parameters", "gradients", "optimizer")} == expected
 
 
 def table3(name: str, psi: float, n: int, m: int, s: int) -> dict:

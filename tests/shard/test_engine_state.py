@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import shard.checkpoint
+import shard.engine.checkpoint
 from shard import Engine
-from shard.config import EngineConfig, OptimizerConfig
+from shard.engine.config import EngineConfig, OptimizerConfig
 from tests.shard.engine_models import MLP, TinyTransformer, mlp_batch, mlp_loss, token_batch, token_loss
 
 MODELS = {"mlp": (MLP, mlp_batch, mlp_loss), "transformer": (TinyTransformer, token_batch, token_loss)}
@@ -67,7 +67,7 @@ def test_state_dict_describes_where_each_piece_lies(comm, engines):
     root = state["units"][0]
     assert root["params"] == ["pos", "embed.weight"] and root["shapes"] == [[16, 24], [61, 24]]
     assert root["offsets"] == [0, 16 * 24, 77 * 24] and (root["start"], root["end"]) == (0, root["padded"])
-    assert root["first_replica"] and all(root[k].numel() == root["padded"] for k in shard.checkpoint.STATE)
+    assert root["first_replica"] and all(root[k].numel() == root["padded"] for k in shard.engine.checkpoint.STATE)
 
 
 def test_state_of_other_pieces_is_refused(comm, engines):
@@ -90,7 +90,7 @@ def test_keywords_and_config_build_the_same_engine(comm, engines):
 
 
 def test_checkpoint_reaches_the_engine_through_its_public_protocol_only():
-    tree = ast.parse(Path(shard.checkpoint.__file__).read_text())
+    tree = ast.parse(Path(shard.engine.checkpoint.__file__).read_text())
     used = {node.attr for node in ast.walk(tree)
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "engine"}
     reflective = [ast.unparse(node) for node in ast.walk(tree)

@@ -1,4 +1,4 @@
-"""The engine's memory model (shard/footprint.py): its model state against the engine's own
+"""The engine's memory model (shard/planning/footprint.py): its model state against the engine's own
 memory_report for every strategy, and its peak against the bytes a training step holds,
 measured by a hook that sees every tensor torch allocates (a TorchDispatchMode that adds
 each new storage's bytes and subtracts them when the storage is freed)."""
@@ -13,11 +13,11 @@ from torch.utils._pytree import tree_flatten
 from pccl.core.topology import Topology
 from pccl.runtime.dry_run import DryRunCommunicator
 from pccl.tuning import profiles
-from shard.engine import Engine
-from shard.footprint import footprint, model_state, unit_sizes
+from shard.engine.engine import Engine
+from shard.engine.strategy import STRATEGIES, Strategy
 from shard.models.gpt import GPT, GPTConfig
-from shard.predict import next_token_loss
-from shard.strategy import STRATEGIES, Strategy
+from shard.planning.footprint import footprint, model_state, unit_sizes
+from shard.planning.predict import next_token_loss
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -35,7 +35,7 @@ def test_model_state_equals_the_engines_report_for_every_strategy(tied, precisio
         report = engine.memory_report()
         engine.close()
         state = model_state(sizes, strategy, 8, 4, precision, reduce_dtype)
-        assert state == {"parameters": report["P"], "gradients": report["G"], "optimizer": report["OS"]}, strategy
+        assert state == {k: report[k] for k in ("parameters", "gradients", "optimizer")}, strategy
 
 
 class LiveBytes(TorchDispatchMode):

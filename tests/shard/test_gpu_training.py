@@ -5,11 +5,11 @@
   least one communication kernel (NCCL's, or pccl's reduction kernels) runs while a
   compute kernel runs on the training loop's stream;
 - the MFU of gpt_1p3b on one GPU (bf16, sequences of 2048) from the model's FLOPs per token
-  and shard.throughput's peak, printed and written to mfu.json (same places); a
+  and shard.planning.throughput's peak, printed and written to mfu.json (same places); a
   measurement, so only its sanity is asserted (0 < MFU < 1).
 
 Skipped, with the reason, without a GPU (or fewer than 2 for the trace), without NCCL in
-torch, or (MFU) on a GPU whose peak shard.throughput does not know. The trace analysis
+torch, or (MFU) on a GPU whose peak shard.planning.throughput does not know. The trace analysis
 itself is checked everywhere, on a hand-made trace. make test-gpu runs these (docs/gpu.md,
 "GPU test suite").
 """

@@ -1,4 +1,4 @@
-"""The planner (shard/plan.py): hand-checked cases, the command line, and strategy="auto"
+"""The planner (shard/planning/planner.py): hand-checked cases, the command line, and strategy="auto"
 in the engine."""
 import json
 
@@ -7,13 +7,14 @@ import torch
 from mpi4py import MPI
 
 import pccl
-from pccl.tools.sim import topology_for
 from pccl.tuning import profiles
-from shard.engine import Engine
+from pccl.tuning.profiles import topology_for
+from shard.engine.engine import Engine
+from shard.engine.strategy import Strategy
 from shard.models import GPT, GPTConfig
-from shard.plan import Cluster, Job, PlanError, main, make_plan, sized
-from shard.predict import ComputeRate, Workload, next_token_loss
-from shard.strategy import Strategy
+from shard.planning.planner import Cluster, Job, PlanError, build_engine, make_plan, sized
+from shard.planning.predict import ComputeRate, Workload, next_token_loss
+from shard.tools.strategy_plan import main
 
 GIB = 1 << 30
 PCCL_BATCH = 4 * 2 ** 20   # the PCCL paper's global batch, tokens (Section 5.2)
@@ -135,9 +136,8 @@ def comm():
 
 def test_engine_auto_trains_with_the_planners_choice(comm):
     cfg = GPTConfig(vocab=256, context=32, width=64, layers=2, heads=4)
-    engine = Engine(GPT(cfg), comm, strategy="auto", workload=Workload(16, 2, 1), lr=1e-2)
+    engine, plan = build_engine(GPT(cfg), comm, strategy="auto", workload=Workload(16, 2, 1), lr=1e-2)
     try:
-        plan = engine.plan
         assert engine.strategy == plan.chosen.strategy and isinstance(engine.strategy, Strategy)
         assert plan.cluster.shared_cores and plan.cluster.rate.flops_per_s > 0
         tokens = torch.randint(0, cfg.vocab, (2, 17), generator=torch.Generator().manual_seed(0))
@@ -155,10 +155,28 @@ def test_engine_auto_trains_with_the_planners_choice(comm):
 def test_engine_auto_refuses_what_it_cannot_plan(comm):
     cfg = GPTConfig(vocab=256, context=32, width=64, layers=2, heads=4)
     with pytest.raises(PlanError, match="needs workload=Workload"):
-        Engine(GPT(cfg), comm, strategy="auto")
+        build_engine(GPT(cfg), comm, strategy="auto")
     with pytest.raises(PlanError, match="plans for the GPT of models/gpt.py"):
-        Engine(torch.nn.Sequential(torch.nn.Linear(4, 4)), comm, strategy="auto", workload=Workload(4, 1, 1))
+        build_engine(torch.nn.Sequential(torch.nn.Linear(4, 4)), comm, strategy="auto", workload=Workload(4, 1, 1))
     with pytest.raises(ValueError, match="workload= is for strategy='auto'"):
-        Engine(GPT(cfg), comm, strategy="zero3", workload=Workload(16, 2, 1))
+        build_engine(GPT(cfg), comm, strategy="zero3", workload=Workload(16, 2, 1))
     with pytest.raises(ValueError, match="objective must be one of"):
-        Engine(GPT(cfg), comm, strategy="auto", workload=Workload(16, 2, 1), auto={"objective": "speed"})
+        build_engine(GPT(cfg), comm, strategy="auto", workload=Workload(16, 2, 1), auto={"objective": "speed"})
+    with pytest.raises(PlanError, match=r"give the engine a real device \(device=\)"):
+        with torch.device("meta"):
+            model = GPT(cfg)
+        build_engine(model, comm, strategy="auto", workload=Workload(16, 2, 1))
+    # the engine itself takes a named strategy, and says what plans one
+    with pytest.raises(ValueError, match=r"strategy='auto' is the planner's choice.*shard.planning.build_engine"):
+        Engine(GPT(cfg), comm, strategy="auto", workload=Workload(16, 2, 1))
+    with pytest.raises(ValueError, match=r"strategy='auto' is the planner's choice.*shard.planning.build_engine"):
+        Engine(GPT(cfg), comm, strategy="auto")
+
+
+def test_build_engine_with_a_named_strategy_is_the_engine_and_no_plan(comm):
+    cfg = GPTConfig(vocab=256, context=32, width=64, layers=2, heads=4)
+    engine, plan = build_engine(GPT(cfg), comm, strategy="zero3", lr=1e-2)
+    try:
+        assert plan is None and engine.strategy.name == "zero3" and engine.config.optimizer.lr == 1e-2
+    finally:
+        engine.close()

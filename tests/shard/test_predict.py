@@ -1,4 +1,4 @@
-"""The end-to-end step-time predictor (shard/predict.py, shard-sim) and what it stands on:
+"""The end-to-end step-time predictor (shard/planning/predict.py, shard-sim) and what it stands on:
 the dry-run communicator, the cost of concurrent groups, the engine's trace.
 
 References: a step computed by hand for a 2-unit model (every collective's time from the
@@ -17,7 +17,7 @@ from pccl.runtime.dry_run import DryRunCommunicator
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.profiles import Link, Profile
 from shard.models import GPT, GPTConfig
-from shard.predict import ComputeRate, Workload, replay, trace_step, unit_flops
+from shard.planning.predict import ComputeRate, Workload, replay, trace_step, unit_flops
 from tests.support.mpirun import report_of
 
 MS = 1e-3
@@ -171,7 +171,7 @@ def test_workload_and_rate_reject_bad_values():
 
 
 def test_shard_sim_predicts_every_row_and_compares_with_native(tmp_path, capsys):
-    from shard import sim
+    from shard.tools import step_sim as sim
 
     out = tmp_path / "sim.json"
     sim.main(["--model", "tiny", "--profile", "frontier", "--ranks", "16:32", "--seq", "64",
@@ -205,8 +205,8 @@ def test_dry_run_reproduces_the_engines_trace_on_real_ranks(tmp_path):
 def test_many_micro_batches_replay_as_the_middle_one_repeated(settings):
     """trace_many's trace of 6 micro-batches (3 traced, the middle one repeated) replays to
     the same step, exposure and busy time as a trace of all 6."""
-    from shard.predict import call_seconds, trace_many
-    from shard.skeleton import Skeleton
+    from shard.planning.predict import call_seconds, trace_many
+    from shard.planning.skeleton import Skeleton
 
     cfg = GPTConfig(vocab=512, context=64, width=64, layers=3, heads=4)
     profile = profiles.load("frontier")

@@ -1,5 +1,5 @@
 """Every key of configs/, in every option of every group, tried with bad values (a wrong
-type, a negative or zero number, an unknown choice): shard.preflight.check refuses each
+type, a negative or zero number, an unknown choice): shard.tools.preflight.check refuses each
 with a ConfigError naming the key, from the configuration alone (no communicator, no file
 written: it runs first in shard-train, on every rank alike). The bad values come from
 each key's default by rule; the tables below list only the exceptions, and every key must
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shard import preflight
+from shard.tools import preflight
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir())

@@ -1,4 +1,4 @@
-"""The tracing stand-in (shard/skeleton.py) makes the engine do exactly what the real model
+"""The tracing stand-in (shard/planning/skeleton.py) makes the engine do exactly what the real model
 makes it do: the same events, tasks and collectives, in the same order."""
 import pytest
 import torch
@@ -7,8 +7,8 @@ from pccl.core.topology import Topology
 from pccl.runtime.dry_run import DryRunCommunicator
 from pccl.tuning import profiles
 from shard.models.gpt import GPT, GPTConfig
-from shard.predict import Workload, trace_step
-from shard.skeleton import Skeleton
+from shard.planning.predict import Workload, trace_step
+from shard.planning.skeleton import Skeleton
 
 
 def events(trace) -> list:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shard import checkpoint
+from shard.engine import checkpoint
 from tests.support.mpirun import ROOT, job_env, mpiexec
 
 pytestmark = pytest.mark.mpi
@@ -36,7 +36,7 @@ def train(tmp_path_factory, cache, key, ranks, strategy, *extra, out=None):
     if key not in RUNS:
         out = out or tmp_path_factory.mktemp(key)
         rpn = {2: 1, 4: 2}[ranks]   # 4 ranks: 2 emulated nodes of 2, so IIG's groups are real
-        run = mpiexec(ranks, "-m shard.train", f"strategy={strategy}", f"comm.ranks_per_node={rpn}",
+        run = mpiexec(ranks, "-m shard.tools.train", f"strategy={strategy}", f"comm.ranks_per_node={rpn}",
                       f"train.out_dir={out}", f"data.cache_dir={cache}", f"train.steps={STEPS}", *SMALL, *extra)
         assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
         RUNS[key] = (out, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()])
@@ -89,7 +89,7 @@ def test_strategy_auto_trains_with_the_plans_choice_on_the_same_trajectory(tmp_p
     choice and every candidate are kept, and the losses are those of any other strategy."""
     reference = [r["loss"] for r in train(tmp_path_factory, cache, "ddp-4", 4, "ddp")[1]]
     out = tmp_path_factory.mktemp("auto-4")
-    run = mpiexec(4, "-m shard.train", "strategy=auto", "comm.ranks_per_node=2", f"train.out_dir={out}",
+    run = mpiexec(4, "-m shard.tools.train", "strategy=auto", "comm.ranks_per_node=2", f"train.out_dir={out}",
                   f"data.cache_dir={cache}", f"train.steps={STEPS}", *SMALL)
     assert run.returncode == 0, run.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -105,7 +105,7 @@ def first_half(tmp_path_factory, cache) -> Path:
     """A 2-rank ZeRO-3 run stopped after STEPS // 2 steps, with its final checkpoint (once)."""
     if "first-half" not in RUNS:
         out = tmp_path_factory.mktemp("first-half")
-        run = mpiexec(2, "-m shard.train", "strategy=zero3", "comm.ranks_per_node=1", f"train.out_dir={out}",
+        run = mpiexec(2, "-m shard.tools.train", "strategy=zero3", "comm.ranks_per_node=1", f"train.out_dir={out}",
                       f"data.cache_dir={cache}", f"train.steps={STEPS // 2}", *SMALL)
         assert run.returncode == 0, run.stderr[-3000:]
         RUNS["first-half"] = out
@@ -170,7 +170,7 @@ def test_bad_input_fails_every_rank_clearly_and_leaves_nothing_to_misread(tmp_pa
     directory holds nothing a later run would read (no checkpoint, no metrics)."""
     out = tmp_path / "run"
     small = [a for a in SMALL if not (override.startswith("data=text") and a.startswith("data.documents="))]
-    run = mpiexec(2, "-m shard.train", f"train.out_dir={out}", f"data.cache_dir={cache}", "comm.timeout=60",
+    run = mpiexec(2, "-m shard.tools.train", f"train.out_dir={out}", f"data.cache_dir={cache}", "comm.timeout=60",
                   *small, *override.format(d=bad_files).split(), timeout=120)
     raised = [line for line in run.stderr.splitlines() if "Error: " in line and message in line]
     assert run.returncode != 0 and len(raised) == 2, run.stderr[-3000:]   # one from each rank
@@ -178,10 +178,10 @@ def test_bad_input_fails_every_rank_clearly_and_leaves_nothing_to_misread(tmp_pa
 
 
 def faulty_run(tmp_path, cache, monkeypatch, faults: str, *extra) -> tuple:
-    """A 2-rank zero3 run with SHARD_FAULTS (shard/faults.py): its output directory and process."""
+    """A 2-rank zero3 run with SHARD_FAULTS (shard/tools/faults.py): its output directory and process."""
     monkeypatch.setenv("SHARD_FAULTS", faults)
     out = tmp_path / "run"
-    run = mpiexec(2, "-m shard.train", "strategy=zero3", "comm.ranks_per_node=1", f"train.out_dir={out}",
+    run = mpiexec(2, "-m shard.tools.train", "strategy=zero3", "comm.ranks_per_node=1", f"train.out_dir={out}",
                   f"data.cache_dir={cache}", f"train.steps={STEPS}", *SMALL, *extra, timeout=300)
     return out, run
 

@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from shard.lr_schedule import learning_rate
-from shard.run_log import plot_losses
-from shard.throughput import PEAK_TFLOPS, Throughput, device_kind, peak_tflops
+from shard.planning.throughput import PEAK_TFLOPS, Throughput, device_kind, peak_tflops
+from shard.tools.lr_schedule import learning_rate
+from shard.tools.run_log import plot_losses
 
 
 def test_warmup_then_cosine_to_the_floor():
@@ -53,8 +53,8 @@ def test_peak_table_and_device_names():
 def test_model_configuration_from_hydra_values():
     from omegaconf import OmegaConf
 
-    from shard.preflight import model_config
-    from shard.train import ConfigError, check_vocab
+    from shard.tools.preflight import model_config
+    from shard.tools.train import ConfigError, check_vocab
     m = OmegaConf.create({"preset": "gpt_1p3b", "vocab": None, "context": 512, "width": None, "layers": 2,
                           "heads": None, "tied": None, "positions": "rotary", "bias": None})
     cfg = model_config(OmegaConf.to_container(m))
@@ -69,9 +69,9 @@ def test_engine_config_from_the_hydra_configuration():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from shard.config import EngineConfig, OptimizerConfig
-    from shard.preflight import engine_config
-    from shard.train import CONFIGS
+    from shard.engine.config import EngineConfig, OptimizerConfig
+    from shard.tools.preflight import engine_config
+    from shard.tools.train import CONFIGS
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("config", overrides=["strategy=paro-iig", "strategy.prefetch=2", "strategy.group_size=4",
                                            "optim.lr=2e-3", "comm.algorithm={all_gather:ring}"])
@@ -97,7 +97,7 @@ def _record(step, loss):
 def test_run_log_writes_jsonl_and_wandb_offline_and_trims_on_resume(tmp_path, monkeypatch):
     import json
 
-    from shard.run_log import RunLog
+    from shard.tools.run_log import RunLog
     monkeypatch.setenv("WANDB_SILENT", "true")
     wandb_cfg = {"enabled": True, "project": "shard-test", "entity": None, "name": None, "mode": "offline"}
     log = RunLog(tmp_path, True, 4, 0, False, wandb_cfg, {"model": {"preset": "tiny"}})
@@ -116,7 +116,7 @@ def test_run_log_writes_jsonl_and_wandb_offline_and_trims_on_resume(tmp_path, mo
 
 
 def test_global_batch_grows_with_the_world_unless_set():
-    from shard.train import ConfigError, global_batch
+    from shard.tools.train import ConfigError, global_batch
     # null: world x micro_batch x accumulation x seq_len, the accumulation as configured
     for world in (1, 2, 8):
         assert global_batch(None, 4, world, 8, 128) == (4096 * world, 4)
@@ -141,13 +141,13 @@ def test_global_batch_grows_with_the_world_unless_set():
 def _default_config(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from shard.train import CONFIGS
+    from shard.tools.train import CONFIGS
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose("config", overrides=list(overrides))
 
 
 def test_default_configuration_runs_on_any_world_and_device():
-    from shard.train import global_batch
+    from shard.tools.train import global_batch
     t = _default_config().train
     assert t.global_batch_tokens is None and t.device == "auto" and t.precision == "auto"
     # one rank: the 4096 tokens and 4 micro-batches of 8 x 128 the default had when the batch was fixed
@@ -157,7 +157,7 @@ def test_default_configuration_runs_on_any_world_and_device():
 
 
 def test_device_auto_is_cuda_where_torch_sees_a_gpu():
-    from shard.train import ConfigError, device_type
+    from shard.tools.train import ConfigError, device_type
     gpu, none = (lambda: True), (lambda: False)
     assert device_type("auto", gpu) == "cuda" and device_type("auto", none) == "cpu"
     assert device_type("cpu", gpu) == "cpu" and device_type("cuda", gpu) == "cuda"
@@ -169,7 +169,7 @@ def test_device_auto_is_cuda_where_torch_sees_a_gpu():
 
 
 def test_transport_follows_the_device_and_must_carry_its_tensors():
-    from shard.train import ConfigError, check_comm_device, comm_transport
+    from shard.tools.train import ConfigError, check_comm_device, comm_transport
     assert comm_transport("auto", "cuda") == "nccl" and comm_transport("auto", "cpu") == "gloo"
     for fixed in ("mpi", "gloo", "nccl"):
         assert comm_transport(fixed, "cuda") == fixed and comm_transport(fixed, "cpu") == fixed
@@ -192,8 +192,8 @@ def test_transport_follows_the_device_and_must_carry_its_tensors():
 def test_precision_is_bf16_on_gpus_and_the_reduce_dtype_is_configurable():
     from omegaconf import OmegaConf
 
-    from shard.preflight import engine_config
-    from shard.train import _precision
+    from shard.tools.preflight import engine_config
+    from shard.tools.train import _precision
     assert _precision("auto", torch.device("cuda")) == "bf16" and _precision("auto", torch.device("cpu")) == "fp32"
     assert _precision("fp16", torch.device("cuda")) == "fp16" and _precision("bf16", torch.device("cpu")) == "bf16"
     for strategy in ("ddp", "zero1", "zero2", "zero3", "mics", "paro-iig", "paro-igg", "paro-nig"):
@@ -226,7 +226,7 @@ class _Ranks:
 
 
 def test_max_over_ranks():
-    from shard.train import _max
+    from shard.tools.train import _max
     comm = _Ranks([3.0, 0.5])
     assert _max(comm, torch.device("cpu"), [1.0, 2.0]) == [3.0, 2.0] and comm.ops == ["max"]
 
@@ -236,8 +236,8 @@ def test_interval_record_has_the_mean_loss_and_the_largest_ranks_peak_memory_fro
     one collective per logged interval, not one per scalar."""
     from types import SimpleNamespace
 
-    from shard.engine import StepResult
-    from shard.train import log_interval
+    from shard.engine.engine import StepResult
+    from shard.tools.train import log_interval
     comm = _Ranks([3.0, 1000.0, 0.0, 0.0])   # the other rank: loss 3, peak 1000 GiB, no waits
     logged = []
     train = SimpleNamespace(micro_batch=8, seq_len=128, eval_interval=0)
@@ -259,7 +259,7 @@ def test_a_straggler_is_the_rank_the_others_waited_for():
     straggler, named with rank 0's operation (shared from rank 0, the waiter)."""
     from types import SimpleNamespace
 
-    from shard.train import find_straggler
+    from shard.tools.train import find_straggler
 
     operation = "gather: all-gather of blocks.0's parameters (forward)"
     report = {"longest_wait_s": 3.5, "exposed_s": 3.6, "longest_wait": operation}
@@ -278,7 +278,7 @@ def test_a_straggler_is_the_rank_the_others_waited_for():
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),
                     reason="the CPU peak resets through Linux's /proc/self/clear_refs")
 def test_cpu_peak_memory_resets_per_interval():
-    from shard.train import _peak_memory_gb, _reset_peak_memory
+    from shard.tools.train import _peak_memory_gb, _reset_peak_memory
     cpu = torch.device("cpu")
     _reset_peak_memory(cpu)
     base = _peak_memory_gb(cpu)
@@ -291,7 +291,7 @@ def test_cpu_peak_memory_resets_per_interval():
 
 
 def test_on_gpus_over_mpi_the_intra_node_level_defaults_to_nccl():
-    from shard.train import level_transports
+    from shard.tools.train import level_transports
     assert level_transports(None, None, "mpi", "cuda") == {"intra": "nccl"}
     assert level_transports(None, None, "mpi", "cpu") == {}
     assert level_transports(None, None, "nccl", "cuda") == {}
@@ -299,7 +299,7 @@ def test_on_gpus_over_mpi_the_intra_node_level_defaults_to_nccl():
 
 
 def test_fault_plans_parse_and_bad_ones_say_why():
-    from shard import faults
+    from shard.tools import faults
 
     assert faults.planned({"SHARD_FAULTS": "inf-grad@2:1, nan-loss@4:0, stop@3:2:0.5, stop@5:0, kill-data@0:1"}) == {
         ("inf-grad", 2, 1): 0.0, ("nan-loss", 4, 0): 0.0, ("stop", 3, 2): 0.5, ("stop", 5, 0): faults.STOP_SECONDS,

@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from shard.flat import FlatParams
-from shard.units import UnitError, is_sharded, split_units
+from shard.engine.flat import FlatParams
+from shard.engine.units import UnitError, is_sharded, split_units
 
 
 class Tied(nn.Module):

@@ -6,7 +6,7 @@ Usage: mpiexec -n P python -m tests.shard.workers.run_gpu_training SCENARIO DIR 
          the report holds every rank's overlap of communication and compute kernels
   mfu    one GPU: gpt_1p3b (ZeRO-3 on one rank, bf16, sequences of 2048), tokens/s after
          warm-up, model TFLOP/s and MFU from the model's FLOPs per token and
-         shard.throughput's peak; also written to DIR/mfu.json
+         shard.planning.throughput's peak; also written to DIR/mfu.json
 Each rank uses GPU (local rank) % device count. Importing this module starts nothing: the
 trace analysis below is shared with tests/shard/test_gpu_training.py.
 """
@@ -82,7 +82,7 @@ def main() -> None:
     import pccl
     from shard import Engine
     from shard.models import GPT, GPTConfig
-    from shard.throughput import Throughput, peak_tflops
+    from shard.planning.throughput import Throughput, peak_tflops
 
     world = MPI.COMM_WORLD
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)

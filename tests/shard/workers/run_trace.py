@@ -1,4 +1,4 @@
-"""mpiexec worker: the engine's trace on real ranks against its dry run (shard/predict.py).
+"""mpiexec worker: the engine's trace on real ranks against its dry run (shard/planning/predict.py).
 
 Usage: mpiexec -n 4 python -m tests.shard.workers.run_trace REPORT.json
 
@@ -19,7 +19,7 @@ import torch
 
 import pccl
 from pccl.runtime.dry_run import DryRunCommunicator
-from shard.predict import Workload, trace_step
+from shard.planning.predict import Workload, trace_step
 from tests.shard.engine_models import TinyTransformer
 
 torch.set_num_threads(1)

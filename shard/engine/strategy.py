@@ -37,12 +37,15 @@ ALIASES = {"ddp": "NNN", "zero1": "NNG", "zero2": "NGG", "zero3": "GGG", "mics":
 
 @dataclass(frozen=True)
 class Strategy:
-    p: Scope
-    g: Scope
-    os: Scope
+    """The scope of each kind of state: PaRO's P, G and OS, spelled out here because G is
+    also the global scope's letter (Strategy(params=Scope.I, grads=Scope.G, ...) is "IGG")."""
+
+    params: Scope      # P: parameters
+    grads: Scope       # G: gradients
+    optimizer: Scope   # OS: optimizer state (fp32 master weights and moments)
 
     def __post_init__(self) -> None:
-        if self.os < self.p or self.os < self.g:
+        if self.optimizer < self.params or self.optimizer < self.grads:
             raise StrategyError(
                 f"strategy {self.letters} breaks PaRO's Principle 1: optimizer state must be sharded at "
                 f"least as finely as parameters and gradients (N < I < G), otherwise it costs more memory "
@@ -64,7 +67,7 @@ class Strategy:
 
     @property
     def letters(self) -> str:
-        return f"{self.p.name}{self.g.name}{self.os.name}"
+        return f"{self.params.name}{self.grads.name}{self.optimizer.name}"
 
     @property
     def name(self) -> str:
@@ -76,10 +79,10 @@ class Strategy:
 
     def nearest_valid(self) -> str:
         """The same P and G with optimizer state sharded as finely as they need."""
-        return f"{self.p.name}{self.g.name}{max(self.p, self.g, self.os).name}"
+        return f"{self.params.name}{self.grads.name}{max(self.params, self.grads, self.optimizer).name}"
 
     def uses_groups(self) -> bool:
-        return Scope.I in (self.p, self.g, self.os)
+        return Scope.I in (self.params, self.grads, self.optimizer)
 
     def check_group(self, world: int, group: int) -> None:
         """A group of `group` ranks must divide the world (any size works without I scopes)."""
@@ -92,17 +95,19 @@ class Strategy:
 
     def memory_per_rank(self, psi: float, world: int, group: int, param_bytes: int = 2,
                         grad_bytes: int = 2, state_bytes: int = 12) -> dict[str, float]:
-        """PaRO's Table 2: bytes per rank of P, G and OS for psi parameters (mixed precision:
-        2-byte parameters and gradients, K = 12 bytes of fp32 master weights and two moments)."""
+        """PaRO's Table 2: bytes per rank of parameters, gradients and optimizer state (its P,
+        G and OS) for psi parameters (mixed precision: 2-byte parameters and gradients, K = 12
+        bytes of fp32 master weights and two moments)."""
         return {
-            "P": param_bytes * psi / self.p.shards(world, group),
-            "G": grad_bytes * psi / self.g.shards(world, group),
-            "OS": state_bytes * psi / self.os.shards(world, group),
+            "parameters": param_bytes * psi / self.params.shards(world, group),
+            "gradients": grad_bytes * psi / self.grads.shards(world, group),
+            "optimizer": state_bytes * psi / self.optimizer.shards(world, group),
         }
 
 
 STRATEGIES = tuple(Strategy(*scopes) for scopes in product(Scope, repeat=3)
                    if scopes[2] >= scopes[0] and scopes[2] >= scopes[1])
+REPLICATED = Strategy(Scope.N, Scope.N, Scope.N)   # what units too small to shard use
 
 
 def grouped_reduce_scatter_saving(psi: float, world: int, group: int, steps: int) -> float:

@@ -20,10 +20,9 @@ import torch
 from pccl.analysis.traffic import sent
 from pccl.executors.streams import SideStream
 from pccl.runtime.work import SerialQueue, Work
-
-from .layout import Layout
-from .strategy import Scope
-from .trace import Call, StepTrace
+from shard.engine.shard_layout import ShardLayout
+from shard.engine.strategy import Scope
+from shard.engine.trace import StepTrace, TracedCall
 
 STAGES = ("forward", "backward", "update")
 
@@ -33,7 +32,7 @@ class Ledger:
     busy, seconds the caller waited for communication (the exposed part), and the longest
     single wait with what it waited for (a straggler shows there)."""
 
-    def __init__(self, layout: Layout):
+    def __init__(self, layout: ShardLayout):
         self.layout = layout
         self.sent = {stage: {"intra": 0, "inter": 0} for stage in STAGES}
         self.busy: dict[str, float] = {}
@@ -117,7 +116,7 @@ class Lane:
     or, given `queue`, one shared with the other lane (NCCL levels under MPI: one thread
     launches all NCCL work, so every rank launches it in the same order)."""
 
-    def __init__(self, name: str, comm, layout: Layout, levels: bool, algorithm, ledger: Ledger,
+    def __init__(self, name: str, comm, layout: ShardLayout, levels: bool, algorithm, ledger: Ledger,
                  device: torch.device, queue: Optional[SerialQueue] = None):
         self.name, self.layout, self.ledger, self.algorithm = name, layout, ledger, algorithm
         everyone = list(range(layout.world))
@@ -127,7 +126,7 @@ class Lane:
                 mine = next(g for g in groups if layout.rank in g)
                 self.comms[level] = (comm.split(groups), mine)
         self.log: list | None = None   # when a list: (level, collective, numel, dtype, algorithm) of each call
-        self.trace: Optional[StepTrace] = None   # when set: the step's events (shard/trace.py)
+        self.trace: Optional[StepTrace] = None   # when set: the step's events (shard/engine/trace.py)
         self._running = threading.local()        # .task: the traced task this thread runs now
         self._queue = queue or SerialQueue(f"shard-{name}")
         self._side = SideStream(torch.cuda.Stream(device)) if device.type == "cuda" else None
@@ -181,7 +180,7 @@ class Lane:
             if self.log is not None:
                 self.log.append((level, collective, full.numel(), full.dtype, algorithm))
         if self.trace is not None and comm.size > 1:
-            call = Call(level, collective, full.numel() * full.element_size(), algorithm, comm)
+            call = TracedCall(level, collective, full.numel() * full.element_size(), algorithm, comm)
             self.trace.call(getattr(self._running, "task", None), call)
         # "none", not None: the engine's own settings decide, never PCCL_COMPRESSION
         getattr(comm, collective)(*args, algorithm=algorithm, compression=codec or "none")

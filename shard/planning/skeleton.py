@@ -6,7 +6,7 @@ order units run forward and backward, and on when each unit's gradients are comp
 not on what a unit computes. Tracing the real GPT-7B on the meta device costs about 3 s a
 step (thousands of meta kernels); this stand-in gives the same trace (events, tasks and
 collectives; tests/shard/test_skeleton.py holds them equal) at a small fraction of that,
-which lets the planner (shard/plan.py) trace every strategy and group size.
+which lets the planner (shard/planning/planner.py) trace every strategy and group size.
 
 Each unit computes `x * (1 + sum of its parameters)`: the product saves a tensor, so a
 unit under activation checkpointing is recomputed in its backward as a real one is. The
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .units import Unit, split_units
+from shard.engine.units import Unit, split_units
 
 
 class _Unit(nn.Module):

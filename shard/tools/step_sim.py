@@ -1,4 +1,4 @@
-"""shard-sim: the engine's training throughput predicted at scale (shard/predict.py).
+"""shard-sim: the engine's training throughput predicted at scale (shard/planning/predict.py).
 
     shard-sim --model gpt_7b,gpt_13b --profile frontier --ranks 128:1024 --comms native,pccl,hierarchical
 
@@ -15,11 +15,10 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from shard.planning.throughput import DEFAULT_MFU
+
 # Ratios the PCCL paper measured with DeepSpeed ZeRO-3 on Frontier, PCCL over RCCL (Section 6.2)
 PAPER = {("gpt_7b", 1024): 1.60, ("gpt_13b", 1024): 1.39, ("gpt_7b", 512): 1 / 0.70, ("gpt_13b", 512): 1 / 0.84}
-# Compute efficiency of forward and backward alone: an assumption of the order of the 32-38%
-# of peak measured for 22B-1T GPT training on Frontier (Dash et al., arXiv:2312.12705)
-DEFAULT_MFU = 0.35
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -44,7 +43,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def peak(args, profile) -> float:
-    from .throughput import PEAK_TFLOPS, PROFILE_DEVICES
+    from shard.planning.throughput import PEAK_TFLOPS, PROFILE_DEVICES
 
     if args.peak_tflops is not None:
         return args.peak_tflops
@@ -55,7 +54,7 @@ def peak(args, profile) -> float:
 
 
 def workload(args, ranks: int):
-    from .predict import Workload
+    from shard.planning.predict import Workload
 
     sequences = args.global_batch / args.seq / ranks
     micro_batches = sequences / args.micro_batch
@@ -69,12 +68,12 @@ def workload(args, ranks: int):
 def simulate(args) -> list[dict]:
     import torch
 
-    from pccl.tools.sim import doubling_range, topology_for
     from pccl.tuning import profiles
-
-    from .compare import COMMS
-    from .models import GPT, GPTConfig
-    from .predict import ComputeRate, predict_step
+    from pccl.tuning.profiles import topology_for
+    from pccl.util.sizes import doubling_range
+    from shard.models import GPT, GPTConfig
+    from shard.planning.predict import ComputeRate, predict_step
+    from shard.tools.compare_runs import COMMS
 
     profile = profiles.load(args.profile)
     tflops = peak(args, profile)
@@ -122,7 +121,7 @@ HEADER = (f"{'model':8} {'ranks':>6} {'strategy':8} {'comm':12} {'step s':>9} {'
 
 def main(argv=None) -> None:
     args = parse(argv)
-    print(f"# predicted (shard/predict.py): compute at {args.mfu:.0%} of peak; the lanes share the network; "
+    print(f"# predicted (shard/planning/predict.py): compute at {args.mfu:.0%} of peak; the lanes share the network; "
           f"communication assumed not to slow compute\n{HEADER}", flush=True)
     rows = simulate(args)
     if args.json:

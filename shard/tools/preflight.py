@@ -10,9 +10,8 @@ import math
 from dataclasses import fields
 from typing import Callable
 
+from shard.engine.config import EngineConfig, OptimizerConfig
 from shard.models import GPTConfig
-
-from .config import EngineConfig, OptimizerConfig
 
 MODEL_FIELDS = ("vocab", "context", "width", "layers", "heads", "tied", "positions", "bias")
 Check = Callable[[str, object], None]
@@ -183,7 +182,7 @@ def engine_config(resolved: dict, precision: str) -> EngineConfig:
 
 
 def _data(d: dict, model: GPTConfig) -> None:
-    from .data.spec import normalize
+    from shard.data.spec import normalize
 
     spec = {k: v for k, v in d.items() if k != "cache_dir"}
     if spec.get("vocab_size") is None:

@@ -7,7 +7,7 @@ Held all the time (the model state; exactly what Engine.memory_report counts):
 
 Held while a micro-batch runs forward and backward, at two moments:
   the loss's backward (the first thing the backward does):
-    activations  what autograd keeps (shard/activations.py)
+    activations  what autograd keeps (shard/planning/activations.py)
     loss         the loss's gradient: log-softmax's fp32 output gradient and input gradient
                  over the vocabulary, 8 V bytes per token
     gathered     the root unit's full parameters (tied embeddings: gathered for the pass)
@@ -39,13 +39,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .activations import activation_bytes, block_bytes, head_bytes
-from .config import PRECISIONS
-from .engine import OPTIMIZER_BYTES, REPLICATED
-from .flat import FlatParams
-from .models.gpt import GPTConfig
-from .strategy import Scope, Strategy
-from .units import MIN_SHARD_NUMEL, split_units
+from shard.engine.adamw import OPTIMIZER_BYTES
+from shard.engine.config import PRECISIONS
+from shard.engine.flat import FlatParams
+from shard.engine.strategy import REPLICATED, Scope, Strategy
+from shard.engine.units import MIN_SHARD_NUMEL, split_units
+from shard.models.gpt import GPTConfig
+from shard.planning.activations import activation_bytes, block_bytes, head_bytes
 
 ROOT = "<root>"
 LOSS_BYTES_PER_VOCAB = 8   # fp32 gradient of log-softmax's output and of its input
@@ -80,9 +80,9 @@ def model_state(sizes: list[UnitSize], strategy: Strategy, world: int, group: in
     for u in sizes:
         s = strategy if u.numel >= min_shard_numel else REPLICATED
         padded = _padded(u.numel, world)
-        out["parameters"] += padded // s.p.shards(world, group) * _element(precision)
-        out["gradients"] += padded // s.g.shards(world, group) * _element(reduce_dtype)
-        out["optimizer"] += padded // s.os.shards(world, group) * OPTIMIZER_BYTES
+        out["parameters"] += padded // s.params.shards(world, group) * _element(precision)
+        out["gradients"] += padded // s.grads.shards(world, group) * _element(reduce_dtype)
+        out["optimizer"] += padded // s.optimizer.shards(world, group) * OPTIMIZER_BYTES
     return out
 
 
@@ -114,7 +114,7 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
     def scoped(u: UnitSize) -> Strategy:
         return strategy if u.numel >= min_shard_numel else REPLICATED
 
-    sharded = [u for u in sizes if scoped(u).p != Scope.N]
+    sharded = [u for u in sizes if scoped(u).params != Scope.N]
     root = sum(full(u) for u in sharded if u.name == ROOT) * ce
     runs = [u for u in sharded if u.name != ROOT]
     ahead = 0   # the largest run of a unit and the `prefetch` units after it, in bytes
@@ -140,7 +140,7 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
         # AdamW's fp32 gradient shard, and the gradient norm's fp64 copy and square of the
         # largest unit's piece of it
         "update": 4 * state["optimizer"] // OPTIMIZER_BYTES
-        + max((full(u) // scoped(u).os.shards(world, group) for u in sizes), default=0) * 16,
+        + max((full(u) // scoped(u).optimizer.shards(world, group) for u in sizes), default=0) * 16,
     }
     phase = max(moments, key=moments.get)
     return Footprint(parts, moments, sum(state.values()) + moments[phase], phase)

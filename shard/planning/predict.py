@@ -4,7 +4,7 @@
    values) over a dry-run communicator of the target world (pccl/runtime/dry_run.py), so
    its actual sequence of collectives (sizes, levels, algorithms as its tuner resolves
    them), its lane tasks, its prefetches and the points where it waits are recorded
-   (shard/trace.py). A first step runs untraced, as in training: backward prefetch follows
+   (shard/engine/trace.py). A first step runs untraced, as in training: backward prefetch follows
    the order the previous backward took.
 2. Cost: each collective's time from the cost model on the machine profile (every group of
    a split running at once, sharing the nodes' NICs); each unit's forward and backward time
@@ -30,8 +30,7 @@ import torch
 from pccl.core.topology import Topology
 from pccl.runtime.dry_run import DryRunCommunicator
 from pccl.tuning.profiles import Profile
-
-from .trace import Call, StepTrace
+from shard.engine.trace import StepTrace, TracedCall
 
 ROOT = "<root>"
 
@@ -88,7 +87,7 @@ def unit_flops(model: torch.nn.Module, units: list[str], micro: Workload) -> dic
 
 def micro_batch_flops(model: torch.nn.Module, micro: Workload) -> float:
     """Forward and backward FLOPs of one micro-batch of `model` (on the meta device)."""
-    from .units import split_units
+    from shard.engine.units import split_units
 
     return sum(f + b for f, b in unit_flops(model, [u.name for u in split_units(model)], micro).values())
 
@@ -97,7 +96,7 @@ def trace_step(model: torch.nn.Module, comm, micro: Workload, **settings) -> tup
     """(the trace of one step, the engine) of `model` over `comm`: a dry-run communicator
     with a model on the meta device (nothing is computed or sent), or a real one (the
     trace the dry run must reproduce); `settings` as Engine's keywords (strategy=, ...)."""
-    from .engine import Engine
+    from shard.engine.engine import Engine
 
     device = next(model.parameters()).device
     meta = {"device": "meta", "init": lambda name, tensor: None} if device.type == "meta" else {}
@@ -133,13 +132,13 @@ def trace_many(model: torch.nn.Module, comm, micro: Workload, **settings) -> tup
     return trace.repeated(1, micro.micro_batches - 2), engine
 
 
-def call_seconds(call: Call) -> float:
+def call_seconds(call: TracedCall) -> float:
     """The dry-run communicator's prediction (it remembers them, by value)."""
     return call.comm.predict(call.collective, call.algorithm, call.nbytes)
 
 
 def replay(trace: StepTrace, compute_seconds: Callable[[str, Optional[str]], float],
-           seconds: Callable[[Call], float] = call_seconds, shared_cores: bool = False) -> dict:
+           seconds: Callable[[TracedCall], float] = call_seconds, shared_cores: bool = False) -> dict:
     """The step's time with the engine's overlap: {"step_s", "compute_s", "exposed_s",
     "comm_s" (every collective's time, back to back), "busy_s" per lane}.
 
@@ -244,11 +243,11 @@ def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, m
                  rate: ComputeRate, shared_cores: bool = False, flops: Optional[dict] = None, **settings) -> dict:
     """The predicted step of `model` (meta device) on `topology`: replay() of its trace
     (shared_cores as there), plus tokens/s over all ranks, the collectives the step ran,
-    and the model-state bytes. The trace is taken of the model's skeleton (shard/skeleton.py:
+    and the model-state bytes. The trace is taken of the model's skeleton (shard/planning/skeleton.py:
     the same trace, without the model's computation); `flops`: unit_flops of the model for
     `micro`, where the caller has them already."""
-    from .skeleton import Skeleton
-    from .units import split_units
+    from shard.engine.units import split_units
+    from shard.planning.skeleton import Skeleton
 
     if any(p.device.type != "meta" for p in model.parameters()):
         raise ValueError("predict_step needs a model built on the meta device (with torch.device('meta'))")
@@ -268,5 +267,5 @@ def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, m
     out["tokens_per_s"] = topology.size * micro.tokens / out["step_s"]
     out["collectives"] = len(trace.calls())
     out["algorithms"] = sorted({f"{c.level} {c.collective}: {c.algorithm}" for c in trace.calls()})
-    out["memory"] = {k: engine.memory_report()[k] for k in ("P", "G", "OS")}
+    out["memory"] = {k: engine.memory_report()[k] for k in ("parameters", "gradients", "optimizer")}
     return out

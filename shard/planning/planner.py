@@ -1,7 +1,6 @@
-"""shard-plan: which sharding strategy, group size and algorithms to train a GPT with, on
-a given cluster, and why.
-
-    shard-plan --model gpt_7b --world 1024 --ranks-per-node 8 --profile frontier --memory 64GB --json
+"""The planner: which sharding strategy, group size and algorithms to train a GPT with, on
+a given cluster, and why (shard-plan prints its table: shard/tools/strategy_plan.py), and
+the engine of its choice for strategy="auto" (build_engine).
 
 PaRO's point is that no strategy is best everywhere: the right scopes of parameters (P),
 gradients (G) and optimizer state (OS), and the group size of the I scope, depend on the
@@ -9,11 +8,11 @@ model, the memory per device, the intra- and inter-node links and the batch. The
 evaluates every strategy Principle 1 allows (the 14 of PaRO's Table 1) at every candidate
 group size and collective algorithm:
 
-- memory per rank by part, at its peak (shard/footprint.py: the model state exactly as
-  the engine holds it, activations, the gathered units of the prefetch depth, gradients
-  being reduced, workspaces), against the device's memory less a headroom;
-- for those that fit, the step time the engine's own trace predicts (shard/predict.py:
-  its collectives on the machine profile's cost model, compute from FLOPs at an assumed
+- memory per rank by part, at its peak (footprint.py: the model state exactly as the
+  engine holds it, activations, the gathered units of the prefetch depth, gradients being
+  reduced, workspaces), against the device's memory less a headroom;
+- for those that fit, the step time the engine's own trace predicts (predict.py: its
+  collectives on the machine profile's cost model, compute from FLOPs at an assumed
   or measured rate, replayed with the engine's overlap), hence tokens/s, MFU and the
   communication the step waits for.
 
@@ -24,25 +23,24 @@ memory that would do and the strategy that needs it.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 import torch
 
 from pccl.core.topology import Topology
 from pccl.tuning.profiles import Profile
-
-from .config import OBJECTIVES
-from .footprint import footprint, unit_sizes
-from .models.gpt import GPT, GPTConfig
-from .predict import ComputeRate, Workload, predict_step, unit_flops
-from .strategy import STRATEGIES, Strategy
-from .units import MIN_SHARD_NUMEL
+from shard.engine.config import OBJECTIVES, EngineConfig
+from shard.engine.engine import Engine
+from shard.engine.strategy import STRATEGIES, Strategy
+from shard.engine.units import MIN_SHARD_NUMEL
+from shard.models.gpt import GPT, GPTConfig
+from shard.planning.footprint import footprint, unit_sizes
+from shard.planning.predict import ComputeRate, Workload, predict_step, unit_flops
+from shard.planning.throughput import DEFAULT_MFU, peak_tflops
 
 GIB = 1 << 30
+ENGINE_ARGUMENTS = ("units", "decay", "device", "init")   # Engine's own, beside its settings
 
 
 class PlanError(ValueError):
@@ -167,7 +165,7 @@ def candidates(world: int, ranks_per_node: int, strategies=STRATEGIES, groups=No
 
 
 @dataclass
-class Plan:
+class StrategyPlan:
     job: Job
     cluster: Cluster
     objective: str
@@ -199,7 +197,7 @@ class Plan:
         lines = []
         name = label(c)
         if self.objective == "memory":
-            lines.append(f"{name} needs the least memory: {_gib(c.memory['peak'])} per rank at its peak "
+            lines.append(f"{name} needs the least memory: {in_gib(c.memory['peak'])} per rank at its peak "
                          f"({c.memory['moment']})" + (f", {self.margin():.1%} less than {label(other)}"
                                                         if other else "") + ".")
         elif other is None:
@@ -216,10 +214,10 @@ class Plan:
         if misses:
             faster = [x for x in misses if x.step is not None and c.step is not None
                       and x.step["tokens_per_s"] > c.step["tokens_per_s"]]
-            lines.append(f"{len(misses)} of {len(self.ranked)} candidates do not fit {_gib(usable)} "
-                         f"({self.cluster.headroom:.0%} of {_gib(self.cluster.memory)} kept free); the nearest, "
-                         f"{label(misses[0])}, is {_gib(misses[0].miss)} over"
-                         + (f"; {label(faster[0])} would be faster but needs {_gib(faster[0].memory['peak'])}"
+            lines.append(f"{len(misses)} of {len(self.ranked)} candidates do not fit {in_gib(usable)} "
+                         f"({self.cluster.headroom:.0%} of {in_gib(self.cluster.memory)} kept free); the nearest, "
+                         f"{label(misses[0])}, is {in_gib(misses[0].miss)} over"
+                         + (f"; {label(faster[0])} would be faster but needs {in_gib(faster[0].memory['peak'])}"
                             if faster else "") + ".")
         return " ".join(lines)
 
@@ -242,7 +240,7 @@ class Plan:
                 "assumptions": self.assumptions, "rows": rows}
 
 
-def _gib(nbytes: float) -> str:
+def in_gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.3g} GiB"
 
 
@@ -255,7 +253,7 @@ def label(c: Candidate) -> str:
 def _flops(job: Job) -> dict:
     """Forward and backward FLOPs per unit of one micro-batch; with activation
     checkpointing every unit but the root recomputes its forward in its backward."""
-    from .units import split_units
+    from shard.engine.units import split_units
 
     with torch.device("meta"):
         model = GPT(job.cfg)
@@ -285,7 +283,7 @@ def sized(job: Job, cluster: Cluster, *, strategies=STRATEGIES, groups=None, alg
 
 
 def make_plan(job: Job, cluster: Cluster, *, objective: str = "throughput", strategies=STRATEGIES, groups=None,
-              algorithms=("auto",), predict_all: bool = False) -> Plan:
+              algorithms=("auto",), predict_all: bool = False) -> StrategyPlan:
     """Every candidate evaluated and ranked (see the module's docstring); PlanError when none
     fits. predict_all: predict the step time of the candidates that do not fit too."""
     if objective not in OBJECTIVES:
@@ -299,10 +297,10 @@ def make_plan(job: Job, cluster: Cluster, *, objective: str = "throughput", stra
         raise PlanError(
             f"{job.name} ({job.cfg.num_params() / 1e9:.3g}B parameters, micro-batch {job.micro_batch} x {job.seq} "
             f"tokens, {job.precision}{', activation checkpointing' if job.checkpointing else ''}) fits no strategy on "
-            f"{world} ranks with {_gib(cluster.memory)} per device ({cluster.headroom:.0%} kept free): the smallest "
-            f"peak is {label(best)}'s, {_gib(best.memory['peak'])} per rank, which needs at least {_gib(needed)} per "
-            f"device" + ("" if job.checkpointing else "; activation checkpointing, a smaller micro-batch or more ranks "
-                         "would lower it"))
+            f"{world} ranks with {in_gib(cluster.memory)} per device ({cluster.headroom:.0%} kept free): the smallest "
+            f"peak is {label(best)}'s, {in_gib(best.memory['peak'])} per rank, which needs at least "
+            f"{in_gib(needed)} per device" + ("" if job.checkpointing else "; activation checkpointing, a smaller "
+                                              "micro-batch or more ranks would lower it"))
     flops = _flops(job)
     with torch.device("meta"):
         model = GPT(job.cfg)   # each prediction traces its own skeleton of it
@@ -322,21 +320,38 @@ def make_plan(job: Job, cluster: Cluster, *, objective: str = "throughput", stra
                    "collectives: the cost model on profile " + cluster.profile.name + "; lanes share the network",
                    "communication " + ("shares the cores with computation" if cluster.shared_cores
                                        else "does not slow computation"),
-                   f"memory: the engine's model (shard/footprint.py) plus {cluster.headroom:.0%} headroom"]
-    return Plan(job, cluster, objective, ranked, assumptions)
+                   f"memory: the engine's model (shard/planning/footprint.py) plus {cluster.headroom:.0%} headroom"]
+    return StrategyPlan(job, cluster, objective, ranked, assumptions)
 
 
-# strategy="auto" in the engine.
+# strategy="auto": planned, then the engine is built.
 
-def plan_for_engine(model: torch.nn.Module, comm, config, workload: Optional[Workload], device=None) -> Plan:
-    """The plan Engine(strategy="auto") follows: for `model` (a GPT), the communicator's
+def build_engine(model: torch.nn.Module, comm, config: Optional[EngineConfig] = None, *,
+                 workload: Optional[Workload] = None, **keywords) -> tuple[Engine, Optional[StrategyPlan]]:
+    """(the engine, the plan it follows): Engine(model, comm, config, ...) as it is, or, with
+    strategy="auto", the engine of the strategy and group size the planner chooses for
+    `workload` (Workload: sequence length, micro-batch and micro-batches per step), on this
+    communicator's world, machine profile and device memory (config.auto says by which
+    objective); every rank takes part. The plan is None when a strategy is named.
+    `keywords`: Engine's (units=, decay=, device=, init=) and its settings (strategy=, lr=, ...)."""
+    arguments = {k: keywords.pop(k) for k in ENGINE_ARGUMENTS if k in keywords}
+    config = EngineConfig.given(config, keywords)
+    plan = None
+    if config.strategy == "auto":
+        plan = plan_for(model, comm, config, workload, arguments.get("device"))
+        config = replace(config, strategy=plan.chosen.strategy, group_size=plan.chosen.group)
+    elif workload is not None:
+        raise ValueError("workload= is for strategy='auto' (what the planner plans for)")
+    return Engine(model, comm, config, **arguments), plan
+
+
+def plan_for(model: torch.nn.Module, comm, config: EngineConfig, workload: Optional[Workload],
+             device=None) -> StrategyPlan:
+    """The plan strategy="auto" follows: for `model` (a GPT), the communicator's
     topology and machine profile, the device's memory (config.auto.memory, or what the
     device has) and a compute rate (the GPU's peak at the assumed efficiency, or measured
     on one block here); the ranks agree on the smallest memory and rate first, so all of
     them make the same plan."""
-    from .sim import DEFAULT_MFU
-    from .throughput import peak_tflops
-
     cfg = getattr(model, "cfg", None)
     if not isinstance(cfg, GPTConfig):
         raise PlanError("strategy='auto' plans for the GPT of models/gpt.py (its memory and FLOPs are modelled); "
@@ -346,7 +361,8 @@ def plan_for_engine(model: torch.nn.Module, comm, config, workload: Optional[Wor
                         f"computes per step, which the choice depends on; got {workload!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     if device.type == "meta":
-        raise PlanError("strategy='auto' measures the device it plans for: give the engine a real device")
+        raise PlanError("strategy='auto' measures the device it plans for: give the engine a real device "
+                        "(device=)")
     job = Job(cfg, workload.seq, workload.micro_batch, workload.micro_batches, config.precision, config.reduce_dtype,
               config.activation_checkpointing, config.prefetch, config.prefetch_bytes, config.min_shard_numel)
     peak, _ = peak_tflops(device, config.precision)
@@ -381,8 +397,8 @@ def measured_flops(cfg: GPTConfig, workload: Workload, device: torch.device, pre
 
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .config import PRECISIONS
-    from .models.gpt import Block
+    from shard.engine.config import PRECISIONS
+    from shard.models.gpt import Block
 
     dtype = PRECISIONS[precision]
     block = Block(cfg).to(device, dtype)
@@ -399,126 +415,3 @@ def measured_flops(cfg: GPTConfig, workload: Workload, device: torch.device, pre
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - start)
     return counter.get_total_flops() / best
-
-
-# The command line.
-
-def parse(argv=None) -> argparse.Namespace:
-    from pccl.util.args import at_least
-
-    from .sim import DEFAULT_MFU
-
-    ap = argparse.ArgumentParser(prog="shard-plan", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="gpt_7b", help="a preset of shard.models (gpt_125m ... gpt_13b, tiny)")
-    for name in ("width", "layers", "heads", "vocab"):
-        ap.add_argument(f"--{name}", type=at_least(1), default=None, help=f"the preset's {name}, overridden")
-    ap.add_argument("--world", type=at_least(2), required=True, help="ranks (GPUs or GCDs) in all")
-    ap.add_argument("--ranks-per-node", type=at_least(1), default=None, help="default: the profile's")
-    ap.add_argument("--profile", default="frontier", help="a built-in machine profile or a profile file")
-    ap.add_argument("--memory", default=None,
-                    help="memory per device: 64GB, 80GiB, ... (powers of 1024); default: the profile's device's")
-    ap.add_argument("--headroom", type=float, default=0.1, help="fraction of the memory kept free")
-    ap.add_argument("--global-batch", type=float, default=4 * 2 ** 20,
-                    help="tokens per step over all ranks (default: the PCCL paper's 4M)")
-    ap.add_argument("--seq", type=at_least(1), default=2048)
-    ap.add_argument("--micro-batch", type=at_least(1), default=1, help="sequences per rank per micro-batch")
-    ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
-    ap.add_argument("--reduce-dtype", default=None, choices=("fp32", "bf16", "fp16"), help="default: --precision")
-    ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
-    ap.add_argument("--prefetch", type=at_least(0), default=1)
-    ap.add_argument("--objective", default="throughput", choices=OBJECTIVES)
-    ap.add_argument("--strategies", default=None, help="comma-separated; default: all 14 of PaRO's Table 1")
-    ap.add_argument("--groups", default=None,
-                    help="comma-separated group sizes, or 'all' (every divisor); default: half a node to 4 nodes")
-    ap.add_argument("--algorithms", default="auto", help="comma-separated pccl algorithms to evaluate each with")
-    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU,
-                    help="compute efficiency of forward and backward alone, of the device's peak")
-    ap.add_argument("--tflops", type=float, default=None,
-                    help="achieved TFLOP/s per rank of forward and backward (overrides --mfu x peak)")
-    ap.add_argument("--shared-cores", action="store_true",
-                    help="ranks whose cores both compute and communicate (CPU ranks)")
-    ap.add_argument("--predict-all", action="store_true", help="predict the step of candidates that do not fit too")
-    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
-    return ap.parse_args(argv)
-
-
-def from_args(args: argparse.Namespace) -> tuple[Job, Cluster, dict]:
-    """The job, the cluster and make_plan's keywords of a command line."""
-    from pccl.tools.sim import topology_for
-    from pccl.tuning import profiles
-    from pccl.util.sizes import parse_size
-
-    from .throughput import DEVICE_MEMORY_GIB, PEAK_TFLOPS, PROFILE_DEVICES
-
-    profile = profiles.load(args.profile)
-    overrides = {k: getattr(args, k) for k in ("width", "layers", "heads", "vocab") if getattr(args, k) is not None}
-    cfg = GPTConfig.preset(args.model, context=max(args.seq, GPTConfig.preset(args.model).context), **overrides)
-    device = PROFILE_DEVICES.get(profile.name)
-    if args.memory is not None:
-        memory = parse_size(args.memory)
-    elif device is not None:
-        memory = DEVICE_MEMORY_GIB[device] * GIB
-    else:
-        raise PlanError(f"no device memory known for profile {profile.name!r}; pass --memory (64GB, 80GiB, ...)")
-    peak = PEAK_TFLOPS[device][args.precision] * 1e12 if device else None
-    if args.tflops is not None:
-        rate_source, flops = f"{args.tflops} TFLOP/s per rank, as given", args.tflops * 1e12
-    elif peak is not None:
-        rate_source, flops = f"{args.mfu:.0%} of {peak / 1e12:g} TFLOP/s ({device}, {args.precision})", args.mfu * peak
-    else:
-        raise PlanError(f"no peak FLOP/s known for profile {profile.name!r}; pass --tflops (achieved per rank)")
-    rate = ComputeRate.on(profile, flops, rate_source)
-    topology = topology_for(args.world, profile, args.ranks_per_node, None)
-    cluster = Cluster(topology, profile, memory, rate, args.headroom, peak, args.shared_cores)
-    job = Job.for_global_batch(cfg, args.world, int(args.global_batch), args.seq, args.micro_batch,
-                               precision=args.precision, reduce_dtype=args.reduce_dtype,
-                               checkpointing=args.checkpointing, prefetch=args.prefetch, name=args.model)
-    groups = None
-    if args.groups == "all":
-        groups = group_sizes(args.world, topology.ranks_per_node, every=True)
-    elif args.groups:
-        groups = [int(g) for g in args.groups.split(",") if g.strip()]
-    keywords = {"objective": args.objective, "groups": groups, "predict_all": args.predict_all,
-                "algorithms": tuple(a for a in args.algorithms.split(",") if a),
-                "strategies": tuple(s for s in args.strategies.split(",") if s) if args.strategies else STRATEGIES}
-    return job, cluster, keywords
-
-
-def table(plan: Plan) -> str:
-    c, job = plan.cluster, plan.job
-    head = [f"# {job.name}: {job.cfg.num_params() / 1e9:.3g}B parameters, {job.micro_batches} micro-batch(es) of "
-            f"{job.micro_batch} x {job.seq} tokens per rank per step, {job.precision}"
-            f"{', activation checkpointing' if job.checkpointing else ''}, prefetch {job.prefetch}",
-            f"# {c.topology.size} ranks ({c.topology.ranks_per_node} per node), profile {c.profile.name}, "
-            f"{_gib(c.memory)} per device, {_gib(c.usable)} usable",
-            *(f"# assumed: {a}" for a in plan.assumptions),
-            f"{'#':>3} {'strategy':14} {'group':>5} {'algorithm':10} {'param':>7} {'grad':>7} {'optim':>7} "
-            f"{'activ':>7} {'gather':>7} {'other':>7} {'peak GiB':>8} {'fits':>10} {'step s':>8} {'tokens/s':>10} "
-            f"{'MFU':>5} {'exposed':>8}"]
-    for r in plan.rows():
-        m = r["memory"]
-        other = m["peak"] - sum(m[k] for k in ("parameters", "gradients", "optimizer", "activations", "gathered"))
-        gib = [f"{m[k] / GIB:7.2f}" for k in ("parameters", "gradients", "optimizer", "activations", "gathered")]
-        fits = "yes" if r["fits"] else f"+{r['miss_bytes'] / GIB:.2f} GiB"
-        mfu = "-" if r.get("mfu") is None else f"{r['mfu']:.0%}"
-        timed = (f"{r['step_s']:8.3f} {r['tokens_per_s']:10.4g} {mfu:>5} {r['exposed_s']:8.3f}" if "step_s" in r
-                 else f"{'-':>8} {'-':>10} {'-':>5} {'-':>8}")
-        group = "-" if r["group"] is None else r["group"]
-        head.append(f"{r['rank']:3} {r['name']:14} {group:>5} {str(r['algorithm']):10} {' '.join(gib)} "
-                    f"{other / GIB:7.2f} {m['peak'] / GIB:8.2f} {fits:>10} {timed}")
-    head.append(f"chosen: {label(plan.chosen)}. {plan.reason()}")
-    return "\n".join(head)
-
-
-def main(argv=None) -> None:
-    args = parse(argv)
-    try:
-        job, cluster, keywords = from_args(args)
-        plan = make_plan(job, cluster, **keywords)
-    except (PlanError, ValueError) as e:
-        sys.exit(f"shard-plan: {e}")
-    print(json.dumps(plan.to_json(), indent=1, default=str) if args.json else table(plan))
-
-
-if __name__ == "__main__":
-    main()

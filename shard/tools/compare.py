@@ -20,7 +20,7 @@ same steps, one mpiexec launch per run:
 `--micro K` accumulates K micro-batches of `--batch` sequences per step (FSDP2 and
 DeepSpeed as their users would: a reduction per micro-batch). `--width/--layers/--heads/
 --vocab` resize the preset. `--predict PROFILE` adds, for every engine run, the step time
-shard/predict.py predicts from that machine profile and a compute time measured here (one
+shard/planning/predict.py predicts from that machine profile and a compute time measured here (one
 more launch, computing alone), and the error against the measurement.
 
 Each run reports tokens/s (the median step after warm-up), step time, the communication
@@ -41,15 +41,7 @@ import time
 from pathlib import Path
 
 from pccl.util.args import at_least
-
-COMMS = {"native": "native", "pccl": "auto", "hierarchical": "hierarchical", "ho_ring": "ho_ring"}
-LR, BETAS, EPS = 1e-3, (0.9, 0.95), 1e-8
-# Losses of runs doing the same math in fp32 differ only by rounding (sums in another
-# order, another AdamW's arithmetic): well below this relative difference.
-LOSS_TOLERANCE = 1e-4
-# A run whose parameters and gradients travel compressed (STRATEGY-COMM+CODEC) does other
-# math on purpose: it is held to 2% of the reference's loss (issue 17's target).
-COMPRESSED_LOSS_TOLERANCE = 0.02
+from shard.tools.compare_runs import BETAS, COMMS, EPS, LR, EngineRun, loss_tolerance, parse_run
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -74,8 +66,8 @@ def parse(argv=None) -> argparse.Namespace:
                     help="launches per run; the one with the median tokens/s is reported, with all of them")
     ap.add_argument("--out", default="compare-results")
     ap.add_argument("--predict", metavar="PROFILE", default=None,
-                    help="also predict each engine run's step (shard/predict.py) with this machine profile and "
-                         "the compute time measured here by a compute-only launch")
+                    help="also predict each engine run's step (shard/planning/predict.py) with this machine "
+                         "profile and the compute time measured here by a compute-only launch")
     ap.add_argument("--worker", help=argparse.SUPPRESS)   # the run, inside its mpiexec launch
     args = ap.parse_args(argv)
     if args.warmup is not None and args.warmup >= args.steps:
@@ -92,24 +84,6 @@ def nodes(text: str) -> tuple[int, int]:
     if n < 1 or m < 1:
         raise argparse.ArgumentTypeError(f"nodes and ranks per node must be >= 1, got {text!r}")
     return n, m
-
-
-def check_run(name: str) -> None:
-    """A clear error for a run name the tool does not know, before anything launches."""
-    from shard.strategy import Strategy
-
-    if name in ("fsdp2", "fsdp2-pccl", "deepspeed-zero3"):
-        return
-    name, _, compression = name.partition("+")
-    if compression:
-        from pccl.compression.codecs import codec
-
-        codec(compression)
-    strategy, _, comm = name.rpartition("-")
-    if comm not in COMMS or not strategy:
-        raise SystemExit(f"shard-compare: unknown run {name!r}; expected fsdp2, fsdp2-pccl, deepspeed-zero3 or "
-                         f"STRATEGY-COMM[+CODEC] with COMM one of {tuple(COMMS)}")
-    Strategy.parse(strategy)
 
 
 def model_config(args):
@@ -131,115 +105,44 @@ def worker(args: argparse.Namespace) -> dict:
     """One run on this launch's ranks; rank 0 returns its row."""
     import torch
 
-    import pccl.distributed
     from pccl.runtime.rendezvous import mpi_world
     from shard.models import GPT
-    from shard.predict import next_token_loss
-    from shard.train import peak_rss_bytes
+    from shard.planning.throughput import peak_rss_bytes
 
     torch.set_num_threads(1)
     world = mpi_world()
     rank, p = world.rank, world.size
     cfg = model_config(args)
     model = GPT(cfg, seed=0)
-    name, sent, exposed = args.worker, [0], None
+    name = args.worker
     if name == "compute":
         return compute_only(args, model, world)
-    if name.startswith("fsdp2"):
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        pccl.distributed.init_process_group("pccl" if name == "fsdp2-pccl" else "gloo")
-        count_torch_collectives(sent, p)
-        mesh = init_device_mesh("cpu", (p,))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
-
-        def step(micro_batches):
-            losses = []
-            for tokens in micro_batches:
-                loss = next_token_loss(model, tokens)
-                (loss / len(micro_batches)).backward()
-                losses.append(loss.item())
-            optimizer.step()
-            optimizer.zero_grad()
-            return sum(losses) / len(losses)
-
-        def state():
-            full = {k: v.full_tensor() for k, v in model.state_dict().items()}
-            return full if rank == 0 else None
-    elif name == "deepspeed-zero3":
-        os.environ.setdefault("LOCAL_RANK", str(rank % (args.ranks_per_node or p)))   # DeepSpeed asks for it
-        pccl.distributed.init_process_group("gloo")
-        count_torch_collectives(sent, p)   # before DeepSpeed takes its references to torch's functions
-        import deepspeed
-
-        deepspeed.init_distributed(dist_backend="gloo")
-        client = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=client, config={
-            "train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": args.micro,
-            # DeepSpeed 0.19.8 clips the global gradient norm at 1.0 unless told otherwise
-            # (runtime/constants.py, GRADIENT_CLIPPING_DEFAULT); the other runs do not clip
-            "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0,
-            "steps_per_print": 1 << 30})
-
-        step = engine_step(engine, step_every_micro_batch=True)   # DeepSpeed updates at the last one
-
-        def state():
-            with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
-                full = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
-            return full if rank == 0 else None
-    else:
-        from shard import Engine
-        from shard.config import EngineConfig, OptimizerConfig
-
-        run, _, compression = name.partition("+")
-        strategy, _, comm_name = run.rpartition("-")
-        comm = pccl.init(ranks_per_node=args.ranks_per_node, timeout=300, interruptible=True)   # as shard-train
-        engine = Engine(model, comm, EngineConfig(
-            strategy=strategy, algorithm=COMMS[comm_name], group_size=args.ranks_per_node or p,
-            compress_params=compression or None, compress_grads=compression or None,
-            optimizer=OptimizerConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)))
-
-        step = engine_step(engine, step_every_micro_batch=False)
-
-        def state():
-            return engine.full_state_dict()
-    shard_run = not name.startswith(("fsdp2", "deepspeed"))
+    run = parse_run(name)
+    run.set_up(model, world, args)
     warmup = args.warmup if args.warmup is not None else args.steps // 3
     times, losses = [], []
     for s in range(args.steps):
         tokens = batch(s, rank, args, cfg.vocab)
         world.Barrier()
         start = time.perf_counter()
-        losses.append(world.allreduce(step(tokens)) / p)   # the global batch's mean loss
+        losses.append(world.allreduce(run.step(tokens)) / p)   # the global batch's mean loss
         times.append(time.perf_counter() - start)
         if s + 1 == warmup:
-            sent[0] = 0
-            if shard_run:
-                engine.comm_report(reset=True)
+            run.reset()
     timed = max(1, args.steps - warmup)
-    if shard_run:
-        report = engine.comm_report()
-        exposed = report["exposed_s"] / timed
-        sent[0] = sum(report[s]["intra"] + report[s]["inter"] for s in ("forward", "backward", "update"))
-        state_bytes = {k: engine.memory_report()[k] for k in ("P", "G", "OS")}
-        table2 = engine.strategy.memory_per_rank(cfg.num_params(), p, engine.layout.group, param_bytes=4,
-                                                 grad_bytes=4, state_bytes=12)
-    final = state()
+    # the state first, as before Run: a torch run's byte count takes in its gather (the
+    # engine's report leaves its own out)
+    final = run.full_state()
+    fields = run.report(timed)
     step_time = world.allreduce(statistics.median(times[warmup:] or times), op=max_op())
     row = {"name": name, "ranks": p, "model": args.model, "params": cfg.num_params(),
            "tokens_per_s": p * args.micro * args.batch * args.seq / step_time, "step_time_s": step_time,
-           "exposed_comm_s": exposed, "sent_bytes_per_rank": world.allreduce(sent[0] / timed, op=max_op()),
+           "exposed_comm_s": fields.pop("exposed_comm_s"),
+           "sent_bytes_per_rank": world.allreduce(fields.pop("sent_bytes_per_rank"), op=max_op()),
            "peak_mem_bytes": world.allreduce(peak_rss_bytes(), op=max_op()),
-           "losses": losses}
-    if shard_run:   # model-state bytes per rank, the engine's (padded) and PaRO's Table 2 (fp32 training)
-        row["state_bytes"], row["table2_bytes"] = state_bytes, table2
+           "losses": losses, **fields}
+    run.close()
     if rank == 0:
-        import torch
-
         torch.save(final, Path(args.out) / f"{name}.pt")
         return row
     return {}
@@ -252,8 +155,8 @@ def compute_only(args, model, world) -> dict:
     slowest rank's time."""
     import torch
 
-    from shard.adamw import FlatAdamW
-    from shard.predict import next_token_loss
+    from shard.engine.adamw import FlatAdamW
+    from shard.planning.predict import next_token_loss
 
     tokens = batch(0, world.rank, args, model.cfg.vocab)[0]
     master = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -276,52 +179,13 @@ def compute_only(args, model, world) -> dict:
             "update_s_per_element": statistics.median(times["update"][skip:]) / master.numel()}
 
 
-def engine_step(engine, step_every_micro_batch: bool):
-    """One training step on an engine that takes backward(loss) per micro-batch and step()
-    (DeepSpeed's, every micro-batch; shard's, once); it returns this rank's mean loss."""
-    from shard.predict import next_token_loss
-
-    def step(micro_batches) -> float:
-        losses = []
-        for tokens in micro_batches:
-            loss = next_token_loss(engine, tokens)
-            engine.backward(loss)
-            if step_every_micro_batch:
-                engine.step()
-            losses.append(loss.item())
-        if not step_every_micro_batch:
-            engine.step()
-        return sum(losses) / len(losses)
-    return step
-
-
 def max_op():
     from mpi4py import MPI
 
     return MPI.MAX
 
 
-def count_torch_collectives(sent: list, p: int) -> None:
-    """FSDP2's (and DeepSpeed's) collectives, counted as the bytes a ring sends per rank
-    ((p-1)/p of the full buffer): their calls go through torch.distributed's functions,
-    wrapped here."""
-    import torch
-    import torch.distributed as dist
-
-    def counting(fn, rings: int):
-        """fn, counting `rings` passes over its largest tensor (the full buffer)."""
-        def call(*args, **kwargs):
-            tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
-            sent[0] += rings * max(t.numel() * t.element_size() for t in tensors) * (p - 1) // p
-            return fn(*args, **kwargs)
-        return call
-
-    for name, rings in (("all_gather_single", 1), ("all_gather_into_tensor", 1), ("reduce_scatter_single", 1),
-                        ("reduce_scatter_tensor", 1), ("all_reduce", 2)):
-        setattr(dist, name, counting(getattr(dist, name), rings))
-
-
-EMULATE = Path(__file__).resolve().parents[1] / "launch" / "emulate" / "run.py"
+EMULATE = Path(__file__).resolve().parents[2] / "launch" / "emulate" / "run.py"
 
 
 def launch_command(args: argparse.Namespace, name: str) -> list[str]:
@@ -329,7 +193,7 @@ def launch_command(args: argparse.Namespace, name: str) -> list[str]:
     emulated nodes (network namespaces, shaped links) with --nodes."""
     from pccl.util.mpirun import launcher
 
-    worker = [sys.executable, "-m", "shard.compare", f"--worker={name}", f"--model={args.model}",
+    worker = [sys.executable, "-m", "shard.tools.compare", f"--worker={name}", f"--model={args.model}",
               f"--steps={args.steps}", f"--batch={args.batch}", f"--micro={args.micro}", f"--seq={args.seq}",
               f"--out={args.out}"]
     worker += [f"--{k}={getattr(args, k)}" for k in ("width", "layers", "heads", "vocab") if getattr(args, k)]
@@ -340,15 +204,16 @@ def launch_command(args: argparse.Namespace, name: str) -> list[str]:
     if not args.nodes:
         return [*launcher(), "-n", str(args.ranks), *worker]
     if not EMULATE.exists():
-        raise SystemExit(f"shard-compare: --nodes needs the repository's {EMULATE.relative_to(EMULATE.parents[2])}")
+        raise SystemExit(f"shard-compare: --nodes needs the repository's {EMULATE.relative_to(EMULATE.parents[3])}")
     return [sys.executable, str(EMULATE), "--nodes", str(args.nodes[0]), "--ranks-per-node", str(args.nodes[1]),
             "--rate", args.rate, "--", *worker]
 
 
 def launch(args: argparse.Namespace, name: str) -> dict:
     """One run in its own launch; its row, or a row saying why it did not run."""
-    if name == "deepspeed-zero3" and deepspeed_missing():
-        return {"name": name, "not_run": deepspeed_missing()}
+    why = "" if name == "compute" else parse_run(name).unavailable()
+    if why:
+        return {"name": name, "not_run": why}
     cmd = launch_command(args, name)
     run = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     rows = [line for line in run.stdout.splitlines() if line.startswith("{")]
@@ -367,15 +232,6 @@ def median_launch(args: argparse.Namespace, name: str) -> dict:
     return dict(rows[len(rows) // 2], launches_tokens_per_s=[r["tokens_per_s"] for r in rows])
 
 
-def deepspeed_missing() -> str:
-    """Why DeepSpeed cannot run here ("" when it can)."""
-    try:
-        import deepspeed  # noqa: F401
-    except Exception as e:   # noqa: BLE001 - the reason is the report
-        return f"DeepSpeed does not import here: {type(e).__name__}: {e}"
-    return ""
-
-
 def compared(rows: list[dict]) -> list[dict]:
     """The rows with each run's largest relative loss difference from the first run's,
     whether it diverged, and its speed-up (tokens/s over the reference's) unless it did."""
@@ -386,14 +242,13 @@ def compared(rows: list[dict]) -> list[dict]:
     for r in ran:
         gap = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], reference["losses"]))
         r["loss_gap"] = gap
-        tolerance = COMPRESSED_LOSS_TOLERANCE if "+" in r["name"] else LOSS_TOLERANCE
-        r["diverged"] = gap > tolerance or len(r["losses"]) != len(reference["losses"])
+        r["diverged"] = gap > loss_tolerance(r["name"]) or len(r["losses"]) != len(reference["losses"])
         r["speedup"] = None if r["diverged"] else r["tokens_per_s"] / reference["tokens_per_s"]
     return rows
 
 
 def predicted(args, rows: list[dict], probe: dict) -> None:
-    """Each engine run's step predicted (shard/predict.py) from `args.predict`'s profile and
+    """Each engine run's step predicted (shard/planning/predict.py) from `args.predict`'s profile and
     the compute rate `probe` measured: predicted_* fields and the error against the
     measurement, in place."""
     import torch
@@ -401,7 +256,7 @@ def predicted(args, rows: list[dict], probe: dict) -> None:
     from pccl.core.topology import Topology
     from pccl.tuning import profiles
     from shard.models import GPT
-    from shard.predict import ComputeRate, Workload, micro_batch_flops, predict_step
+    from shard.planning.predict import ComputeRate, Workload, micro_batch_flops, predict_step
 
     profile = profiles.load(args.predict)
     cfg = model_config(args)
@@ -410,13 +265,13 @@ def predicted(args, rows: list[dict], probe: dict) -> None:
     rate = ComputeRate(flops / probe["fb_s"], probe["update_s_per_element"], "measured by a compute-only launch")
     topology = Topology.regular(args.ranks, args.ranks_per_node or args.ranks)
     for r in rows:
-        if "not_run" in r or r["name"].startswith(("fsdp2", "deepspeed")) or "+" in r["name"]:
+        run = None if "not_run" in r else parse_run(r["name"])
+        if not isinstance(run, EngineRun) or run.codec:
             continue   # not the engine, or compressed (the cost model does not know codecs yet)
-        strategy, _, comm = r["name"].rpartition("-")
         with torch.device("meta"):
             model = GPT(cfg)
         p = predict_step(model, topology, profile, Workload(args.seq, args.batch, args.micro), rate,
-                         shared_cores=True, strategy=strategy, algorithm=COMMS[comm],
+                         shared_cores=True, strategy=run.strategy, algorithm=COMMS[run.comm],
                          group_size=topology.ranks_per_node)   # CPU ranks: cores compute and drive MPI
         r.update(predicted_step_s=p["step_s"], predicted_tokens_per_s=p["tokens_per_s"],
                  predicted_exposed_s=p["exposed_s"], predicted_compute_s=p["compute_s"],
@@ -481,7 +336,7 @@ def main(argv=None) -> None:
         args.ranks, args.ranks_per_node = args.nodes[0] * args.nodes[1], args.nodes[1]
     names = [n for n in args.runs.split(",") if n]
     for name in names:
-        check_run(name)
+        parse_run(name)   # a bad name fails here, before anything launches
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

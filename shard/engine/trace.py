@@ -19,7 +19,7 @@ from typing import Optional
 
 
 @dataclass(frozen=True)
-class Call:
+class TracedCall:
     level: str          # the lane's communicator: world, group or cross
     collective: str
     nbytes: int         # the full buffer (all-gather output, reduce-scatter input)
@@ -30,7 +30,7 @@ class Call:
 @dataclass
 class Task:
     lane: str
-    calls: list[Call] = field(default_factory=list)
+    calls: list[TracedCall] = field(default_factory=list)
 
 
 class StepTrace:
@@ -88,7 +88,7 @@ class StepTrace:
         self.events.append(("submit", task))
         return task
 
-    def call(self, task: Optional[int], call: Call) -> None:
+    def call(self, task: Optional[int], call: TracedCall) -> None:
         if task is None:
             self.events.append(("call", call))
         else:
@@ -97,7 +97,7 @@ class StepTrace:
     def wait(self, task: int) -> None:
         self.events.append(("wait", task))
 
-    def calls(self) -> list[Call]:
+    def calls(self) -> list[TracedCall]:
         """Every collective, tasks' in submission order."""
         out = []
         for event in self.events:

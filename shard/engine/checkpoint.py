@@ -78,8 +78,11 @@ def _metadata(state: dict) -> dict:
 
 
 def _digest(path: Path) -> dict:
+    sha = hashlib.sha256()   # read in blocks (hashlib.file_digest is Python 3.11+)
     with open(path, "rb") as f:
-        return {"bytes": path.stat().st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return {"bytes": path.stat().st_size, "sha256": sha.hexdigest()}
 
 
 def snapshots(path) -> list[Path]:

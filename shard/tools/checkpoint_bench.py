@@ -1,7 +1,7 @@
 """Checkpoint save and load time, and what the manifest's checksums cost (issue: verified
 checkpoints). Under mpiexec, one model and strategy per launch:
 
-    mpiexec -n 4 python -m shard.checkpoint_bench --model gpt_125m --repeats 5 --dir /tmp/ckpt
+    mpiexec -n 4 python -m shard.tools.checkpoint_bench --model gpt_125m --repeats 5 --dir /tmp/ckpt
 
 Per repeat: engine.save() (writing every rank's shard, hashing it, the manifest), then
 engine.load() (the ranks verify the files against the manifest together, then each rank
@@ -33,7 +33,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     import pccl
-    from shard import Engine, checkpoint
+    from shard.engine import checkpoint
+    from shard.engine.engine import Engine
     from shard.models import GPT, GPTConfig
 
     torch.set_num_threads(1)

@@ -1,9 +1,9 @@
 """Convergence benchmark: the same training run under several sharding strategies, whose
 loss curves must agree (sharding changes where state lives, not the mathematics).
 
-    python -m shard.convergence                       # the synthetic corpus the repository generates
-    python -m shard.convergence --text my.txt --ranks 4 --strategies ddp,zero3,paro-iig --steps 300
-    python -m shard.convergence --strategies zero3,zero3+int8   # parameters and gradients sent as int8
+    python -m shard.tools.convergence                       # the synthetic corpus the repository generates
+    python -m shard.tools.convergence --text my.txt --ranks 4 --strategies ddp,zero3,paro-iig --steps 300
+    python -m shard.tools.convergence --strategies zero3,zero3+int8   # parameters and gradients sent as int8
 
 Each strategy is one shard-train launch on the same data, seed and global batch. Writes
 into --out: one run directory per strategy, curves.png (every strategy's training and
@@ -23,9 +23,8 @@ from pathlib import Path
 
 from pccl.compression.codecs import codec
 from pccl.util.mpirun import launcher
-
-from .compare import COMPRESSED_LOSS_TOLERANCE
-from .run_log import plot_losses
+from shard.tools.compare_runs import COMPRESSED_LOSS_TOLERANCE
+from shard.tools.run_log import plot_losses
 
 
 def _arguments(argv=None) -> argparse.Namespace:
@@ -49,7 +48,7 @@ def _run(args: argparse.Namespace, name: str) -> list[dict]:
         if compression else []
     data = ["data=text", f"data.files=[{args.text.resolve()}]", "data.vocab_size=2048", "data.val_fraction=0.05"] \
         if args.text else ["data=synthetic"]
-    cmd = [*launcher(), "-n", str(args.ranks), sys.executable, "-m", "shard.train", f"strategy={strategy}",
+    cmd = [*launcher(), "-n", str(args.ranks), sys.executable, "-m", "shard.tools.train", f"strategy={strategy}",
            f"comm.ranks_per_node={args.ranks_per_node}", f"train.out_dir={out}", f"train.steps={args.steps}",
            "model.vocab=2048", "model.width=192", "model.layers=4", "model.heads=6", "train.seq_len=128",
            "train.micro_batch=8", f"train.global_batch_tokens={args.ranks * 8 * 128}", "optim.lr=2e-3",

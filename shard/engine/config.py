@@ -17,9 +17,8 @@ from typing import Optional, Union
 import torch
 
 from pccl.compression.codecs import codec
-
-from .strategy import Strategy, StrategyError
-from .units import MIN_SHARD_NUMEL
+from shard.engine.strategy import Strategy, StrategyError
+from shard.engine.units import MIN_SHARD_NUMEL
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -72,7 +71,7 @@ OBJECTIVES = ("throughput", "memory")
 
 @dataclass(frozen=True)
 class AutoConfig:
-    """How strategy="auto" chooses (shard/plan.py): the fastest strategy that fits, or the
+    """How strategy="auto" chooses (shard/planning/planner.py): the fastest strategy that fits, or the
     one with the smallest peak memory; in `memory` bytes per device (None: the GPU's, or
     on CPUs the machine's memory shared by its ranks) less a `headroom` fraction."""
 
@@ -103,7 +102,8 @@ class EngineConfig:
     """How the engine shards, computes, communicates and updates."""
 
     # a name (zero3, paro-iig) or letters (IIG), kept as a Strategy; or "auto": the planner's
-    # choice for the model, the world and its machine (Engine needs the workload then)
+    # choice for the model, the world and its machine, made before the engine is built
+    # (shard.planning.build_engine, which needs the workload)
     strategy: Union[str, Strategy] = "paro-iig"
     group_size: Optional[int] = None     # ranks per group (I scope); None: the topology's ranks per node
     precision: str = "fp32"              # compute dtype of forward and backward
@@ -161,3 +161,16 @@ class EngineConfig:
             raise TypeError(f"unknown engine settings {unknown}; expected fields of EngineConfig or OptimizerConfig")
         return cls(**{k: v for k, v in settings.items() if k not in optimizer},
                    optimizer=OptimizerConfig(**{k: v for k, v in settings.items() if k in optimizer}))
+
+    @classmethod
+    def given(cls, config: Optional[EngineConfig], settings: dict) -> EngineConfig:
+        """The config passed as config= or as keywords (Engine's two forms), not both."""
+        if config is None:
+            return cls.from_keywords(**settings)
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}; pass settings such as "
+                            "strategy= by keyword")
+        if settings:
+            raise TypeError(f"pass the settings either as config= or as keywords, not both; got config= and "
+                            f"{sorted(settings)}")
+        return config

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
 
@@ -26,19 +26,15 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from pccl.compression.codecs import codec
 from pccl.runtime.communicator import Communicator
-
-from . import checkpoint
-from .adamw import FlatAdamW
-from .config import PRECISIONS, EngineConfig, OptimizerConfig
-from .lanes import STAGES, Handle, Lane, Ledger, shared_queue
-from .layout import Layout
-from .sharded_unit import ShardedUnit
-from .strategy import Scope, Strategy
-from .trace import StepTrace
-from .units import split_units
-
-REPLICATED = Strategy(Scope.N, Scope.N, Scope.N)
-OPTIMIZER_BYTES = 12   # fp32 master weights and two fp32 moments per element
+from shard.engine import checkpoint
+from shard.engine.adamw import OPTIMIZER_BYTES, FlatAdamW
+from shard.engine.config import PRECISIONS, EngineConfig, OptimizerConfig
+from shard.engine.lanes import STAGES, Handle, Lane, Ledger, shared_queue
+from shard.engine.shard_layout import ShardLayout
+from shard.engine.sharded_unit import ShardedUnit
+from shard.engine.strategy import REPLICATED, Scope
+from shard.engine.trace import StepTrace
+from shard.engine.units import split_units
 
 
 def default_decay(name: str, param: nn.Parameter) -> bool:
@@ -98,42 +94,27 @@ class LossScaler:
 class Engine:
     def __init__(self, model: nn.Module, comm: Communicator, config: Optional[EngineConfig] = None, *,
                  units: Optional[list[nn.Module]] = None, decay: Callable[[str, nn.Parameter], bool] = default_decay,
-                 device=None, init: Optional[Callable[[str, torch.Tensor], None]] = None, workload=None,
-                 **settings):
-        """config: the engine's settings (shard/config.py), or `settings`, the same as keywords
+                 device=None, init: Optional[Callable[[str, torch.Tensor], None]] = None, **settings):
+        """config: the engine's settings (shard/engine/config.py), or `settings`, the same as keywords
         (strategy="zero3", lr=1e-3, ...), not both. units: the submodules gathered together
-        (default: see shard/units.py); decay(name, param): which parameters weight decay applies to.
+        (default: see shard/engine/units.py); decay(name, param): which parameters weight decay applies to.
 
         A model built on the meta device is materialized one unit at a time on `device`:
         `init(name, tensor)` (default: the model's `init_parameter`) fills each parameter,
         the same on every rank, and each rank keeps only its shards, so no rank ever holds
         more than one unit in full.
 
-        strategy="auto": the strategy and group size shard/plan.py chooses for this GPT on
-        this communicator's world, machine profile and device memory (config.auto says by
-        which objective), for `workload` (predict.Workload: sequence length, micro-batch
-        and micro-batches per step); the plan is kept as `self.plan`. Every rank takes part
-        (they agree on the memory and compute rate first)."""
+        strategy="auto" is chosen before the engine exists: shard.planning.build_engine plans,
+        then builds the engine with the chosen strategy and group size."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(comm, Communicator):
             raise TypeError(f"comm must be a pccl.Communicator, got {type(comm).__name__}")
-        if config is None:
-            config = EngineConfig.from_keywords(**settings)
-        elif not isinstance(config, EngineConfig):
-            raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}; pass settings such as "
-                            "strategy= by keyword")
-        elif settings:
-            raise TypeError(f"pass the settings either as config= or as keywords, not both; got config= and "
-                            f"{sorted(settings)}")
-        self.plan = None
-        if config.strategy == "auto":
-            from .plan import plan_for_engine
-
-            self.plan = plan_for_engine(model, comm, config, workload, device)
-            config = replace(config, strategy=self.plan.chosen.strategy, group_size=self.plan.chosen.group)
-        elif workload is not None:
-            raise ValueError("workload= is for strategy='auto' (what the planner plans for)")
+        if "auto" in (settings.get("strategy"), getattr(config, "strategy", None)):
+            raise ValueError("strategy='auto' is the planner's choice, made before an engine exists: build it with "
+                             "shard.planning.build_engine(model, comm, config, workload=Workload(seq, micro_batch, "
+                             "micro_batches)), which returns the engine with the chosen strategy and the plan")
+        config = EngineConfig.given(config, settings)
         self.config, self.strategy = config, config.strategy
         group = comm.topology.ranks_per_node if config.group_size is None else config.group_size
         self.strategy.check_group(comm.size, group)
@@ -149,7 +130,7 @@ class Engine:
         self.model, self.comm = model, comm
         self.lr = float(config.optimizer.lr)   # a schedule sets it before each step
         self.compute_dtype, self.reduce_dtype = PRECISIONS[config.precision], PRECISIONS[config.reduce_dtype]
-        self.layout = Layout(comm.size, group, comm.rank, nested=self.strategy.uses_groups())
+        self.layout = ShardLayout(comm.size, group, comm.rank, nested=self.strategy.uses_groups())
         self.ledger = Ledger(self.layout)
         levels = self.strategy.uses_groups()
         shared = shared_queue(comm, self.device)
@@ -158,16 +139,7 @@ class Engine:
                                shared)
         self.scaler = LossScaler(config.precision == "fp16")
 
-        codecs = {kind: codec(name) for kind, name in (("params", config.compress_params),
-                                                        ("grads", config.compress_grads)) if name}
-        for kind, dtype in (("params", self.compute_dtype), ("grads", self.reduce_dtype)):
-            if kind in codecs:
-                codecs[kind].check(dtype)   # e.g. bf16 of bf16 parameters: nothing to compress
-        self.units: list[ShardedUnit] = []
-        for unit in cut:
-            chosen = self.strategy if unit.numel >= config.min_shard_numel else REPLICATED
-            self.units.append(ShardedUnit(unit, chosen, self.layout, self.compute_dtype, self.reduce_dtype,
-                                          self.device, codecs))
+        self.units = self._shard_units(cut, config)
         self.root = self.units[0] if self.units[0].name == "<root>" else None
         self._dtypes = {id(p): p.dtype for u in self.units for p in u.flat.params}
         self._init_optimizer(config.optimizer, decay, init)
@@ -184,17 +156,32 @@ class Engine:
         self._gathered: dict[int, ShardedUnit] = {}   # this forward's gathered buffers, by address (_pack)
         self.steps = 0
         self.skipped_steps = 0
+        self._register_hooks(config.activation_checkpointing)
+
+    # Set-up.
+
+    def _shard_units(self, cut: list, config: EngineConfig) -> list[ShardedUnit]:
+        """Each unit sharded by the strategy (small ones replicated), with the codecs of
+        its compressed collectives."""
+        codecs = {kind: codec(name) for kind, name in (("params", config.compress_params),
+                                                        ("grads", config.compress_grads)) if name}
+        for kind, dtype in (("params", self.compute_dtype), ("grads", self.reduce_dtype)):
+            if kind in codecs:
+                codecs[kind].check(dtype)   # e.g. bf16 of bf16 parameters: nothing to compress
+        return [ShardedUnit(unit, self.strategy if unit.numel >= config.min_shard_numel else REPLICATED, self.layout,
+                            self.compute_dtype, self.reduce_dtype, self.device, codecs) for unit in cut]
+
+    def _register_hooks(self, activation_checkpointing: bool) -> None:
+        """Gather before each unit's forward, release after it, reduce each gradient as it is ready."""
         for u in self.units:
             if u is not self.root:
                 u.unit.module.register_forward_pre_hook(partial(self._before_forward, u))
                 u.unit.module.register_forward_hook(partial(self._after_forward, u))
-                if config.activation_checkpointing:
+                if activation_checkpointing:
                     self._checkpoint_activations(u.unit.module)
             for p in u.flat.params:
                 if p.requires_grad:
                     p.register_post_accumulate_grad_hook(partial(self._gradient_ready, u))
-
-    # Set-up.
 
     @staticmethod
     def _materialization(model: nn.Module, where: torch.device, device, init):
@@ -423,7 +410,7 @@ class Engine:
             for u, a, b in zip(self.units, offsets, offsets[1:]):
                 u.finish_gradients(self.reductions, grad[a:b], scale)
                 # each optimizer shard is held by `replicas` ranks: count it once
-                squares.add_(grad[a:b].double().square().sum() / self.layout.replicas(u.strategy.os))
+                squares.add_(grad[a:b].double().square().sum() / self.layout.replicas(u.strategy.optimizer))
             self.reductions.all_reduce(None, squares.view(1), Scope.N)
         self.reductions.submit(task, grad, squares, what="gradient reduction and norm").wait()
         if squares.is_meta:   # a dry run (predict.py) has no values to clip by
@@ -435,7 +422,7 @@ class Engine:
 
     @contextmanager
     def traced(self):
-        """Record what the engine does inside the block (shard/trace.py): its computations,
+        """Record what the engine does inside the block (shard/engine/trace.py): its computations,
         lane tasks with their collectives, and waits, in program order."""
         trace = StepTrace()
         self._trace = self.gathers.trace = self.reductions.trace = trace
@@ -451,13 +438,13 @@ class Engine:
     # Reports.
 
     def memory_report(self) -> dict:
-        """Bytes per rank of parameters (P), gradients (G) and optimizer state (OS) as this
-        strategy holds them (PaRO Table 2, padding included), and the element counts."""
+        """Bytes per rank of parameters, gradients and optimizer state as this strategy holds
+        them (PaRO Table 2's P, G and OS, padding included), and the element counts."""
         return {
-            "P": sum(u.params.numel() * u.params.element_size() for u in self.units),
-            "G": sum(u.flat.padded // self.layout.shards(u.strategy.g) for u in self.units)
+            "parameters": sum(u.params.numel() * u.params.element_size() for u in self.units),
+            "gradients": sum(u.flat.padded // self.layout.shards(u.strategy.grads) for u in self.units)
             * torch.empty((), dtype=self.reduce_dtype).element_size(),
-            "OS": OPTIMIZER_BYTES * self.optimizer.master.numel(),
+            "optimizer": OPTIMIZER_BYTES * self.optimizer.master.numel(),
             "numel": sum(u.flat.numel for u in self.units),
             "padded_numel": sum(u.flat.padded for u in self.units),
             "units": {u.name: {"numel": u.flat.numel, "padded": u.flat.padded, "strategy": u.strategy.letters}
@@ -489,7 +476,7 @@ class Engine:
         for u, view in zip(self.units, self._os_views):
             full = torch.empty(u.flat.padded, dtype=torch.float32, device=self.device)
             self.gathers.submit(lambda u=u, view=view, full=full: self.gathers.gather(
-                None, full, view, u.strategy.os, Scope.N), full).wait()
+                None, full, view, u.strategy.optimizer, Scope.N), full).wait()
             for p, v in zip(u.flat.params, u.flat.views(full)):
                 values[id(p)] = v.to(self._dtypes[id(p)]).clone()
         if self.layout.rank != 0:
@@ -516,7 +503,7 @@ class Engine:
             "loss_scale": self.scaler.scale, "loss_scale_clean": self.scaler.clean,
             "units": [{"name": u.name, "params": list(u.flat.names), "shapes": [list(s) for s in u.flat.shapes],
                        "offsets": list(u.flat.offsets), "padded": u.flat.padded, "start": u.os_span[0],
-                       "end": u.os_span[1], "first_replica": self.layout.is_first_replica(u.strategy.os),
+                       "end": u.os_span[1], "first_replica": self.layout.is_first_replica(u.strategy.optimizer),
                        **{k: v[a:b] for k, v in state.items()}}
                       for u, a, b in zip(self.units, offsets, offsets[1:])],
         }
@@ -544,7 +531,7 @@ class Engine:
 
     def save(self, path, extra: Optional[dict] = None, keep: int = 1,
              written: Optional[Callable[[], None]] = None) -> None:
-        """Write a sharded checkpoint into the directory `path` (see shard/checkpoint.py),
+        """Write a sharded checkpoint into the directory `path` (see shard/engine/checkpoint.py),
         with a manifest of every file's size and checksum, keeping the newest `keep`
         snapshots: a crash or a failed write mid-save leaves the previous checkpoint there
         loadable (a failure raises checkpoint.CheckpointSaveError on every rank). `extra`:

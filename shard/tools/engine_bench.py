@@ -1,7 +1,7 @@
 """shard-bench: step time, memory and hidden communication of each sharding strategy.
 
 One configuration per mpiexec launch, so the peak memory is that configuration's own:
-    mpiexec -n 4 python -m shard.bench --strategy zero3 --group 2 --prefetch 1
+    mpiexec -n 4 python -m shard.tools.engine_bench --strategy zero3 --group 2 --prefetch 1
 or let it launch every configuration and print the table:
     shard-bench --ranks 4 --group 2 --strategies ddp,zero1,zero2,zero3,mics,paro-iig,paro-igg,paro-nig
 
@@ -53,7 +53,7 @@ def worker(args: argparse.Namespace) -> dict:
     from mpi4py import MPI
 
     import pccl
-    from shard import Engine
+    from shard.engine.engine import Engine
     from shard.models import GPT, GPTConfig
 
     torch.set_num_threads(1)
@@ -95,7 +95,7 @@ def worker(args: argparse.Namespace) -> dict:
         "busy_s": {k: v / args.steps for k, v in report["busy_s"].items()},
         "sent_bytes": sum(report[s]["intra"] + report[s]["inter"]
                           for s in ("forward", "backward", "update")) / args.steps,
-        "state_bytes": memory["P"] + memory["G"] + memory["OS"],
+        "state_bytes": memory["parameters"] + memory["gradients"] + memory["optimizer"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     row["peak_rss_mb"] = world.mpi_comm.allreduce(row["peak_rss_mb"], op=MPI.MAX)
@@ -134,8 +134,8 @@ def launch(args: argparse.Namespace, strategy: str, prefetch: int) -> dict:
 
     passthrough = [f"--{k}={getattr(args, k)}" for k in ("group", "micro", "batch", "width", "layers", "vocab",
                                                           "context", "steps", "warmup", "algorithm")]
-    cmd = [*launcher(), "-n", str(args.ranks), sys.executable, "-m", "shard.bench", f"--strategy={strategy}",
-           f"--prefetch={prefetch}", *passthrough]
+    cmd = [*launcher(), "-n", str(args.ranks), sys.executable, "-m", "shard.tools.engine_bench",
+           f"--strategy={strategy}", f"--prefetch={prefetch}", *passthrough]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     run = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if run.returncode != 0:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .strategy import Scope
+from shard.engine.strategy import Scope
 
 
 @dataclass(frozen=True)
-class Layout:
+class ShardLayout:
     world: int     # N
     group: int     # M
     rank: int

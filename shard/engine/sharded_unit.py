@@ -15,15 +15,15 @@ from typing import Optional
 
 import torch
 
-from .flat import FlatParams
-from .lanes import Handle, Lane
-from .layout import Layout
-from .strategy import Scope, Strategy
-from .units import Unit
+from shard.engine.flat import FlatParams
+from shard.engine.lanes import Handle, Lane
+from shard.engine.shard_layout import ShardLayout
+from shard.engine.strategy import Scope, Strategy
+from shard.engine.units import Unit
 
 
 class ShardedUnit:
-    def __init__(self, unit: Unit, strategy: Strategy, layout: Layout, compute_dtype: torch.dtype,
+    def __init__(self, unit: Unit, strategy: Strategy, layout: ShardLayout, compute_dtype: torch.dtype,
                  reduce_dtype: torch.dtype, device: torch.device, codecs: Optional[dict] = None):
         """codecs: {"params": codec, "grads": codec} of the parameter gathers and the
         gradient reductions (pccl.compression.codecs; absent: exact)."""
@@ -32,8 +32,8 @@ class ShardedUnit:
         self.name = unit.name
         self.flat = FlatParams(unit.params, layout.world)
         self.compute_dtype, self.reduce_dtype, self.device = compute_dtype, reduce_dtype, device
-        self.os_span = layout.span(strategy.os, self.flat.padded)
-        self.params = torch.empty(self._numel(strategy.p), dtype=compute_dtype, device=device)
+        self.os_span = layout.span(strategy.optimizer, self.flat.padded)
+        self.params = torch.empty(self._numel(strategy.params), dtype=compute_dtype, device=device)
         self.grads: Optional[torch.Tensor] = None   # G-scope sum over micro-batches
         self.full: Optional[torch.Tensor] = None    # gathered parameters (sharded P only)
         self.gathering: Optional[Handle] = None
@@ -46,11 +46,11 @@ class ShardedUnit:
 
     @property
     def sharded_params(self) -> bool:
-        return self.strategy.p != Scope.N
+        return self.strategy.params != Scope.N
 
     @property
     def os_numel(self) -> int:
-        return self._numel(self.strategy.os)
+        return self._numel(self.strategy.optimizer)
 
     # Parameters.
 
@@ -66,13 +66,13 @@ class ShardedUnit:
         full = self.flat.flatten(torch.float32, self.device)
         if self.layout.rank != 0:
             full.zero_()
-        lane.reduce_scatter("update", master, full, Scope.N, self.strategy.os)
-        lane.all_reduce("update", master, self.strategy.os)   # and over the shard's replicas
+        lane.reduce_scatter("update", master, full, Scope.N, self.strategy.optimizer)
+        lane.all_reduce("update", master, self.strategy.optimizer)   # and over the shard's replicas
 
     def refresh(self, lane: Lane, stage: str, master: torch.Tensor) -> None:
         """The parameter shard from the updated master weights (PaRO Figures 1-3: a copy
         when P and OS share a scope, else an all-gather from OS out to P)."""
-        lane.gather(stage, self.params, master.to(self.compute_dtype), self.strategy.os, self.strategy.p,
+        lane.gather(stage, self.params, master.to(self.compute_dtype), self.strategy.optimizer, self.strategy.params,
                     self.codecs.get("params"))
         if not self.sharded_params:
             self.flat.bind(self.params)
@@ -84,7 +84,8 @@ class ShardedUnit:
         full = torch.empty(self.flat.padded, dtype=self.compute_dtype, device=self.device)
         shard = self.params
         codec = self.codecs.get("params")
-        self.gathering = lane.submit(lambda: lane.gather(stage, full, shard, self.strategy.p, Scope.N, codec), full,
+        scope = self.strategy.params
+        self.gathering = lane.submit(lambda: lane.gather(stage, full, shard, scope, Scope.N, codec), full,
                                      shard, what=f"all-gather of {self.name}'s parameters ({stage})")
         self.full = full
 
@@ -134,7 +135,7 @@ class ShardedUnit:
     def reduce_micro_batch(self, lane: Lane, flat: torch.Tensor) -> Handle:
         """Queue the per-micro-batch reduction: to the gradient scope (PaRO 3.3: inside the
         group for I), summed into the accumulator. N-scope gradients accumulate locally."""
-        g = self.strategy.g
+        g = self.strategy.grads
 
         def task() -> None:
             if g == Scope.N:
@@ -155,7 +156,7 @@ class ShardedUnit:
         """The summed gradient of this rank's optimizer shard into `out` (fp32), times
         `scale`: what the micro-batches left unreduced is reduced once, per step (across
         groups for I, over everyone for N), then narrowed to the optimizer scope."""
-        g, os = self.strategy.g, self.strategy.os
+        g, os = self.strategy.grads, self.strategy.optimizer
         grads = self.grads if self.grads is not None else torch.zeros(self._numel(g), dtype=self.reduce_dtype,
                                                                       device=self.device)
         self.grads = None

@@ -25,7 +25,7 @@ log-sum-exp, a few bytes of RNG state), and the other terms are the same.
 """
 from __future__ import annotations
 
-from .models.gpt import GPTConfig
+from shard.models.gpt import GPTConfig
 
 INT64 = 8
 FP32 = 4

@@ -11,6 +11,8 @@ import math
 
 import torch
 
+OPTIMIZER_BYTES = 12   # per element: fp32 master weights and two fp32 moments
+
 
 class FlatAdamW:
     def __init__(self, master: torch.Tensor, decayed: list[tuple[int, int]], betas: tuple[float, float],

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,18 +24,19 @@ import torch.nn.functional as F
 
 import pccl
 from pccl.util.files import write_atomic
+from shard.engine import checkpoint
+from shard.engine.config import EngineConfig
+from shard.engine.engine import Engine, StepResult
 from shard.models import GPT, GPTConfig
+from shard.planning.planner import StrategyPlan, build_engine, label
+from shard.planning.predict import Workload
+from shard.planning.throughput import Throughput, peak_rss_bytes, peak_tflops
+from shard.tools import faults, preflight
+from shard.tools.lr_schedule import learning_rate
+from shard.tools.run_log import RunLog
 
-from . import checkpoint, faults, preflight
-from .config import EngineConfig
-from .engine import Engine, StepResult
-from .lr_schedule import learning_rate
-from .predict import Workload
-from .run_log import RunLog
-from .throughput import Throughput, peak_tflops
-
-CONFIGS = next(p for p in (Path(__file__).resolve().parents[1] / "configs",   # source tree, editable install
-                           Path(__file__).resolve().parent / "configs") if p.is_dir())   # wheel
+CONFIGS = next(p for p in (Path(__file__).resolve().parents[2] / "configs",   # source tree, editable install
+                           Path(__file__).resolve().parents[1] / "configs") if p.is_dir())   # wheel: shard/configs
 META_INIT_PARAMS = 10 ** 9    # meta_init=auto builds models above this size on the meta device
 ConfigError = preflight.ConfigError
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
@@ -171,19 +171,6 @@ def global_batch(tokens: Optional[int], accumulation: int, world: int, micro_bat
     return tokens, tokens // per_micro
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set: Linux's VmHWM (which _reset_peak_memory resets),
-    elsewhere ru_maxrss (the peak since the process started)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024   # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024   # bytes on macOS, KiB on Linux
-
-
 def _peak_memory_gb(device: torch.device) -> float:
     """The peak since the last _reset_peak_memory, in GiB: on GPUs the memory torch's
     tensors held; on CPUs the process's resident set (tensors, Python, libraries, the
@@ -206,7 +193,7 @@ def _reset_peak_memory(device: torch.device) -> None:
 
 
 def _prepare_data(d, comm: pccl.Communicator, device: torch.device, vocab: int):
-    from .data import TokenData, prepare
+    from shard.data import TokenData, prepare
 
     spec = {k: v for k, v in d.items() if k != "cache_dir"}
     if spec.get("vocab_size") is None:
@@ -256,11 +243,12 @@ class Run:
     batches: Any = None                 # this rank's training micro-batches (Batches: resumable)
     held_out: list = field(default_factory=list)   # this rank's validation micro-batches
     engine: Optional[Engine] = None
+    plan: Optional[StrategyPlan] = None   # strategy=auto: the planner's, which the engine follows
     meter: Optional[Throughput] = None
     log: Optional[RunLog] = None
     step: int = 0                       # optimizer steps done
     val_loss: Optional[float] = None    # the latest validation loss
-    faults: dict = field(default_factory=faults.planned)   # injected on purpose (shard/faults.py)
+    faults: dict = field(default_factory=faults.planned)   # injected on purpose (shard/tools/faults.py)
 
     @property
     def checkpoints(self) -> Path:
@@ -277,7 +265,7 @@ def run(cfg) -> dict:
     """Train as `cfg` says, stage by stage; returns the summary rank 0 writes to summary.json."""
     r = setup(cfg)
     load_data(r)
-    build_engine(r)
+    make_engine(r)
     start_log(r, resume(r))
     train_loop(r)
     return finish(r)
@@ -317,7 +305,7 @@ def setup(cfg) -> Run:
 def load_data(r: Run) -> None:
     """The corpus (tokenized by rank 0, once: cached), this rank's training batches and its
     held-out batches."""
-    from .data import Batches, eval_batches
+    from shard.data import Batches, eval_batches
 
     t = r.cfg.train
     if r.faults:
@@ -328,7 +316,7 @@ def load_data(r: Run) -> None:
     r.held_out = eval_batches(r.data.val, t.seq_len, t.micro_batch, r.comm.rank, r.comm.size, t.eval_batches)
 
 
-def build_engine(r: Run) -> None:
+def make_engine(r: Run) -> None:
     """The model (on the meta device when model.meta_init says so, materialized shard by
     shard by the engine) in the engine; what was built goes into config.yaml."""
     meta = r.cfg.model.meta_init
@@ -337,11 +325,12 @@ def build_engine(r: Run) -> None:
         model = GPT(r.model, seed=r.cfg.train.seed)
     auto = r.engine_config.strategy == "auto"
     workload = Workload(r.cfg.train.seq_len, r.cfg.train.micro_batch, r.accumulation) if auto else None
-    r.engine = Engine(model, r.comm, config=r.engine_config, device=r.device if meta else None, workload=workload)
-    if auto:   # the planner's choice, kept with the run, and its table for whoever asks why
+    r.engine, r.plan = build_engine(model, r.comm, r.engine_config, workload=workload,
+                                    device=r.device if meta else None)
+    if r.plan is not None:   # the planner's choice, kept with the run, and its table for whoever asks why
         r.resolved["strategy"].update(chosen=r.engine.strategy.name, chosen_group_size=r.engine.layout.group)
         if r.comm.rank == 0:
-            write_atomic(r.out_dir / "plan.json", json.dumps(r.engine.plan.to_json(), indent=1, default=str))
+            write_atomic(r.out_dir / "plan.json", json.dumps(r.plan.to_json(), indent=1, default=str))
     r.resolved["built"] = {"model": asdict(r.model), "num_params": r.model.num_params(), "world": r.comm.size,
                            "ranks_per_node": r.comm.topology.ranks_per_node, "accumulation": r.accumulation,
                            "global_batch_tokens": r.global_batch_tokens,
@@ -381,10 +370,8 @@ def start_log(r: Run, resumed: str) -> None:
                 f"{r.device}; {r.accumulation} micro-batches of {t.micro_batch}x{t.seq_len} per rank per step "
                 f"({r.global_batch_tokens} tokens); "
                 f"peak: {peak_source}; {resumed}; out: {r.out_dir}")
-    plan = r.engine.plan
+    plan = r.plan
     if plan is not None:
-        from .plan import label
-
         other = plan.runner_up
         r.log.write(f"strategy=auto ({plan.objective}) chose {label(plan.chosen)}"
                     + (f"; runner-up {label(other)}, predicted margin {plan.margin():.1%}" if other else "")

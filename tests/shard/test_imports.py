@@ -1,0 +1,128 @@
+"""shard's architecture, checked as pccl's is (tests/pccl/test_imports.py): its sub-packages
+import each other only down the layers tools -> planning -> engine -> pccl, wherever an
+import stands (at module level or inside a function), no module imports pccl's command-line
+tools, no command-line tool imports another, and no chain of imports between shard's
+modules comes back to where it started."""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Who may import whom (docs/architecture.md). "facade" is `import shard`; "models" is the
+# source tree's models/, which installs as shard.models; "pccl" is any of pccl but its tools.
+ALLOWED = {
+    "models": set(),
+    "data": {"pccl"},
+    "engine": {"pccl"},
+    "planning": {"engine", "models", "pccl"},
+    "tools": {"planning", "engine", "data", "models", "pccl"},
+    "facade": {"engine"},
+}
+# The tools' command modules (the console scripts, and those run as python -m): each stands
+# alone; they share only the helper modules beside them (run log, faults, preflight, ...).
+COMMANDS = {"shard.tools.convergence", "shard.tools.checkpoint_bench"} | set(
+    re.findall(r'^shard-[\w-]+ = "(shard[\w.]+):main"$', (ROOT / "pyproject.toml").read_text(), re.M))
+
+
+def module_files():
+    """(dotted name, path) of every module of shard, models/ under its installed name."""
+    for top, prefix in ((ROOT / "shard", ("shard",)), (ROOT / "models", ("shard", "models"))):
+        for path in sorted(top.rglob("*.py")):
+            rel = path.relative_to(top).with_suffix("").parts
+            parts = prefix + (rel[:-1] if rel[-1] == "__init__" else rel)
+            yield ".".join(parts), path
+
+
+def part_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "pccl":
+        return "pccl-tools" if parts[1:2] == ["tools"] else "pccl"
+    return "facade" if len(parts) == 1 else parts[1]
+
+
+def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
+    """(imported shard or pccl module, line) for every import in `path`, wherever it stands;
+    `from package import submodule` names the submodule (its package's facade is not the edge)."""
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:   # relative: only models/ keeps them (it is its own small package)
+                assert name.startswith("shard.models"), f"{path}:{node.lineno}: relative import; shard's are absolute"
+                base = name.split(".")[: len(name.split(".")) - node.level + is_package]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            for a in node.names:
+                sub = f"{module}.{a.name}"
+                found.append((sub if sub in known else module, node.lineno))
+    return [(m, line) for m, line in found if m.split(".")[0] in ("shard", "pccl")]
+
+
+def graph() -> dict[str, list[tuple[str, int, Path]]]:
+    files = dict(module_files())
+    known = set(files)
+    return {name: [(m, line, path) for m, line in imports(name, path, known)] for name, path in files.items()}
+
+
+def test_the_layers_have_no_cycle_and_cover_every_sub_package():
+    order = TopologicalSorter({k: v - {"pccl"} for k, v in ALLOWED.items()}).static_order()
+    assert set(order) == set(ALLOWED) - {"pccl"} | {"facade"}
+    on_disk = {p.name for p in (ROOT / "shard").iterdir() if (p / "__init__.py").is_file()} | {"models", "facade"}
+    assert on_disk == set(ALLOWED), f"sub-packages {sorted(on_disk ^ set(ALLOWED))} are not in the layers"
+
+
+def test_sub_packages_import_only_down_the_layers():
+    wrong = []
+    for name, edges in graph().items():
+        mine = part_of(name)
+        for target, line, path in edges:
+            theirs = part_of(target)
+            if theirs != mine and theirs not in ALLOWED[mine]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {mine} imports {target} ({theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_tool_imports_another_tools_command():
+    wrong = [f"{path.relative_to(ROOT)}:{line}: imports the command {target}"
+             for name, edges in graph().items() if part_of(name) == "tools"
+             for target, line, path in edges if target in COMMANDS and target != name]
+    assert not wrong, "\n".join(wrong)
+    assert {"shard.tools.train", "shard.tools.compare", "shard.tools.strategy_plan"} <= COMMANDS
+
+
+def test_shards_modules_import_each_other_without_a_cycle():
+    """Every import counts, inside functions too: a lazy import that closes a circle fails."""
+    edges = {name: {t for t, _, _ in out if t.startswith("shard") and t != name} for name, out in graph().items()}
+    try:
+        list(TopologicalSorter(edges).static_order())
+    except CycleError as e:
+        pytest.fail(f"an import cycle: {' -> '.join(e.args[1])}")
+
+
+def test_the_checker_sees_a_lazy_import_up_the_layers_and_a_cycle(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from shard.planning.planner import make_plan\n")
+    found = imports("shard.engine.bad", bad, {"shard.planning.planner"})
+    assert found == [("shard.planning.planner", 2)]
+    assert part_of(found[0][0]) not in ALLOWED["engine"]
+    with pytest.raises(CycleError):
+        list(TopologicalSorter({"a": {"b"}, "b": {"c"}, "c": {"a"}}).static_order())
+
+
+def test_importing_the_engine_loads_no_planning_tools_or_models():
+    code = ("import sys, shard, shard.engine\n"
+            "up = sorted(m for m in sys.modules if m.startswith(('shard.planning', 'shard.tools', 'shard.models')))\n"
+            "assert not up, up\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
