@@ -77,7 +77,7 @@ class Throughput:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set: Linux's VmHWM (which _reset_peak_memory resets),
+    """This process's peak resident set: Linux's VmHWM (which shard-train resets per interval),
     elsewhere ru_maxrss (the peak since the process started)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
