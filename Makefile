@@ -47,6 +47,8 @@ $(PY):
 	$(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
 
 $(VENV)/.deps: $(PY) Makefile
+	# the build's -C options need pip >= 23.1; a venv gets the pip its Python bundles (3.10's: 23.0)
+	$(PY) -m pip install -q --upgrade "pip>=23.1"
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 ifeq ($(MPI),system)
 	MPI4PY_BUILD_MPICC=$(MPICC) $(PY) -m pip install -q --no-binary=mpi4py "mpi4py>=4.0"
@@ -55,8 +57,8 @@ else
 endif
 	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest pytest-xdist "ruff==0.17.6" \
 		"hydra-core>=1.3" "datasets>=2.14" "sentencepiece>=0.1.99" tqdm matplotlib wandb
-	# zfpy (the zfp:RATE codec, optional) has wheels for some Pythons only and its source build
-	# needs libzfp: where it does not install, the zfp tests skip and the codec says what is missing.
+	# zfpy (the zfp:RATE codec, an optional dependency): a wheel or nothing, since its source build
+	# needs libzfp; without it the zfp tests skip and the codec says what is missing.
 	$(PY) -m pip install -q --only-binary=zfpy "zfpy>=1.0" || echo "zfpy: no wheel for this Python; the zfp:RATE codec is unavailable"
 	# GPU torch builds bring their own Triton (pytorch-triton-rocm on AMD); elsewhere it is
 	# installed so the tests run the shuffle kernel in Triton's interpreter.
