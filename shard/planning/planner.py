@@ -23,6 +23,7 @@ memory that would do and the strategy that needs it.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
@@ -40,7 +41,8 @@ from shard.planning.predict import ComputeRate, Workload, predict_step, unit_flo
 from shard.planning.throughput import DEFAULT_MFU, peak_tflops
 
 GIB = 1 << 30
-ENGINE_ARGUMENTS = ("units", "decay", "device", "init")   # Engine's own, beside its settings
+# Engine's own keyword arguments (units=, decay=, device=, init=), beside its settings
+ENGINE_ARGUMENTS = tuple(name for name, p in inspect.signature(Engine).parameters.items() if p.kind is p.KEYWORD_ONLY)
 
 
 class PlanError(ValueError):
