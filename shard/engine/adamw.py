@@ -1,45 +1,71 @@
 """AdamW over one flat fp32 buffer: this rank's optimizer-state shard of every unit.
 
 The update is torch.optim.AdamW's (decoupled weight decay, bias-corrected moments), done
-as a handful of vectorized operations over the whole shard instead of a loop over
-tensors. Weight decay applies to the stretches of the shard that belong to decayed
-parameters (by default those with two or more dimensions, as nanoGPT and torchtitan do).
+by torch's fused AdamW kernel (`torch._fused_adamw_`, what `AdamW(fused=True)` runs; on
+CPUs and GPUs) over two lists of views: the stretches of the shard that belong to decayed
+parameters (by default those with two or more dimensions, as nanoGPT and torchtitan do)
+and the rest. So a step is the same few kernels however many units and parameters there
+are, reads each element once, and never asks the host anything: the step count lives on
+the device, and a step whose gradients were not finite (`found_inf`) leaves everything,
+the count included, as it was (as torch's GradScaler does), with no synchronization.
 """
 from __future__ import annotations
 
-import math
+from typing import Optional
 
 import torch
 
 OPTIMIZER_BYTES = 12   # per element: fp32 master weights and two fp32 moments
 
 
+def _stretches(decayed: list[tuple[int, int]], numel: int) -> tuple[list, list]:
+    """[start, end) stretches with and without weight decay, covering [0, numel)."""
+    on, off, at = [], [], 0
+    for a, b in sorted((a, b) for a, b in decayed if b > a):
+        if a > at:
+            off.append((at, a))
+        on.append((a, b))
+        at = b
+    if at < numel:
+        off.append((at, numel))
+    return on, off
+
+
 class FlatAdamW:
     def __init__(self, master: torch.Tensor, decayed: list[tuple[int, int]], betas: tuple[float, float],
                  eps: float, weight_decay: float):
+        """decayed: the [start, end) stretches of `master` weight decay applies to."""
         if master.dtype != torch.float32 or master.dim() != 1:
             raise ValueError(f"master weights must be a flat fp32 tensor, got {master.dtype} {tuple(master.shape)}")
         self.master = master
+        self.grad = torch.zeros_like(master)   # the gradient the engine completes before each step
         self.exp_avg = torch.zeros_like(master)
         self.exp_avg_sq = torch.zeros_like(master)
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
-        self.steps = 0
-        self._decayed = [master[a:b] for a, b in decayed if b > a]
+        self._count = torch.zeros((), dtype=torch.float32, device=master.device)   # updates made
+        on, off = _stretches(decayed, master.numel())
+        tensors = (master, self.grad, self.exp_avg, self.exp_avg_sq)
+        self._groups = [([[t[a:b] for a, b in spans] for t in tensors], decay)
+                        for spans, decay in ((on, weight_decay), (off, 0.0)) if spans]
 
-    def step(self, grad: torch.Tensor, lr: float) -> None:
-        """One update with the (already averaged, clipped) gradient shard; `grad` is used
-        as scratch and holds garbage afterwards."""
+    @property
+    def steps(self) -> int:
+        """Updates made (reading it waits for the device)."""
+        return int(self._count.item())
+
+    @steps.setter
+    def steps(self, value: int) -> None:
+        self._count.fill_(value)
+
+    def step(self, lr: float, found_inf: Optional[torch.Tensor] = None) -> None:
+        """One update with the (already averaged, clipped) gradient in `grad`; none where
+        `found_inf` (a float tensor on the device) is 1."""
+        self._count.add_(1 if found_inf is None else 1 - found_inf)
         beta1, beta2 = self.betas
-        self.steps += 1
-        if self.weight_decay and self._decayed:
-            torch._foreach_mul_(self._decayed, 1.0 - lr * self.weight_decay)
-        self.exp_avg.lerp_(grad, 1.0 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        correction1 = 1.0 - beta1 ** self.steps
-        correction2 = 1.0 - beta2 ** self.steps
-        denom = torch.sqrt(self.exp_avg_sq, out=grad)
-        denom.div_(math.sqrt(correction2)).add_(self.eps)
-        self.master.addcdiv_(self.exp_avg, denom, value=-lr / correction1)
+        for (params, grads, exp_avgs, exp_avg_sqs), decay in self._groups:
+            torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], [self._count] * len(params), lr=lr,
+                                beta1=beta1, beta2=beta2, weight_decay=decay, eps=self.eps, amsgrad=False,
+                                maximize=False, grad_scale=None, found_inf=found_inf)
 
     def state(self) -> dict[str, torch.Tensor]:
         return {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}

@@ -39,6 +39,12 @@ def _integer(name: str, value, low: int, meaning: str) -> None:
         raise ValueError(f"{name} must be an integer >= {low} ({meaning}), got {value!r}")
 
 
+def _compile_backends() -> list[str]:
+    import torch._dynamo
+
+    return torch._dynamo.list_backends(exclude_tags=())
+
+
 def _one_of(name: str, value, valid) -> None:
     if value not in valid:
         raise ValueError(f"{name} must be one of {tuple(valid)}, got {value!r}")
@@ -113,6 +119,10 @@ class EngineConfig:
     min_shard_numel: int = MIN_SHARD_NUMEL   # smaller units stay replicated (DDP-like)
     algorithm: Union[str, dict] = "auto"   # pccl algorithm of every collective, or a dict per collective name
     activation_checkpointing: bool = False
+    # torch.compile each unit's forward (as torchtitan compiles each block under FSDP2), the
+    # engine's hooks outside the compiled code: False, True (inductor) or a torch.compile
+    # backend's name ("aot_eager": the same graphs, no code generation)
+    compile: Union[bool, str] = False
     # Codecs (pccl.compression.codecs: int8, bf16, fp16, zfp:RATE) of the parameter
     # all-gathers (those of forward and backward, ZeRO++'s qwZ, and the one that refreshes
     # the parameter shards from the optimizer's after each update) and of the gradient
@@ -143,6 +153,12 @@ class EngineConfig:
                              f"collective name, got {self.algorithm!r}")
         if not isinstance(self.activation_checkpointing, bool):
             raise ValueError(f"activation_checkpointing must be True or False, got {self.activation_checkpointing!r}")
+        if not isinstance(self.compile, (bool, str)) or self.compile == "":
+            raise ValueError(f"compile must be True, False or a torch.compile backend such as 'inductor', got "
+                             f"{self.compile!r}")
+        if isinstance(self.compile, str) and self.compile not in _compile_backends():
+            raise ValueError(f"compile={self.compile!r} is not a torch.compile backend here; expected one of "
+                             f"{_compile_backends()}")
         for name in ("compress_params", "compress_grads"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):

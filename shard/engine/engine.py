@@ -48,11 +48,52 @@ def _placement(state: dict) -> list[dict]:
     return [{k: u[k] for k in keys} for u in state["units"]]
 
 
-@dataclass
 class StepResult:
-    grad_norm: float     # global norm of the averaged gradient, before clipping
-    skipped: bool        # non-finite gradients: no update was made
-    loss_scale: float    # fp16 dynamic loss scale (1.0 otherwise)
+    """What a step did: grad_norm, the global norm of the averaged gradient before clipping
+    (nan when not finite); skipped, whether its gradients were not finite so no update was
+    made; loss_scale, the fp16 dynamic loss scale after it (1.0 otherwise). The engine
+    leaves them on the device, so a step never waits for it: the first read copies all
+    three to the host at once (and so waits for the step to finish)."""
+
+    def __init__(self, grad_norm: float, skipped: bool, loss_scale: float):
+        self._values = (grad_norm, skipped, loss_scale)
+
+    @classmethod
+    def on_device(cls, values: torch.Tensor) -> StepResult:
+        """The result whose three values are `values`, read when first asked for."""
+        result = cls(0.0, False, 1.0)
+        result._values = values
+        return result
+
+    def _read(self) -> tuple:
+        values = self._values
+        if torch.is_tensor(values):
+            values = (0.0, 0.0, 1.0) if values.is_meta else tuple(values.tolist())   # a dry run has no values
+            self._values = values
+        return values
+
+    @property
+    def grad_norm(self) -> float:
+        norm = float(self._read()[0])
+        return norm if math.isfinite(norm) else float("nan")
+
+    @property
+    def skipped(self) -> bool:
+        return bool(self._read()[1])
+
+    @property
+    def loss_scale(self) -> float:
+        return float(self._read()[2])
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, StepResult):
+            return NotImplemented
+        mine, theirs = (self.grad_norm, self.skipped, self.loss_scale), (other.grad_norm, other.skipped,
+                                                                         other.loss_scale)
+        return all(a == b or (a != a and b != b) for a, b in zip(mine, theirs))
+
+    def __repr__(self) -> str:
+        return f"StepResult(grad_norm={self.grad_norm}, skipped={self.skipped}, loss_scale={self.loss_scale})"
 
 
 @dataclass(frozen=True)
@@ -73,22 +114,43 @@ class _GatheredView:
 
 
 class LossScaler:
-    """fp16 dynamic loss scaling: halve on overflow (the step is skipped), double after
-    `growth_interval` clean steps. A no-op scale of 1 for bf16 and fp32."""
+    """fp16 dynamic loss scaling: halve on overflow (the step is skipped, never below 1),
+    double after each `growth_interval` clean steps in a row. Kept on the device and
+    updated there, so the step needs no value on the host. A no-op scale of 1 for bf16
+    and fp32."""
 
-    def __init__(self, enabled: bool, init: float = 2.0 ** 16, growth_interval: int = 2000):
-        self.scale = init if enabled else 1.0
-        self.enabled, self.growth_interval, self.clean = enabled, growth_interval, 0
+    def __init__(self, enabled: bool, device, init: float = 2.0 ** 16, growth_interval: int = 2000):
+        self.enabled, self.growth_interval = enabled, growth_interval
+        # scale, clean steps since the last overflow (float64: exact counts)
+        self._state = torch.tensor([init, 0.0], dtype=torch.float64, device=device) if enabled else None
 
-    def update(self, finite: bool) -> None:
+    @property
+    def factor(self):
+        """What the loss is multiplied by: the scale on the device, or 1.0."""
+        return self._state[0] if self.enabled else 1.0
+
+    @property
+    def scale(self) -> float:
+        return float(self._state[0].item()) if self.enabled else 1.0
+
+    @property
+    def clean(self) -> int:
+        return int(self._state[1].item()) if self.enabled else 0
+
+    def load(self, scale: float, clean: int) -> None:
+        if self.enabled:
+            self._state.copy_(torch.tensor([scale, clean], dtype=torch.float64))
+
+    def update(self, found_inf: torch.Tensor) -> None:
+        """After a step: `found_inf` (1.0 or 0.0, on the device) says it overflowed."""
         if not self.enabled:
             return
-        if not finite:
-            self.scale, self.clean = max(self.scale / 2, 1.0), 0
-        else:
-            self.clean += 1
-            if self.clean % self.growth_interval == 0:
-                self.scale *= 2
+        scale, clean = self._state.unbind()
+        found = found_inf.to(torch.float64)
+        clean = (clean + 1) * (1 - found)
+        grow = (clean > 0) & (torch.remainder(clean, self.growth_interval) == 0)
+        scale = torch.where(found > 0, torch.clamp(scale / 2, min=1.0), torch.where(grow, scale * 2, scale))
+        self._state.copy_(torch.stack((scale, clean)))
 
 
 class Engine:
@@ -137,7 +199,7 @@ class Engine:
         self.gathers = Lane("gather", comm, self.layout, levels, config.algorithm, self.ledger, self.device, shared)
         self.reductions = Lane("reduce", comm, self.layout, levels, config.algorithm, self.ledger, self.device,
                                shared)
-        self.scaler = LossScaler(config.precision == "fp16")
+        self.scaler = LossScaler(config.precision == "fp16", self.device)
 
         self.units = self._shard_units(cut, config)
         self.root = self.units[0] if self.units[0].name == "<root>" else None
@@ -154,9 +216,8 @@ class Engine:
         self.gather_stats = {"needed": 0, "prefetched": 0}   # sharded units at the moment they ran
         self._trace: Optional[StepTrace] = None
         self._gathered: dict[int, ShardedUnit] = {}   # this forward's gathered buffers, by address (_pack)
-        self.steps = 0
-        self.skipped_steps = 0
-        self._register_hooks(config.activation_checkpointing)
+        self._counts = torch.zeros(2, dtype=torch.float64, device=self.device)   # steps made, skipped
+        self._register_hooks(config.activation_checkpointing, config.compile)
 
     # Set-up.
 
@@ -171,12 +232,19 @@ class Engine:
         return [ShardedUnit(unit, self.strategy if unit.numel >= config.min_shard_numel else REPLICATED, self.layout,
                             self.compute_dtype, self.reduce_dtype, self.device, codecs) for unit in cut]
 
-    def _register_hooks(self, activation_checkpointing: bool) -> None:
-        """Gather before each unit's forward, release after it, reduce each gradient as it is ready."""
+    def _register_hooks(self, activation_checkpointing: bool, compiled) -> None:
+        """Gather before each unit's forward, release after it, reduce each gradient as it is
+        ready. Compiled units compile their forward alone: the hooks run around it, outside
+        the compiled code (the root unit, the model itself, is never compiled: its forward
+        calls the other units)."""
         for u in self.units:
             if u is not self.root:
                 u.unit.module.register_forward_pre_hook(partial(self._before_forward, u))
                 u.unit.module.register_forward_hook(partial(self._after_forward, u))
+                if compiled:
+                    module = u.unit.module
+                    module.forward = torch.compile(module.forward, **({} if compiled is True else
+                                                                      {"backend": compiled}))
                 if activation_checkpointing:
                     self._checkpoint_activations(u.unit.module)
             for p in u.flat.params:
@@ -227,12 +295,37 @@ class Engine:
         for u, view in zip(self.units, self._os_views):
             u.load_master(self.reductions, view, init)
         self.optimizer = FlatAdamW(master, decayed, settings.betas, settings.eps, settings.weight_decay)
+        self._grad_views = [self.optimizer.grad[a:b] for a, b in zip(offsets, offsets[1:])]
+        for u, view in zip(self.units, self._grad_views):
+            u.grad = view
+        # each optimizer shard is held by `replicas` ranks: the norm counts it once
+        self._norm_weights = torch.tensor([1.0 / self.layout.replicas(u.strategy.optimizer) for u in self.units],
+                                          dtype=torch.float32, device=self.device)
+        self._local_refresh = self._one_parameter_buffer(offsets)
         self._refresh("update")
         for u in self.units:
             if u.sharded_params:
                 u.flat.release()   # the model's own full copy is no longer needed
+            else:
+                u.flat.bind(u.params)   # for good: refreshes write into it
+
+    def _one_parameter_buffer(self, offsets: list[int]) -> bool:
+        """Where every unit's parameter shard is its optimizer shard (a world of 1, ZeRO-3,
+        DDP, MiCS), the shards become views of one compute-dtype buffer laid out as the
+        master weights, so a refresh is one cast of the whole buffer on the caller's
+        stream; True then."""
+        if not all(u.local_refresh for u in self.units):
+            return False
+        self._params = torch.empty(offsets[-1], dtype=self.compute_dtype, device=self.device)
+        for u, a, b in zip(self.units, offsets, offsets[1:]):
+            u.params = self._params[a:b]
+        return True
 
     def _refresh(self, stage: str) -> None:
+        if self._local_refresh:
+            self._params.copy_(self.optimizer.master)
+            return
+
         def task() -> None:
             for u, view in zip(self.units, self._os_views):
                 u.refresh(self.gathers, stage, view)
@@ -332,7 +425,7 @@ class Engine:
         self._this_backward = []
         if self.root is not None:
             self._mark("backward", self.root)
-        (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
+        (loss * self.scaler.factor if self.scaler.enabled else loss).backward()
         # Units whose gradients did not all arrive (unused parameters) and the root unit
         # reduce now, in unit order, so every rank issues the same collectives.
         for u in self.units:
@@ -366,15 +459,19 @@ class Engine:
 
     def _reduce(self, u: ShardedUnit) -> None:
         u.reduced = True
-        flat = u.take_gradients(1.0 / self.layout.world)
+        handle = u.reduce_micro_batch(self.reductions)
         if u is not self.root:
             u.release()
-        self._reductions.append(u.reduce_micro_batch(self.reductions, flat))
+        if handle is not None:
+            self._reductions.append(handle)
 
     # Update.
 
     def step(self) -> StepResult:
-        """Finish the gradient reduction, clip, update with AdamW, refresh the parameters."""
+        """Finish the gradient reduction, clip, update with AdamW, refresh the parameters.
+        Nothing in it waits for the device: the clipping factor and whether to skip the
+        update (non-finite gradients) are decided there, and the result stays there until
+        read (StepResult)."""
         if not self._micro_batches:
             raise RuntimeError("step() needs at least one backward() since the last step")
         if self.root is not None:
@@ -382,41 +479,51 @@ class Engine:
         for handle in self._reductions:
             handle.wait()
         self._reductions = []
-        grad = torch.empty_like(self.optimizer.master)
-        scale = 1.0 / (self._micro_batches * self.scaler.scale)
+        # the gradients are sums over micro-batches of scaled losses: their mean, unscaled
+        scale = 1.0 / (self._micro_batches * self.scaler.factor)
         self._micro_batches = 0
-        norm = self._finish_gradients(grad, scale)
-        finite = math.isfinite(norm)
-        self.scaler.update(finite)
-        result = StepResult(norm, not finite, self.scaler.scale)
-        if not finite:
-            self.skipped_steps += 1
-            return result
+        squares = self._finish_gradients()
+        norm = (squares * scale * scale).sqrt() if torch.is_tensor(scale) else squares.sqrt() * scale
+        found_inf = (~torch.isfinite(norm)).to(torch.float32)
         clip = self.config.optimizer.grad_clip
-        if clip is not None and norm > clip:
-            grad.mul_(clip / (norm + 1e-6))   # torch.nn.utils.clip_grad_norm_'s factor
+        if clip is not None:   # torch.nn.utils.clip_grad_norm_'s factor, applied with the mean's
+            scale = torch.clamp(clip / (norm + 1e-6), max=1.0) * scale
         self._mark("update", None)
-        self.optimizer.step(grad, self.lr)
+        if torch.is_tensor(scale) or scale != 1.0:
+            self.optimizer.grad.mul_(scale)
+        self.optimizer.step(self.lr, found_inf)
+        self._counts.add_(torch.stack((1 - found_inf, found_inf)).to(self._counts.dtype))
+        self.scaler.update(found_inf)
         self._refresh("update")
-        self.steps += 1
-        return result
+        loss_scale = self.scaler.factor if self.scaler.enabled else torch.ones_like(found_inf)
+        return StepResult.on_device(torch.stack((norm.float(), found_inf, loss_scale.float())))
 
-    def _finish_gradients(self, grad: torch.Tensor, scale: float) -> float:
-        """Complete every unit's gradient into its slice of `grad`; the global norm."""
-        offsets = self._os_offsets
-        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+    @property
+    def steps(self) -> int:
+        """Updates made (reading it waits for the device)."""
+        return int(self._counts[0].item())
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for non-finite gradients (reading it waits for the device)."""
+        return int(self._counts[1].item())
+
+    def _finish_gradients(self) -> torch.Tensor:
+        """Complete every unit's gradient into the optimizer's; the sum of its squares over
+        all ranks (each shard counted once), as a tensor on the device."""
+        squares = torch.zeros(1, dtype=torch.float32, device=self.device)
 
         def task() -> None:
-            for u, a, b in zip(self.units, offsets, offsets[1:]):
-                u.finish_gradients(self.reductions, grad[a:b], scale)
-                # each optimizer shard is held by `replicas` ranks: count it once
-                squares.add_(grad[a:b].double().square().sum() / self.layout.replicas(u.strategy.optimizer))
-            self.reductions.all_reduce(None, squares.view(1), Scope.N)
-        self.reductions.submit(task, grad, squares, what="gradient reduction and norm").wait()
-        if squares.is_meta:   # a dry run (predict.py) has no values to clip by
-            return 0.0
-        total = squares.item()
-        return math.sqrt(total) if math.isfinite(total) else float("nan")
+            for u in self.units:
+                u.finish_gradients(self.reductions)
+            norms = torch.stack(torch._foreach_norm(self._grad_views))
+            squares.copy_(torch.dot(norms * norms, self._norm_weights))
+            self.reductions.all_reduce(None, squares, Scope.N)
+        if self.layout.world == 1:   # nothing to communicate: no lane hand-off
+            task()
+        else:
+            self.reductions.submit(task, self.optimizer.grad, squares, what="gradient reduction and norm").wait()
+        return squares[0]
 
     # Tracing.
 
@@ -442,8 +549,9 @@ class Engine:
         them (PaRO Table 2's P, G and OS, padding included), and the element counts."""
         return {
             "parameters": sum(u.params.numel() * u.params.element_size() for u in self.units),
-            "gradients": sum(u.flat.padded // self.layout.shards(u.strategy.grads) for u in self.units)
-            * torch.empty((), dtype=self.reduce_dtype).element_size(),
+            "gradients": sum(u.grad.numel() * u.grad.element_size()
+                             + (0 if u.direct else u.flat.padded // self.layout.shards(u.strategy.grads)
+                                * self.reduce_dtype.itemsize) for u in self.units),
             "optimizer": OPTIMIZER_BYTES * self.optimizer.master.numel(),
             "numel": sum(u.flat.numel for u in self.units),
             "padded_numel": sum(u.flat.padded for u in self.units),
@@ -523,9 +631,9 @@ class Engine:
         for piece, target in zip(state["units"], mine["units"]):
             for k in self.optimizer.state():
                 target[k].copy_(piece[k])
-        self.steps, self.skipped_steps = state["steps"], state["skipped_steps"]
+        self._counts.copy_(torch.tensor([state["steps"], state["skipped_steps"]], dtype=self._counts.dtype))
         self.optimizer.steps = state["optimizer_steps"]
-        self.scaler.scale, self.scaler.clean = state["loss_scale"], state["loss_scale_clean"]
+        self.scaler.load(state["loss_scale"], state["loss_scale_clean"])
         self._refresh("update")
         self.ledger.reset()   # restoring is not training traffic
 

@@ -63,15 +63,17 @@ class FlatParams:
         for p in self.params:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
-    def gradients(self, flat: torch.Tensor) -> None:
-        """Copy each parameter's gradient into its slice of `flat` (zeros where there is none)."""
+    def gradients(self, flat: torch.Tensor, accumulate: bool = False) -> None:
+        """Copy each parameter's gradient into its slice of `flat` (zeros where there is
+        none), casting to `flat`'s dtype; with `accumulate`, add them to what is there."""
         self._check(flat)
-        flat[self.numel:].zero_()
+        if not accumulate:
+            flat[self.numel:].zero_()
         for p, start, end in zip(self.params, self.offsets, self.offsets[1:]):
-            if p.grad is None:
+            if p.grad is not None:
+                (flat[start:end].add_ if accumulate else flat[start:end].copy_)(p.grad.reshape(-1))
+            elif not accumulate:
                 flat[start:end].zero_()
-            else:
-                flat[start:end].copy_(p.grad.reshape(-1))
 
     def shard(self, flat: torch.Tensor, index: int, parts: int) -> torch.Tensor:
         """Shard `index` of `parts` equal shards of `flat` (a view)."""

@@ -186,22 +186,27 @@ class Lane:
         getattr(comm, collective)(*args, algorithm=algorithm, compression=codec or "none")
 
     def _levels(self, coarse: Scope, fine: Scope) -> list[str]:
-        """The communicators that take a buffer from scope `coarse` to the finer `fine`."""
+        """The communicators that take a buffer from scope `coarse` to the finer `fine`;
+        one of a single rank (a world of 1, groups of 1, one group) moves nothing."""
         if coarse == fine:
             return []
         if not self.layout.nested:
-            return ["world"]
-        return {(Scope.N, Scope.I): ["group"], (Scope.I, Scope.G): ["cross"],
-                (Scope.N, Scope.G): ["group", "cross"]}[(coarse, fine)]
+            levels = ["world"]
+        else:
+            levels = {(Scope.N, Scope.I): ["group"], (Scope.I, Scope.G): ["cross"],
+                      (Scope.N, Scope.G): ["group", "cross"]}[(coarse, fine)]
+        return [level for level in levels if self.comms[level][0].size > 1]
 
     def gather(self, stage: str, dst: torch.Tensor, src: torch.Tensor, shard: Scope, to: Scope,
                codec=None) -> None:
         """All-gather `src` (this rank's `shard`-scope piece) into `dst` (its `to`-scope
-        piece), through the nested scopes outward; `codec`: blocks travel compressed."""
+        piece), through the nested scopes outward, in `dst`'s dtype (`src` is cast first,
+        so the blocks travel in it); `codec`: blocks travel compressed."""
         levels = self._levels(to, shard)
         if not levels:
-            dst.copy_(src)
+            dst.copy_(src)   # and casts: one pass
             return
+        src = src.to(dst.dtype)
         if len(levels) == 2:  # the inner gather lands in this rank's block of the outer one
             outer = self.comms[levels[0]][0]
             size = dst.numel() // outer.size
@@ -228,5 +233,5 @@ class Lane:
     def all_reduce(self, stage: str, tensor: torch.Tensor, scope: Scope, codec=None) -> None:
         """Sum `tensor`, this rank's `scope`-scope piece, over the ranks holding the same piece."""
         level = {Scope.N: "world", Scope.I: "cross"}.get(scope)
-        if level is not None:
+        if level is not None and self.comms[level][0].size > 1:
             self._run(stage, level, "all_reduce", tensor, tensor, codec=codec)

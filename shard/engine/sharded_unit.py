@@ -2,12 +2,18 @@
 place of its optimizer-state shard, and the collectives that move between them.
 
 Buffers per rank (padded flat length L, see flat.py):
-  parameters   P-scope piece in the compute dtype; with P = N it is the full buffer and
-               the parameters stay bound to it, otherwise a full copy is gathered for
-               each forward and backward and released after
-  gradients    G-scope piece in the reduction dtype, summed over the micro-batches
+  parameters   P-scope piece in the compute dtype; when the scope does not split the
+               buffer (P = N, or one rank in it) it is the full buffer and the parameters
+               stay bound to it, otherwise a full copy is gathered in the compute dtype
+               for each forward and backward and released after
+  gradients    OS-scope piece in fp32, the optimizer's (a view into the engine's one flat
+               gradient buffer), which sums the micro-batches' reduced gradients; when the
+               G scope splits the buffer more coarsely, a G-scope accumulator in the
+               reduction dtype sums them instead, reduced to the OS scope at the step
   optimizer    OS-scope piece of fp32 master weights and moments (views into the
                engine's one flat optimizer buffer)
+
+A scope of one rank moves nothing: a world of 1 gathers, copies and reduces nothing.
 """
 from __future__ import annotations
 
@@ -34,7 +40,11 @@ class ShardedUnit:
         self.compute_dtype, self.reduce_dtype, self.device = compute_dtype, reduce_dtype, device
         self.os_span = layout.span(strategy.optimizer, self.flat.padded)
         self.params = torch.empty(self._numel(strategy.params), dtype=compute_dtype, device=device)
+        self.grad: Optional[torch.Tensor] = None    # the optimizer's fp32 OS-scope gradient (bind_gradient)
         self.grads: Optional[torch.Tensor] = None   # G-scope sum over micro-batches
+        # The G-scope sum is the optimizer's gradient itself (same shard), summed in fp32
+        self.direct = layout.shards(strategy.grads) == layout.shards(strategy.optimizer)
+        self.local_grads = layout.shards(strategy.grads) == 1   # nothing to reduce per micro-batch
         self.full: Optional[torch.Tensor] = None    # gathered parameters (sharded P only)
         self.gathering: Optional[Handle] = None
         self.pending = 0                            # gradients still to arrive this backward
@@ -46,7 +56,8 @@ class ShardedUnit:
 
     @property
     def sharded_params(self) -> bool:
-        return self.strategy.params != Scope.N
+        """Whether the parameter shard is a piece of the full buffer (else it is the buffer)."""
+        return self.layout.shards(self.strategy.params) > 1
 
     @property
     def os_numel(self) -> int:
@@ -69,13 +80,17 @@ class ShardedUnit:
         lane.reduce_scatter("update", master, full, Scope.N, self.strategy.optimizer)
         lane.all_reduce("update", master, self.strategy.optimizer)   # and over the shard's replicas
 
+    @property
+    def local_refresh(self) -> bool:
+        """The parameter shard is the optimizer shard, cast: no communication."""
+        return self.layout.shards(self.strategy.params) == self.layout.shards(self.strategy.optimizer)
+
     def refresh(self, lane: Lane, stage: str, master: torch.Tensor) -> None:
-        """The parameter shard from the updated master weights (PaRO Figures 1-3: a copy
-        when P and OS share a scope, else an all-gather from OS out to P)."""
-        lane.gather(stage, self.params, master.to(self.compute_dtype), self.strategy.optimizer, self.strategy.params,
+        """The parameter shard from the updated master weights (PaRO Figures 1-3: a cast
+        when P and OS share a scope, else an all-gather from OS out to P in the compute
+        dtype)."""
+        lane.gather(stage, self.params, master, self.strategy.optimizer, self.strategy.params,
                     self.codecs.get("params"))
-        if not self.sharded_params:
-            self.flat.bind(self.params)
 
     def start_gather(self, lane: Lane, stage: str) -> None:
         """Queue the all-gather of the full parameters (no-op when held or in flight)."""
@@ -121,51 +136,77 @@ class ShardedUnit:
 
     # Gradients.
 
-    def take_gradients(self, scale: float) -> torch.Tensor:
-        """The parameters' gradients as one flat buffer in the reduction dtype, times
-        `scale`; the parameters' .grad are cleared."""
+    def reduce_micro_batch(self, lane: Lane) -> Optional[Handle]:
+        """This micro-batch's gradients, taken from the parameters' .grad (cleared), into
+        the G-scope sum. Where the G scope does not split the buffer they are added to it
+        at once, cast, with no copy in between (None is returned); otherwise they are
+        copied into one flat buffer in the reduction dtype, divided by the world size (the
+        sum over ranks is then their average), and the reduce-scatter to the G scope (PaRO
+        3.3: inside the group for I) is queued."""
+        if self.local_grads:
+            first = self.grads is None
+            if first:
+                self.grads = self.grad if self.direct else torch.empty(self.flat.padded, dtype=self.reduce_dtype,
+                                                                       device=self.device)
+            self.flat.gradients(self.grads, accumulate=not first)
+            self._clear_grads()
+            return None
         flat = torch.empty(self.flat.padded, dtype=self.reduce_dtype, device=self.device)
         self.flat.gradients(flat)
-        for p in self.flat.params:
-            p.grad = None
-        if scale != 1.0:
-            flat.mul_(scale)
-        return flat
-
-    def reduce_micro_batch(self, lane: Lane, flat: torch.Tensor) -> Handle:
-        """Queue the per-micro-batch reduction: to the gradient scope (PaRO 3.3: inside the
-        group for I), summed into the accumulator. N-scope gradients accumulate locally."""
+        self._clear_grads()
+        flat.div_(self.layout.world)
         g = self.strategy.grads
 
         def task() -> None:
-            if g == Scope.N:
-                shard = flat
+            first = self.grads is None
+            if first and self.direct and flat.dtype == self.grad.dtype:
+                shard = self.grad
             else:
                 shard = torch.empty(self._numel(g), dtype=flat.dtype, device=flat.device)
-                lane.reduce_scatter("backward", shard, flat, Scope.N, g, self.codecs.get("grads"))
-            if self.grads is None:
-                self.grads = shard
-            else:
+            lane.reduce_scatter("backward", shard, flat, Scope.N, g, self.codecs.get("grads"))
+            if not first:
                 self.grads.add_(shard)
+            elif self.direct and shard is not self.grad:
+                self.grads = self.grad.copy_(shard)
+            else:
+                self.grads = shard
         # `flat` comes from the backward on the caller's stream and is dropped by the caller
         # at once: without keeping it, its memory could go to the next unit's kernels while
         # the lane still reduces it.
         return lane.submit(task, flat, what=f"reduction of {self.name}'s gradients")
 
-    def finish_gradients(self, lane: Lane, out: torch.Tensor, scale: float) -> None:
-        """The summed gradient of this rank's optimizer shard into `out` (fp32), times
-        `scale`: what the micro-batches left unreduced is reduced once, per step (across
-        groups for I, over everyone for N), then narrowed to the optimizer scope."""
+    def _clear_grads(self) -> None:
+        for p in self.flat.params:
+            p.grad = None
+
+    def finish_gradients(self, lane: Lane) -> None:
+        """The summed gradient of this rank's optimizer shard into `grad` (fp32): what the
+        micro-batches left unreduced is reduced once, per step (across groups for I, over
+        everyone for N), then narrowed to the optimizer scope. Gradients summed locally
+        are divided by the world size first (the others were, before their reduction)."""
         g, os = self.strategy.grads, self.strategy.optimizer
-        grads = self.grads if self.grads is not None else torch.zeros(self._numel(g), dtype=self.reduce_dtype,
+        grads, self.grads = self.grads, None
+        if grads is None:   # no gradient arrived this step
+            grads = self.grad.zero_() if self.direct else torch.zeros(self._numel(g), dtype=self.reduce_dtype,
                                                                       device=self.device)
-        self.grads = None
+        elif self.local_grads and self.layout.world > 1:
+            grads.div_(self.layout.world)
+        codec = self.codecs.get("grads")
+        if self.direct:   # the sum is the optimizer's shard already: only its replicas to add up
+            if self.layout.replicas(g) > 1:
+                sent = grads if grads.dtype == self.reduce_dtype else grads.to(self.reduce_dtype)
+                lane.all_reduce("update", sent, g, codec)
+                if sent is not grads:
+                    grads.copy_(sent)
+            return
         if g == Scope.I and os == Scope.G:   # the inter-group reduce-scatter
-            shard = torch.empty(self._numel(os), dtype=grads.dtype, device=grads.device)
-            lane.reduce_scatter("update", shard, grads, Scope.I, Scope.G, self.codecs.get("grads"))
+            shard = self.grad if grads.dtype == self.grad.dtype else torch.empty(
+                self._numel(os), dtype=grads.dtype, device=grads.device)
+            lane.reduce_scatter("update", shard, grads, Scope.I, Scope.G, codec)
         else:
-            lane.all_reduce("update", grads, g, self.codecs.get("grads"))
+            lane.all_reduce("update", grads, g, codec)
             start, end = self.layout.span(os, self.flat.padded)
             offset = self.layout.span(g, self.flat.padded)[0]
             shard = grads[start - offset:end - offset]
-        out.copy_(shard).mul_(scale)
+        if shard is not self.grad:
+            self.grad.copy_(shard)

@@ -2,8 +2,12 @@
 
 Held all the time (the model state; exactly what Engine.memory_report counts):
     parameters   each unit's P-scope shard in the compute dtype (padded: flat.py)
-    gradients    each unit's G-scope accumulator in the reduce dtype
+    gradients    each unit's OS-scope gradient in fp32 (the optimizer's, which sums the
+                 micro-batches), and where the G scope is coarser than OS, a G-scope
+                 accumulator in the reduce dtype besides
     optimizer    12 bytes per element of each unit's OS-scope shard (fp32 master, 2 moments)
+A scope that does not split a buffer (one rank in it) is no sharding: such parameters are
+never gathered, and gradients with such a G scope are summed straight from autograd's.
 
 Held while a micro-batch runs forward and backward, at two moments:
   the loss's backward (the first thing the backward does):
@@ -19,14 +23,16 @@ Held while a micro-batch runs forward and backward, at two moments:
                  Views of gathered parameters that autograd saves do not keep a unit's
                  buffer alive after its forward (Engine._pack): the backward gathers again
     reducing     gradients on their way to their shards: the root's, held for the whole
-                 backward, and the largest unit's twice (autograd's .grad in the compute
-                 dtype, the flat copy in the reduce dtype that its reduction reads)
+                 backward, and the largest unit's autograd .grad in the compute dtype, and
+                 where gradients are reduced per micro-batch, its flat copy in the reduce
+                 dtype that the reduction reads
     workspace    the collective layer's landing buffer: at most one gradient buffer of the
-                 largest unit (a schedule receives at most its whole input before reducing)
+                 largest unit reduced per micro-batch (a schedule receives at most its
+                 whole input before reducing)
 
-Held while the optimizer steps: the fp32 gradient of the optimizer shard (4 bytes per OS
-element; AdamW uses it as its scratch), and while the gradient norm is summed, the fp64
-copy of the largest unit's piece of it and its square (16 bytes per element).
+Held while the optimizer steps (fused AdamW needs no scratch, the norm is a few scalars):
+the largest per-step reduction's landing buffer and, in a reduce dtype other than fp32,
+its result before the cast, for units whose accumulator is not the optimizer's gradient.
 
 The peak is the model state (gradient accumulators included: they exist from the first
 micro-batch's reduction on) plus the largest of the three transients. On GPUs the
@@ -42,7 +48,7 @@ import torch
 from shard.engine.adamw import OPTIMIZER_BYTES
 from shard.engine.config import PRECISIONS
 from shard.engine.flat import FlatParams
-from shard.engine.strategy import REPLICATED, Scope, Strategy
+from shard.engine.strategy import REPLICATED, Strategy
 from shard.engine.units import MIN_SHARD_NUMEL, split_units
 from shard.models.gpt import GPTConfig
 from shard.planning.activations import activation_bytes, block_bytes, head_bytes
@@ -80,10 +86,18 @@ def model_state(sizes: list[UnitSize], strategy: Strategy, world: int, group: in
     for u in sizes:
         s = strategy if u.numel >= min_shard_numel else REPLICATED
         padded = _padded(u.numel, world)
+        os_numel = padded // s.optimizer.shards(world, group)
         out["parameters"] += padded // s.params.shards(world, group) * _element(precision)
-        out["gradients"] += padded // s.grads.shards(world, group) * _element(reduce_dtype)
-        out["optimizer"] += padded // s.optimizer.shards(world, group) * OPTIMIZER_BYTES
+        out["gradients"] += os_numel * 4
+        if not _direct(s, world, group):
+            out["gradients"] += padded // s.grads.shards(world, group) * _element(reduce_dtype)
+        out["optimizer"] += os_numel * OPTIMIZER_BYTES
     return out
+
+
+def _direct(s: Strategy, world: int, group: int) -> bool:
+    """The micro-batches' gradient sum is the optimizer's fp32 gradient (ShardedUnit.direct)."""
+    return s.grads.shards(world, group) == s.optimizer.shards(world, group)
 
 
 @dataclass(frozen=True)
@@ -114,7 +128,7 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
     def scoped(u: UnitSize) -> Strategy:
         return strategy if u.numel >= min_shard_numel else REPLICATED
 
-    sharded = [u for u in sizes if scoped(u).params != Scope.N]
+    sharded = [u for u in sizes if scoped(u).params.shards(world, group) > 1]
     root = sum(full(u) for u in sharded if u.name == ROOT) * ce
     runs = [u for u in sharded if u.name != ROOT]
     ahead = 0   # the largest run of a unit and the `prefetch` units after it, in bytes
@@ -127,20 +141,23 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
         ahead = max(ahead, held)
     largest = max((full(u) for u in sizes if u.name != ROOT), default=0)
     root_numel = sum(full(u) for u in sizes if u.name == ROOT)
+    # units whose gradients are reduced per micro-batch (a G scope that splits them)
+    reduced = [u for u in sizes if scoped(u).grads.shards(world, group) > 1]
+    largest_reduced = max((full(u) for u in reduced if u.name != ROOT), default=0)
+    per_step = [full(u) // scoped(u).grads.shards(world, group) for u in sizes
+                if not _direct(scoped(u), world, group)]
     parts = {**state,
              "activations": activations,
              "loss": tokens * cfg.vocab * LOSS_BYTES_PER_VOCAB,
              "gathered": root + ahead,
-             "reducing": root_numel * ce + largest * (ce + re),
-             "workspace": max(largest, root_numel) * re}
+             "reducing": root_numel * ce + largest * ce + largest_reduced * re,
+             "workspace": max((full(u) for u in reduced), default=0) * re}
     moments = {
         "loss backward": activations + parts["loss"] + root,
         "unit backward": activations - head_bytes(cfg, tokens, ce) + recompute + parts["gathered"]
         + parts["reducing"] + parts["workspace"],
-        # AdamW's fp32 gradient shard, and the gradient norm's fp64 copy and square of the
-        # largest unit's piece of it
-        "update": 4 * state["optimizer"] // OPTIMIZER_BYTES
-        + max((full(u) // scoped(u).optimizer.shards(world, group) for u in sizes), default=0) * 16,
+        # the largest per-step reduction's landing buffer (and its result before the cast)
+        "update": max(per_step, default=0) * re * (1 if reduce_dtype == "fp32" else 2),
     }
     phase = max(moments, key=moments.get)
     return Footprint(parts, moments, sum(state.values()) + moments[phase], phase)

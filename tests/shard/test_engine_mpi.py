@@ -75,8 +75,19 @@ def test_memory_matches_paro_table_2(report, ranks, group, strategy):
     psi = memory["padded_numel"]
     assert psi % ranks == 0 and psi - memory["numel"] < ranks * 7   # 7 units, each padded to N
     # fp32 parameters and gradients in this run; K = 12 bytes of master weights and moments
-    expected = Strategy.parse(strategy).memory_per_rank(psi, ranks, group, param_bytes=4, grad_bytes=4)
+    s = Strategy.parse(strategy)
+    expected = s.memory_per_rank(psi, ranks, group, param_bytes=4, grad_bytes=4)
+    if s.grads.shards(ranks, group) != s.optimizer.shards(ranks, group):
+        # the G-scope accumulator of Table 2, and besides it the optimizer's fp32 gradient
+        expected["gradients"] += 4 * psi / s.optimizer.shards(ranks, group)
     assert {k: memory[k] for k in ("parameters", "gradients", "optimizer")} == expected
+
+
+@pytest.mark.parametrize("ranks,group", [(2, 1), (4, 2)], ids=["p2g1", "p4g2"])
+def test_zero3_in_bf16_gathers_bf16_and_frees_each_units_gathered_buffer(report, ranks, group):
+    run = equivalence(report, ranks, group)["GGG/bf16_gathers"]
+    assert run["dtypes"] == ["torch.bfloat16"] and run["gathers"] >= 2 * run["units"], run
+    assert len(run["freed"]) == run["units"] and all(run["freed"]), run
 
 
 def table3(name: str, psi: float, n: int, m: int, s: int) -> dict:
@@ -181,11 +192,16 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(single):
     assert run["scale_after"] == run["scale_before"] / 2
 
 
-def test_prefetch_starts_each_gather_before_the_unit_runs(single):
+@pytest.mark.parametrize("ranks,group", CONFIGS, ids=[f"p{p}g{g}" for p, g in CONFIGS])
+def test_prefetch_starts_each_gather_before_the_unit_runs(report, ranks, group):
+    run = equivalence(report, ranks, group)
     units, passes, steps = 5, 2, 2    # MLP units; forward and backward; steps
-    assert single["gathers/prefetch=0"] == {"needed": units * passes * steps, "prefetched": 0}
+    if ranks == 1:   # nothing sharded, nothing gathered
+        assert run["gathers/prefetch=0"] == run["gathers/prefetch=1"] == {"needed": 0, "prefetched": 0}
+        return
+    assert run["gathers/prefetch=0"] == {"needed": units * passes * steps, "prefetched": 0}
     # the first step records the orders; then all but the first unit of each pass
-    assert single["gathers/prefetch=1"] == {"needed": units * passes * steps, "prefetched": (units - 1) * passes}
+    assert run["gathers/prefetch=1"] == {"needed": units * passes * steps, "prefetched": (units - 1) * passes}
 
 
 @pytest.mark.parametrize("case,expected", [

@@ -2,7 +2,6 @@
 memory_report for every strategy, and its peak against the bytes a training step holds,
 measured by a hook that sees every tensor torch allocates (a TorchDispatchMode that adds
 each new storage's bytes and subtracts them when the storage is freed)."""
-import gc
 import weakref
 
 import pytest
@@ -95,21 +94,18 @@ def test_the_peak_is_within_15_percent_of_a_measured_step(comm, engines, cfg, st
     assert 0.85 <= f.peak / live.peak <= 1.15, (f.peak, live.peak, f.moments)
 
 
-def test_gathered_parameters_are_freed_after_each_units_forward(comm, engines):
-    """Autograd keeps views of a unit's gathered weights for the backward; the engine saves
-    them by place instead, so each block's gathered buffer is freed after its forward and
-    gathered again for its backward (and the gradients are still right: the other engine
-    tests hold them against torch)."""
+def test_a_world_of_one_gathers_nothing_and_binds_parameters_to_one_buffer(comm, engines):
+    """At world 1 no scope splits a buffer: ZeRO-3 gathers nothing, and every parameter is a
+    view of the engine's one compute-dtype buffer, refreshed by one cast from the master
+    weights. (tests/shard/test_engine_mpi.py checks on 2 ranks that each unit's gathered
+    buffer is freed after its forward.)"""
     cfg = GPTConfig(vocab=256, context=32, width=64, layers=3, heads=4)
-    engine = Engine(GPT(cfg), comm, strategy="zero3", prefetch=0)
+    engine = Engine(GPT(cfg), comm, strategy="zero3", precision="bf16")
     engines.append(engine)
-    buffers = []
-    for u in engine.units:
-        if u is not engine.root and u.sharded_params:   # after the engine's own hook has gathered
-            u.unit.module.register_forward_pre_hook(
-                lambda *a, u=u: buffers.append(weakref.ref(u.full.untyped_storage())))
-    loss = next_token_loss(engine, torch.randint(0, cfg.vocab, (2, 17)))
-    gc.collect()
-    assert len(buffers) == cfg.layers and all(b() is None for b in buffers)
-    engine.backward(loss)
+    engine.backward(next_token_loss(engine, torch.randint(0, cfg.vocab, (2, 17))))
     engine.step()
+    buffer = engine._params.untyped_storage().data_ptr()
+    assert engine.gather_stats["needed"] == 0 and all(u.full is None for u in engine.units)
+    assert all(p.untyped_storage().data_ptr() == buffer and p.dtype == torch.bfloat16
+               for p in engine.model.parameters())
+    assert torch.equal(engine._params, engine.optimizer.master.to(torch.bfloat16))

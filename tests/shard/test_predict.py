@@ -50,16 +50,16 @@ def test_two_unit_step_matches_the_hand_computed_timeline():
         ("wait", (1,)), ("compute", ("forward", "head")),
         ("submit", [gather]), ("wait", (2,)), ("submit", [gather]), ("compute", ("backward", "head")),
         ("submit", [reduce]), ("wait", (3,)), ("compute", ("backward", "embed")), ("submit", [reduce]),
-        ("wait", (4,)), ("wait", (5,)), ("submit", [["world", "all_reduce", 8, "ring"]]), ("wait", (6,)),
-        ("compute", ("update", None)), ("submit", []), ("wait", (7,))]
+        ("wait", (4,)), ("wait", (5,)), ("submit", [["world", "all_reduce", 4, "ring"]]), ("wait", (6,)),
+        ("compute", ("update", None))]
     times = {"forward": 0.5 * MS, "backward": 1.0 * MS, "update": 0.2 * MS}
     result = replay(trace, lambda kind, unit: times[kind])
     # By hand, in ms: gather embed 0-1 (waited: 1); prefetch head 1-2 while embed computes
     # 1-1.5 (waited: 0.5); head 2-2.5. Backward: head gathered again 2.5-3.5 (waited: 1),
     # embed prefetched 3.5-4.5 while head computes 3.5-4.5; head's reduce-scatter 4.5-5.5;
     # embed computes 4.5-5.5 (no wait), its reduce-scatter 5.5-6.5 (waited: 1). The norm's
-    # all-reduce of one float64 on 2 ranks: two ring steps of 4 bytes. AdamW 0.2.
-    norm = 2 * 4 / BANDWIDTH
+    # all-reduce of one float32 on 2 ranks: two ring steps of 2 bytes. AdamW 0.2.
+    norm = 2 * 2 / BANDWIDTH
     assert result["step_s"] == pytest.approx(6.7 * MS + norm, rel=1e-9)
     assert result["exposed_s"] == pytest.approx(3.5 * MS + norm, rel=1e-9)
     assert result["compute_s"] == pytest.approx(3.2 * MS, rel=1e-12)
@@ -79,7 +79,7 @@ def test_on_shared_cores_computation_and_communication_take_turns():
     # 2.5-3; its backward gather 3-4 (waited); embed's prefetch and head's backward share
     # 4-6; head's reduce-scatter and embed's backward share 6-8; embed's reduce-scatter 8-9
     # (waited). Nothing overlaps: the step is all compute plus all communication.
-    norm = 2 * 4 / BANDWIDTH
+    norm = 2 * 2 / BANDWIDTH
     assert result["step_s"] == pytest.approx(9.2 * MS + norm, rel=1e-9)
     assert result["step_s"] == pytest.approx(result["compute_s"] + result["comm_s"], rel=1e-12)
     assert result["exposed_s"] == pytest.approx(3.5 * MS + norm, rel=1e-9)
@@ -95,7 +95,7 @@ def test_without_prefetch_every_gather_waits_and_busy_lanes_share_the_network():
     # gathered 3-4 (waited), computes 4-5; from 5 its reduce-scatter and embed's gather run
     # together, each at half speed, both ending at 7 (waited: 2); embed computes 7-8, its
     # reduce-scatter 8-9 is waited for (1); the norm, AdamW 0.2.
-    norm = 2 * 4 / BANDWIDTH
+    norm = 2 * 2 / BANDWIDTH
     assert result["exposed_s"] == pytest.approx(6 * MS + norm, rel=1e-9)
     assert result["step_s"] == pytest.approx(9.2 * MS + norm, rel=1e-9)
     assert result["comm_s"] == pytest.approx(6 * MS + norm, rel=1e-9)

@@ -105,11 +105,61 @@ def equivalence(group: int) -> dict:
             if RANK == 0:
                 report[f"{name}/bf16"] = {"losses": losses, "reference": bf16_reference[0]}
             engine.close()
+        if name == "GGG":
+            report_bf16_gathers(report)
+            report_prefetch(report)
         grad_norms, states = round_trip(strategy, group)
         if RANK == 0:
             report[f"{name}/round_trip"] = {"grad_norms": grad_norms, "max_diff": max(
                 (states[0][k] - states[1][k]).abs().max().item() for k in states[0])}
     return report
+
+
+def report_prefetch(report: dict) -> None:
+    """ZeRO-3's gathers with and without prefetch: the orders are known from the second
+    iteration on; then every unit but the first of each pass finds its gather already
+    started (at one rank nothing is sharded, so nothing is gathered)."""
+    x, y = my_micro_batch(global_batch("mlp", 0), 0)
+    for prefetch in (0, 1):
+        torch.manual_seed(0)
+        model = MLP()
+        engine = Engine(model, comm, strategy="zero3", prefetch=prefetch, units=model.units(), min_shard_numel=0,
+                        **HYPER)
+        for _ in range(2):
+            engine.backward(mlp_loss(engine(x), y))
+            engine.step()
+        report[f"gathers/prefetch={prefetch}"] = engine.comm_report()["gathers"]
+        engine.close()
+
+
+def report_bf16_gathers(report: dict) -> None:
+    """ZeRO-3 in bf16: the dtypes its all-gathers move in a step (the parameter shards are
+    kept in the compute dtype, so the gathers carry 2-byte elements), and whether each
+    unit's gathered buffer is freed after its forward (autograd keeps its views by place)."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    engine = Engine(model, comm, strategy="zero3", precision="bf16", units=model.units(), min_shard_numel=0,
+                    prefetch=0, **HYPER)
+    buffers = []
+    for u in engine.units:
+        if u is not engine.root and u.sharded_params:   # after the engine's own hook has gathered
+            u.unit.module.register_forward_pre_hook(
+                lambda *a, u=u: buffers.append(weakref.ref(u.full.untyped_storage())))
+    engine.gathers.log = []
+    x, y = my_micro_batch(global_batch("transformer", 0), 0)
+    loss = token_loss(engine(x), y)
+    gc.collect()
+    freed = [b() is None for b in buffers]
+    engine.backward(loss)
+    engine.step()
+    if RANK == 0:
+        report["GGG/bf16_gathers"] = {"dtypes": sorted({str(c[3]) for c in engine.gathers.log if c[1] == "all_gather"}),
+                                      "gathers": sum(c[1] == "all_gather" for c in engine.gathers.log),
+                                      "freed": freed, "units": len(engine.units) - (engine.root is not None)}
+    engine.close()
 
 
 def round_trip(strategy, group: int):
@@ -224,18 +274,6 @@ def single_scenario(directory: Path) -> dict:
     unchanged = max((engine.full_state_dict()[k] - v).abs().max().item() for k, v in start.items())
     report["fp16_overflow"] = {"skipped": result.skipped, "scale_before": scale, "scale_after": result.loss_scale,
                                "unchanged": unchanged, "skipped_steps": engine.skipped_steps}
-
-    # Prefetch: the orders are known from the second iteration on; then every unit but the
-    # first of each pass finds its gather already started.
-    for prefetch in (0, 1):
-        torch.manual_seed(0)
-        model = MLP()
-        engine = Engine(model, comm, strategy="zero3", prefetch=prefetch, units=model.units(), min_shard_numel=0,
-                        **HYPER)
-        for _ in range(2):
-            engine.backward(mlp_loss(engine(x), y))
-            engine.step()
-        report[f"gathers/prefetch={prefetch}"] = engine.comm_report()["gathers"]
 
     errors = {}
     cases = {

@@ -1,0 +1,136 @@
+"""What a training step costs in operations, counted by a TorchDispatchMode that sees every
+op torch runs: no wasted copies at world 1, an update whose ops do not grow with the model,
+and nothing that waits for the device inside the step (on GPUs a `.item()` or a
+device-to-host copy blocks the host until the queue drains)."""
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from shard.engine.engine import Engine
+from shard.models import GPT, GPTConfig
+from shard.planning.predict import next_token_loss
+
+COPIES = {"aten.copy_.default", "aten._to_copy.default", "aten.clone.default"}
+SYNCS = {"aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default"}
+
+
+class Ops(TorchDispatchMode):
+    """Every op run while active: its name, and for copies (dst dtype, src dtype, numel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+        self.copies: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = str(func)
+        self.names.append(name)
+        if name in COPIES:
+            src = args[1] if name == "aten.copy_.default" else args[0]
+            dst = args[0] if name == "aten.copy_.default" else out
+            self.copies.append((dst.dtype, src.dtype, dst.numel()))
+        return out
+
+
+def gpt(layers: int, width: int = 128) -> GPTConfig:
+    return GPTConfig(vocab=256, context=16, width=width, layers=layers, heads=4)
+
+
+def train(engine: Engine, cfg: GPTConfig, steps: int = 2) -> torch.Tensor:
+    tokens = torch.randint(0, cfg.vocab, (1, 9), generator=torch.Generator().manual_seed(0))
+    for _ in range(steps):
+        loss = next_token_loss(engine, tokens)
+        engine.backward(loss)
+        engine.step()
+    return tokens
+
+
+@pytest.mark.parametrize("strategy", ["zero3", "ddp", "paro-iig"])
+def test_a_world_1_step_copies_parameters_only_to_cast_them(comm, engines, strategy):
+    """bf16 on one rank: no copy of a parameter-sized tensor into its own dtype (no gather,
+    no staging); the only parameter-sized copies are casts, each gradient once into the
+    fp32 sum and the parameters once from the fp32 master weights (one buffer)."""
+    cfg = gpt(3)
+    engine = Engine(GPT(cfg, seed=0), comm, strategy=strategy, precision="bf16")
+    engines.append(engine)
+    tokens = train(engine, cfg)
+    with Ops() as ops:
+        engine.backward(next_token_loss(engine, tokens))
+        engine.step()
+    big = cfg.width * cfg.width   # the smallest weight matrix; activations here are far smaller
+    copies = [c for c in ops.copies if c[2] >= big]
+    assert not [c for c in copies if c[0] == c[1]], copies
+    matrices = sum(p.numel() >= big for p in engine.model.parameters())
+    to_fp32 = [c for c in copies if c[0] == torch.float32]
+    to_bf16 = [c for c in copies if c[0] == torch.bfloat16]
+    assert len(to_fp32) == matrices and len(to_bf16) == 1, copies
+    assert to_bf16[0][2] == engine.optimizer.master.numel()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_step_runs_the_same_ops_however_many_units_and_never_waits_for_the_device(comm, engines, precision, clip):
+    """engine.step() on one rank: the same operations for 2 and for 6 transformer blocks
+    (the update is fused: AdamW, the norm, the clipping factor and the refresh each take a
+    fixed number of kernels), and no read of a device value anywhere in the step: not in
+    forward, backward or step (whether to skip, clip or rescale is decided on the device)."""
+    steps = {}
+    for layers in (2, 6):
+        cfg = gpt(layers, width=64)
+        engine = Engine(GPT(cfg, seed=0), comm, strategy="zero3", precision=precision, grad_clip=clip)
+        engines.append(engine)
+        tokens = train(engine, cfg)
+        with Ops() as whole:
+            loss = next_token_loss(engine, tokens)
+            engine.backward(loss)
+            with Ops() as step:
+                result = engine.step()
+        steps[layers] = Counter(step.names)
+        assert not [n for n in whole.names if n in SYNCS], Counter(whole.names)
+        assert result.grad_norm > 0 and not result.skipped   # read after the step: here it may wait
+    assert steps[2] == steps[6]
+    assert steps[2]["aten._fused_adamw_.default"] <= 2   # decayed and not decayed
+
+
+def test_non_finite_gradients_skip_the_update_on_the_device(comm, engines):
+    """An inf in one gradient: the step leaves master weights, moments and the step count as
+    they were, and says so when read; the next finite step updates as usual."""
+    cfg = gpt(2, width=64)
+    engine = Engine(GPT(cfg, seed=0), comm, strategy="zero3")
+    engines.append(engine)
+    tokens = train(engine, cfg, steps=1)
+    before = {k: v.clone() for k, v in engine.optimizer.state().items()}
+    loss = next_token_loss(engine, tokens)
+    engine.model.blocks[0].attn.qkv.weight.register_hook(lambda g: torch.full_like(g, float("inf")))
+    engine.backward(loss)
+    result = engine.step()
+    assert result.skipped and result.grad_norm != result.grad_norm   # nan
+    assert all(torch.equal(before[k], v) for k, v in engine.optimizer.state().items())
+    assert (engine.steps, engine.skipped_steps, engine.optimizer.steps) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("strategy", ["zero3", "paro-iig"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_compiled_units_train_as_the_eager_engine(comm, engines, strategy, checkpointing):
+    """compile= compiles each unit's forward; the engine's hooks stay outside it (they still
+    see every unit, in order) and training gives the eager engine's losses. aot_eager: the
+    graphs torch.compile captures, run without generating code (fast on CPU)."""
+    cfg = gpt(2, width=64)
+    losses = {}
+    for compiled in (False, "aot_eager"):
+        engine = Engine(GPT(cfg, seed=0), comm, strategy=strategy, compile=compiled,
+                        activation_checkpointing=checkpointing)
+        engines.append(engine)
+        tokens = torch.randint(0, cfg.vocab, (2, 9), generator=torch.Generator().manual_seed(0))
+        losses[compiled] = []
+        for _ in range(3):
+            loss = next_token_loss(engine, tokens)
+            engine.backward(loss)
+            engine.step()
+            losses[compiled].append(loss.item())
+        assert [u.name for u in engine._forward_order] == [u.name for u in engine.units if u is not engine.root]
+    assert losses["aot_eager"] == pytest.approx(losses[False], rel=1e-5)
