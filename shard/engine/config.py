@@ -157,8 +157,8 @@ class EngineConfig:
             raise ValueError(f"compile must be True, False or a torch.compile backend such as 'inductor', got "
                              f"{self.compile!r}")
         if isinstance(self.compile, str) and self.compile not in _compile_backends():
-            raise ValueError(f"compile={self.compile!r} is not a torch.compile backend here; expected one of "
-                             f"{_compile_backends()}")
+            raise ValueError(f"compile must be True, False or a torch.compile backend here, one of "
+                             f"{_compile_backends()}; got {self.compile!r}")
         for name in ("compress_params", "compress_grads"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):

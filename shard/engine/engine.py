@@ -563,12 +563,16 @@ class Engine:
         """Bytes this rank sent per stage (forward, backward, update), intra-group and
         inter-group, since the engine was built or last reset; seconds each communication
         lane was busy and seconds the training loop waited for it (exposed), and its longest
-        single wait (longest_wait_s, with what it waited for: longest_wait); how many
+        single wait (longest_wait_s, with what it waited for: longest_wait); seconds it
+        waited for lane tasks that sent nothing (other_waits_s; longest_other_wait_s,
+        longest_other_wait: which); how many
         parameter gathers units needed and how many of them prefetch had started."""
         report = {stage: dict(self.ledger.sent[stage]) for stage in STAGES}
         report["busy_s"] = dict(self.ledger.busy)
         report["exposed_s"] = self.ledger.exposed
         report["longest_wait_s"], report["longest_wait"] = self.ledger.longest_wait
+        report["other_waits_s"] = self.ledger.other
+        report["longest_other_wait_s"], report["longest_other_wait"] = self.ledger.longest_other
         report["gathers"] = dict(self.gather_stats)
         if reset:
             self.ledger.reset()

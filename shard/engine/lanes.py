@@ -30,7 +30,9 @@ STAGES = ("forward", "backward", "update")
 class Ledger:
     """Bytes this rank sent per stage (intra-group, inter-group), seconds each lane was
     busy, seconds the caller waited for communication (the exposed part), and the longest
-    single wait with what it waited for (a straggler shows there)."""
+    single wait with what it waited for (a straggler shows there); and apart, seconds it
+    waited for lane tasks that communicated nothing (a copy or a cast on the lane's thread,
+    such as a scope of one rank makes), with the longest such wait."""
 
     def __init__(self, layout: ShardLayout):
         self.layout = layout
@@ -38,6 +40,8 @@ class Ledger:
         self.busy: dict[str, float] = {}
         self.exposed = 0.0
         self.longest_wait: tuple[float, str] = (0.0, "")
+        self.other = 0.0
+        self.longest_other: tuple[float, str] = (0.0, "")
         self._lock = threading.Lock()
         self._cache: dict = {}
 
@@ -68,24 +72,31 @@ class Ledger:
             if seconds > self.longest_wait[0]:
                 self.longest_wait = (seconds, what)
 
+    def add_other(self, seconds: float, what: str) -> None:
+        with self._lock:
+            self.other += seconds
+            if seconds > self.longest_other[0]:
+                self.longest_other = (seconds, what)
+
     def reset(self) -> None:
         with self._lock:
             for stage in STAGES:
                 self.sent[stage] = {"intra": 0, "inter": 0}
             self.busy.clear()
-            self.exposed = 0.0
-            self.longest_wait = (0.0, "")
+            self.exposed = self.other = 0.0
+            self.longest_wait = self.longest_other = (0.0, "")
 
 
 class Handle:
     """A lane task; wait() blocks until it is queued on the device (done, on CPU; `work`
     None: it already is), orders the caller's GPU stream after it without blocking the
-    CPU, and counts the time spent waiting as exposed communication, waiting for `what`."""
+    CPU, and counts the time spent waiting for `what` as exposed communication, or, when
+    the task sent nothing (`sent[0]` false once it ran), as another wait."""
 
     def __init__(self, work: Optional[Work], side: Optional[SideStream], done: list, ledger: Ledger,
-                 traced: Optional[tuple[StepTrace, int]] = None, what: str = ""):
+                 traced: Optional[tuple[StepTrace, int]] = None, what: str = "", sent: Optional[list] = None):
         self._work, self._side, self._done, self._ledger, self._what = work, side, done, ledger, what
-        self._traced = traced
+        self._traced, self._sent = traced, sent if sent is not None else [True]
         self._waited = False
 
     def wait(self) -> None:
@@ -98,7 +109,8 @@ class Handle:
             self._work.wait()
         if self._side is not None:
             self._side.wait(self._done[0])
-        self._ledger.add_exposed(time.perf_counter() - start, self._what)
+        seconds = time.perf_counter() - start
+        (self._ledger.add_exposed if self._sent[0] else self._ledger.add_other)(seconds, self._what)
         self._waited = True
 
 
@@ -127,7 +139,8 @@ class Lane:
                 self.comms[level] = (comm.split(groups), mine)
         self.log: list | None = None   # when a list: (level, collective, numel, dtype, algorithm) of each call
         self.trace: Optional[StepTrace] = None   # when set: the step's events (shard/engine/trace.py)
-        self._running = threading.local()        # .task: the traced task this thread runs now
+        self._running = threading.local()        # .task, .sent: the traced task this thread runs now, and
+        #                                          whether it communicated
         self._queue = queue or SerialQueue(f"shard-{name}")
         self._side = SideStream(torch.cuda.Stream(device)) if device.type == "cuda" else None
         # NCCL's collectives only queue work on the lane's stream, and a dry run's only record:
@@ -141,24 +154,25 @@ class Lane:
         the lane's stream is done with it (pccl.executors.streams). `what`: the task in
         words, for the straggler report (default: the lane's name)."""
         what = f"{self.name}: {what}" if what else self.name
-        side, done, trace = self._side, [], self.trace
+        side, done, trace, sent = self._side, [], self.trace, [False]
         ready = side.mark() if side is not None else None
         traced = (trace, trace.submit(self.name)) if trace is not None else None
 
         def task() -> None:
             start = time.perf_counter()
             self._running.task = traced[1] if traced else None
+            self._running.sent = sent
             if side is None:
                 fn()
             else:
                 done.append(side.run(fn, ready, buffers))
-            self._running.task = None
+            self._running.task = self._running.sent = None
             self.ledger.add_busy(self.name, time.perf_counter() - start)
 
         if self.inline:
             task()
-            return Handle(None, side, done, self.ledger, traced, what)
-        return Handle(self._queue.run(task, async_op=True), side, done, self.ledger, traced, what)
+            return Handle(None, side, done, self.ledger, traced, what, sent)
+        return Handle(self._queue.run(task, async_op=True), side, done, self.ledger, traced, what, sent)
 
     def close(self) -> None:
         """Finish the queued tasks and free the lane's communicators (every rank calls it)."""
@@ -175,6 +189,8 @@ class Lane:
         comm, members = self.comms[level]
         algorithm = comm.resolve(collective, self._algorithm(collective), full.numel() * full.element_size(),
                                  full.device.type, codec, full.dtype)
+        if comm.size > 1 and getattr(self._running, "sent", None) is not None:
+            self._running.sent[0] = True
         if comm.size > 1 and stage is not None:  # stage None: scalars, not counted
             self.ledger.record(stage, comm, members, collective, algorithm, full.numel(), full.dtype, codec)
             if self.log is not None:

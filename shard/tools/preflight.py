@@ -58,6 +58,13 @@ def _text(null: bool = False) -> Check:
     return check
 
 
+def _flag_or_text() -> Check:
+    def check(key: str, value) -> None:
+        if not isinstance(value, bool) and not (isinstance(value, str) and value):
+            raise ConfigError(f"{key} must be true, false or a torch.compile backend's name, got {value!r}")
+    return check
+
+
 TRANSPORTS = ("mpi", "gloo", "nccl")
 TABLES: dict[str, dict[str, Check]] = {
     "train": {"steps": _integer(1), "global_batch_tokens": _integer(1, null=True), "accumulation": _integer(1),
@@ -66,7 +73,7 @@ TABLES: dict[str, dict[str, Check]] = {
               "eval_batches": _integer(1), "checkpoint_interval": _integer(0), "resume": _choice(True, False, "auto"),
               "max_skipped_steps": _integer(0, null=True), "straggler_seconds": _number(0),
               "keep_checkpoints": _integer(1), "out_dir": _text(), "peak_tflops": _number(0, above=True, null=True),
-              "threads": _integer(1, null=True)},
+              "threads": _integer(1, null=True), "compile": _flag_or_text()},
     "log": {"interval": _integer(1), "progress": _choice(True, False), "plot": _choice(True, False)},
     "log.wandb": {"enabled": _choice(True, False), "project": _text(), "entity": _text(null=True),
                   "name": _text(null=True), "mode": _choice("offline", "online", "disabled")},
@@ -160,7 +167,7 @@ ENGINE_KEYS = {"group_size": "strategy.group_size", "prefetch": "strategy.prefet
                "reduce_dtype": "strategy.reduce_dtype", "algorithm": "comm.algorithm",
                "compress_params": "comm.compression.params", "compress_grads": "comm.compression.grads",
                "objective": "strategy.auto.objective", "memory": "strategy.auto.memory",
-               "headroom": "strategy.auto.headroom", "auto": "strategy.auto",
+               "headroom": "strategy.auto.headroom", "auto": "strategy.auto", "compile": "train.compile",
                **{f.name: f"optim.{f.name}" for f in fields(OptimizerConfig)}}
 
 
@@ -172,6 +179,7 @@ def engine_config(resolved: dict, precision: str) -> EngineConfig:
     compression = resolved["comm"].get("compression") or {}
     try:
         return EngineConfig(strategy=strategy.pop("name"), **strategy, precision=precision,
+                            compile=resolved["train"].get("compile", False),
                             algorithm=resolved["comm"]["algorithm"], compress_params=compression.get("params"),
                             compress_grads=compression.get("grads"),
                             optimizer=OptimizerConfig(**{f.name: optim[f.name] for f in fields(OptimizerConfig)}))

@@ -54,6 +54,8 @@ class RunLog:
                 f"({record['tokens_per_s_per_rank']:,.0f}/rank)  TFLOP/s/rank {record['tflops_per_rank']:.2f}  "
                 f"MFU {'n/a' if record['mfu'] is None else format(100 * record['mfu'], '.1f') + '%'}  "
                 f"exposed comm {record['exposed_comm_s']:.3f}s  peak mem {record['peak_memory_gb']:.2f} GB")
+        if record.get("other_waits_s"):   # waits for the lanes that were not communication
+            line += f"  other waits {record['other_waits_s']:.3f}s (longest: {record['longest_other_wait']})"
         if record.get("val_loss") is not None:
             line += f"  val {record['val_loss']:.4f}"
         self.write(line)

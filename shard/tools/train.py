@@ -382,18 +382,22 @@ def train_loop(r: Run) -> None:
     """Optimizer steps up to train.steps: a metrics record every log.interval steps, the
     validation loss and checkpoints when due."""
     t = r.cfg.train
-    losses, started = [], _restart_interval(r.engine, r.device)
+    losses, started, unread = [], _restart_interval(r.engine, r.device), []
     while r.step < t.steps:
         result, loss = train_step(r)
-        if result.skipped:
-            check_skipped(r, loss)
+        unread.append((r.step, result, loss))
         losses.append(loss)
         r.log.step()
         evaluate_now = r.step == t.steps or (t.eval_interval and r.step % t.eval_interval == 0)
-        if r.step % r.cfg.log.interval == 0 or evaluate_now:
+        log_now = r.step % r.cfg.log.interval == 0 or evaluate_now
+        save_now = r.step == t.steps or (t.checkpoint_interval and r.step % t.checkpoint_interval == 0)
+        if log_now or save_now:   # the steps' results are read here, not after each step: reading waits
+            check_skipped(r, unread)
+            unread = []
+        if log_now:
             log_interval(r, result, losses, started, evaluate_now)
             losses, started = [], _restart_interval(r.engine, r.device)
-        if r.step == t.steps or (t.checkpoint_interval and r.step % t.checkpoint_interval == 0):
+        if save_now:
             save_checkpoint(r)
             started = _restart_interval(r.engine, r.device)
 
@@ -402,22 +406,24 @@ class TrainingError(RuntimeError):
     """The run cannot go on (non-finite losses, too many skipped steps)."""
 
 
-def check_skipped(r: Run, loss: torch.Tensor) -> None:
-    """After a step the engine skipped (non-finite gradients, alike on every rank): stop
-    on a non-finite loss on any rank, or past train.max_skipped_steps; every rank decides
-    alike (collective)."""
-    bad_loss, = _max(r.comm, r.device, [0.0 if math.isfinite(loss.item()) else 1.0])
-    last = checkpoint.latest(r.checkpoints).name if (r.checkpoints / "LATEST").is_file() else "none yet"
-    again = f"the last good snapshot is {last} (train.resume=auto continues from it)"
-    if bad_loss:
-        raise TrainingError(f"non-finite loss at step {r.step} ({r.cfg.train.precision} training): stopping; {again}")
-    limit = r.cfg.train.max_skipped_steps
-    if limit is not None and r.engine.skipped_steps > limit:
-        raise TrainingError(f"{r.engine.skipped_steps} steps skipped for non-finite gradients (the latest: step "
-                            f"{r.step}), more than train.max_skipped_steps={limit}: stopping; {again}")
-    if r.comm.rank == 0:
-        print(f"step {r.step}: skipped (non-finite gradients; {r.engine.skipped_steps} so far)", file=sys.stderr,
-              flush=True)
+def check_skipped(r: Run, unread: list[tuple[int, StepResult, torch.Tensor]]) -> None:
+    """For each step the engine skipped among `unread` (step, result, mean loss), in order
+    (non-finite gradients, alike on every rank): stop on a non-finite loss on any rank, or
+    past train.max_skipped_steps; every rank decides alike (collective)."""
+    skipped = [(step, loss) for step, result, loss in unread if result.skipped]
+    before = r.engine.skipped_steps - len(skipped) if skipped else 0
+    for count, (step, loss) in enumerate(skipped, before + 1):
+        bad_loss, = _max(r.comm, r.device, [0.0 if math.isfinite(loss.item()) else 1.0])
+        last = checkpoint.latest(r.checkpoints).name if (r.checkpoints / "LATEST").is_file() else "none yet"
+        again = f"the last good snapshot is {last} (train.resume=auto continues from it)"
+        if bad_loss:
+            raise TrainingError(f"non-finite loss at step {step} ({r.cfg.train.precision} training): stopping; {again}")
+        limit = r.cfg.train.max_skipped_steps
+        if limit is not None and count > limit:
+            raise TrainingError(f"{count} steps skipped for non-finite gradients (the latest: step {step}), more "
+                                f"than train.max_skipped_steps={limit}: stopping; {again}")
+        if r.comm.rank == 0:
+            print(f"step {step}: skipped (non-finite gradients; {count} so far)", file=sys.stderr, flush=True)
 
 
 def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
@@ -456,6 +462,8 @@ def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], started
     record = {"step": r.step, "loss": sum(loss) / len(loss), "lr": r.engine.lr, "grad_norm": result.grad_norm,
               **r.meter.measure(r.global_batch_tokens * steps, elapsed),
               "exposed_comm_s": report["exposed_s"] / steps, "comm_busy_s": sum(report["busy_s"].values()) / steps,
+              "other_waits_s": report["other_waits_s"] / steps,
+              "longest_other_wait": report["longest_other_wait"] if report["other_waits_s"] else None,
               "step_time_s": elapsed / steps, "peak_memory_gb": max(peak_memory),
               "skipped": result.skipped, "skipped_steps": r.engine.skipped_steps, "loss_scale": result.loss_scale,
               "epoch": r.batches.epoch, "straggler": find_straggler(r, report, longest, exposed)}

@@ -134,3 +134,13 @@ def test_compiled_units_train_as_the_eager_engine(comm, engines, strategy, check
             losses[compiled].append(loss.item())
         assert [u.name for u in engine._forward_order] == [u.name for u in engine.units if u is not engine.root]
     assert losses["aot_eager"] == pytest.approx(losses[False], rel=1e-5)
+
+
+def test_one_rank_waits_for_no_communication(comm, engines):
+    """A world of 1 hands nothing to the lanes: no exposed communication, no other waits."""
+    cfg = gpt(2, width=64)
+    engine = Engine(GPT(cfg, seed=0), comm, strategy="paro-iig", precision="bf16")
+    engines.append(engine)
+    train(engine, cfg)
+    report = engine.comm_report()
+    assert report["exposed_s"] == report["other_waits_s"] == 0.0 and report["busy_s"] == {}, report

@@ -245,7 +245,8 @@ def test_interval_record_has_the_mean_loss_and_the_largest_ranks_peak_memory_fro
                         cfg=SimpleNamespace(train=train), meter=Throughput(1, 2, None),
                         engine=SimpleNamespace(lr=1e-3, skipped_steps=0,
                                                comm_report=lambda reset: {"exposed_s": 0.0, "busy_s": {},
-                                                                          "longest_wait_s": 0.0}),
+                                                                          "longest_wait_s": 0.0, "other_waits_s": 0.0,
+                                                                          "longest_other_wait": ""}),
                         log=SimpleNamespace(log=logged.append), batches=SimpleNamespace(epoch=0))
     train.straggler_seconds = 0
     result = StepResult(grad_norm=1.0, skipped=False, loss_scale=1.0)
