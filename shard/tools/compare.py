@@ -6,7 +6,10 @@ Every run trains the same model (same initial weights), on the same batches (eac
 own, seeded by step and rank), on the same ranks, with AdamW of the same settings, for the
 same steps, one mpiexec launch per run:
 
-- `fsdp2`: PyTorch's `fully_shard` per transformer block and root, on gloo;
+- `eager`, `eager-compile`: plain PyTorch on one rank (fp32 weights, `torch.autocast` in
+  bf16 runs, `AdamW(fused=True)`; `torch.compile(model)`), the baseline a user moves from;
+- `fsdp2`: PyTorch's `fully_shard` per transformer block and root, on gloo (NCCL on
+  GPUs; bf16 runs gather bf16 and reduce fp32); `fsdp2-compile` compiles each block;
 - `fsdp2-pccl`: the same on the pccl torch.distributed backend (docs/distributed.md);
 - `deepspeed-zero3`: DeepSpeed's ZeRO stage 3 with the same AdamW as its client optimizer,
   on gloo (reported as not run, with the reason, where DeepSpeed does not import);
@@ -14,7 +17,13 @@ same steps, one mpiexec launch per run:
   its collectives on `native` (MPI's own), `pccl` (auto), `hierarchical` or `ho_ring`.
   `STRATEGY-COMM+CODEC` (`zero3-pccl+int8`) moves its parameters and gradients
   compressed (the engine's compress_params and compress_grads); such a run is held to 2%
-  of the reference's loss instead of 1e-4.
+  of the reference's loss instead of 1e-4. `+compile` compiles each unit (the engine's
+  compile=True): `zero3-pccl+compile`.
+
+`--device cuda` runs every rank on a GPU (local rank modulo the GPUs), the engine over NCCL
+where each rank has a GPU of its own and over MPI where ranks share one; `--precision bf16`
+computes in bf16 (runs are then held to 2% of the reference's loss: frameworks round
+differently).
 
 `--nodes 2x2 --rate 200mbit` runs every launch on emulated nodes (launch/emulate).
 `--micro K` accumulates K micro-batches of `--batch` sequences per step (FSDP2 and
@@ -23,11 +32,14 @@ DeepSpeed as their users would: a reduction per micro-batch). `--width/--layers/
 shard/planning/predict.py predicts from that machine profile and a compute time measured here (one
 more launch, computing alone), and the error against the measurement.
 
-Each run reports tokens/s (the median step after warm-up), step time, the communication
-the loop waited for (the engine's ledger; null for FSDP2), bytes sent per rank, peak
-memory (the largest resident set over ranks) and the loss of every step. The first run is
-the reference: a run whose losses leave it by more than the tolerance is marked diverged
-and gets no speed-up. DIR gets compare.json, compare.md and compare.png.
+Each run reports tokens/s (the median step after warm-up, each step timed to its end on
+the device), MFU on GPUs (the model's FLOPs per token, shard/planning/throughput.py's peak),
+step time, the communication the loop waited for (the engine's ledger; 0 for eager, null
+for FSDP2), bytes sent per rank, peak memory (the largest over ranks: the GPU's allocated
+peak, or the resident set on CPUs) and the loss of every step. The first run is the
+reference (put `eager` first for ratios to plain PyTorch): a run whose losses leave it by
+more than the tolerance is marked diverged and gets no speed-up. DIR gets compare.json,
+compare.md and compare.png.
 """
 from __future__ import annotations
 
@@ -62,6 +74,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch", type=at_least(1), default=4, help="sequences per rank and micro-batch")
     ap.add_argument("--micro", type=at_least(1), default=1, help="micro-batches per step (gradient accumulation)")
     ap.add_argument("--seq", type=at_least(1), default=128)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--launches", type=at_least(1), default=1,
                     help="launches per run; the one with the median tokens/s is reported, with all of them")
     ap.add_argument("--out", default="compare-results")
@@ -93,12 +107,12 @@ def model_config(args):
     return GPTConfig.preset(args.model, context=args.seq, **overrides)
 
 
-def batch(step: int, rank: int, args, vocab: int):
+def batch(step: int, rank: int, args, vocab: int, device="cpu"):
     """This rank's micro-batches of a step: (micro, batch, seq + 1) tokens."""
     import torch
 
     g = torch.Generator().manual_seed(1_000_003 * step + rank)
-    return torch.randint(0, vocab, (args.micro, args.batch, args.seq + 1), generator=g)
+    return torch.randint(0, vocab, (args.micro, args.batch, args.seq + 1), generator=g).to(device)
 
 
 def worker(args: argparse.Namespace) -> dict:
@@ -107,7 +121,8 @@ def worker(args: argparse.Namespace) -> dict:
 
     from pccl.runtime.rendezvous import mpi_world
     from shard.models import GPT
-    from shard.planning.throughput import peak_rss_bytes
+    from shard.planning.throughput import Throughput, peak_rss_bytes, peak_tflops
+    from shard.tools.compare_runs import device_of
 
     torch.set_num_threads(1)
     world = mpi_world()
@@ -118,28 +133,40 @@ def worker(args: argparse.Namespace) -> dict:
     if name == "compute":
         return compute_only(args, model, world)
     run = parse_run(name)
+    device = device_of(args)
     run.set_up(model, world, args)
+    gpu = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else args.steps // 3
     times, losses = [], []
     for s in range(args.steps):
-        tokens = batch(s, rank, args, cfg.vocab)
+        tokens = batch(s, rank, args, cfg.vocab, device)
         world.Barrier()
         start = time.perf_counter()
-        losses.append(world.allreduce(run.step(tokens)) / p)   # the global batch's mean loss
+        loss = run.step(tokens)
+        if gpu:
+            torch.cuda.synchronize(device)   # the step's work is done, not only queued
         times.append(time.perf_counter() - start)
+        losses.append(world.allreduce(float(loss)) / p)   # the global batch's mean loss
         if s + 1 == warmup:
             run.reset()
+            if gpu:
+                torch.cuda.reset_peak_memory_stats(device)
     timed = max(1, args.steps - warmup)
     # the state first, as before Run: a torch run's byte count takes in its gather (the
     # engine's report leaves its own out)
     final = run.full_state()
     fields = run.report(timed)
     step_time = world.allreduce(statistics.median(times[warmup:] or times), op=max_op())
-    row = {"name": name, "ranks": p, "model": args.model, "params": cfg.num_params(),
+    peak = peak_tflops(device, args.precision)[0]
+    measured = Throughput(cfg.flops_per_token(args.seq), p, peak).measure(p * args.micro * args.batch * args.seq,
+                                                                          step_time)
+    memory = torch.cuda.max_memory_allocated(device) if gpu else peak_rss_bytes()
+    row = {"name": name, "ranks": p, "model": args.model, "params": cfg.num_params(), "device": str(device),
+           "precision": args.precision, "mfu": measured["mfu"],
            "tokens_per_s": p * args.micro * args.batch * args.seq / step_time, "step_time_s": step_time,
            "exposed_comm_s": fields.pop("exposed_comm_s"),
            "sent_bytes_per_rank": world.allreduce(fields.pop("sent_bytes_per_rank"), op=max_op()),
-           "peak_mem_bytes": world.allreduce(peak_rss_bytes(), op=max_op()),
+           "peak_mem_bytes": world.allreduce(memory, op=max_op()),
            "losses": losses, **fields}
     run.close()
     if rank == 0:
@@ -196,7 +223,7 @@ def launch_command(args: argparse.Namespace, name: str) -> list[str]:
 
     worker = [sys.executable, "-m", "shard.tools.compare", f"--worker={name}", f"--model={args.model}",
               f"--steps={args.steps}", f"--batch={args.batch}", f"--micro={args.micro}", f"--seq={args.seq}",
-              f"--out={args.out}"]
+              f"--device={args.device}", f"--precision={args.precision}", f"--out={args.out}"]
     worker += [f"--{k}={getattr(args, k)}" for k in ("width", "layers", "heads", "vocab") if getattr(args, k)]
     if args.warmup is not None:
         worker.append(f"--warmup={args.warmup}")
@@ -212,7 +239,7 @@ def launch_command(args: argparse.Namespace, name: str) -> list[str]:
 
 def launch(args: argparse.Namespace, name: str) -> dict:
     """One run in its own launch; its row, or a row saying why it did not run."""
-    why = "" if name == "compute" else parse_run(name).unavailable()
+    why = "" if name == "compute" else parse_run(name).unavailable(args)
     if why:
         return {"name": name, "not_run": why}
     cmd = launch_command(args, name)
@@ -243,7 +270,8 @@ def compared(rows: list[dict]) -> list[dict]:
     for r in ran:
         gap = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], reference["losses"]))
         r["loss_gap"] = gap
-        r["diverged"] = gap > loss_tolerance(r["name"]) or len(r["losses"]) != len(reference["losses"])
+        r["diverged"] = gap > loss_tolerance(r["name"], r.get("precision", "fp32")) \
+            or len(r["losses"]) != len(reference["losses"])
         r["speedup"] = None if r["diverged"] else r["tokens_per_s"] / reference["tokens_per_s"]
     return rows
 
@@ -282,22 +310,23 @@ def predicted(args, rows: list[dict], probe: dict) -> None:
 
 def markdown(rows: list[dict]) -> str:
     reference = next((r["name"] for r in rows if "not_run" not in r), "-")
-    lines = [f"| run | tokens/s | step s | speed-up vs {reference} | waited for comm s | sent MB/rank | "
+    lines = [f"| run | tokens/s | MFU | step s | speed-up vs {reference} | waited for comm s | sent MB/rank | "
              f"peak MB | model state MB/rank (Table 2) | loss first -> last | loss gap | predicted step s (error) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "not_run" in r:
-            lines.append(f"| {r['name']} | not run: {r['not_run']} |  |  |  |  |  |  |  |  |  |")
+            lines.append(f"| {r['name']} | not run: {r['not_run']} |  |  |  |  |  |  |  |  |  |  |")
             continue
+        mfu = "-" if r.get("mfu") is None else f"{r['mfu']:.1%}"
         speedup = "diverged: none reported" if r["diverged"] else f"{r['speedup']:.2f}x"
         exposed = "-" if r["exposed_comm_s"] is None else f"{r['exposed_comm_s']:.4f}"
         state = "-" if "state_bytes" not in r else \
             f"{sum(r['state_bytes'].values()) / 1e6:.2f} ({sum(r['table2_bytes'].values()) / 1e6:.2f})"
         guess = "-" if "predicted_step_s" not in r else \
             f"{r['predicted_step_s']:.4f} ({r['prediction_error']:+.0%})"
-        lines.append(f"| {r['name']} | {r['tokens_per_s']:.0f} | {r['step_time_s']:.4f} | {speedup} | {exposed} | "
-                     f"{r['sent_bytes_per_rank'] / 1e6:.2f} | {r['peak_mem_bytes'] / 2**20:.0f} | {state} | "
-                     f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} | {r['loss_gap']:.1e} | {guess} |")
+        lines.append(f"| {r['name']} | {r['tokens_per_s']:.0f} | {mfu} | {r['step_time_s']:.4f} | {speedup} | "
+                     f"{exposed} | {r['sent_bytes_per_rank'] / 1e6:.2f} | {r['peak_mem_bytes'] / 2**20:.0f} | "
+                     f"{state} | {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} | {r['loss_gap']:.1e} | {guess} |")
     return "\n".join(lines) + "\n"
 
 
@@ -338,6 +367,11 @@ def main(argv=None) -> None:
     names = [n for n in args.runs.split(",") if n]
     for name in names:
         parse_run(name)   # a bad name fails here, before anything launches
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("shard-compare: --device cuda, but torch sees no GPU here")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

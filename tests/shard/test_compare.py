@@ -115,7 +115,8 @@ def test_each_run_name_maps_to_its_run_and_bad_names_say_what_was_expected():
         run = parse_run(name)
         assert type(run) is EngineRun and (run.strategy, run.comm, run.codec) == (strategy, comm, codec), name
         assert run.name == name
-    expected = (r"expected fsdp2, fsdp2-pccl, deepspeed-zero3 or STRATEGY-COMM\[\+CODEC\] with COMM one of "
+    expected = (r"expected one of \('eager', 'eager-compile', 'fsdp2', 'fsdp2-compile', 'fsdp2-pccl', "
+                r"'deepspeed-zero3'\) or STRATEGY-COMM\[\+CODEC\]\[\+compile\] with COMM one of "
                 r"\('native', 'pccl', 'hierarchical', 'ho_ring'\)")
     for bad in ("fsdp3", "zero3-gloo", "zero3", "-native", "deepspeed-zero2", "zero3-gloo+int8"):
         with pytest.raises(SystemExit, match=f"unknown run '{bad.partition('+')[0]}'; {expected}"):
@@ -124,6 +125,28 @@ def test_each_run_name_maps_to_its_run_and_bad_names_say_what_was_expected():
         parse_run("zero9-native")
     with pytest.raises(ValueError, match="unknown codec 'int4'; expected none, int8, bf16, fp16 or zfp:RATE"):
         parse_run("zero3-pccl+int4")
+
+
+def test_plain_pytorch_and_compiled_runs_by_name():
+    """eager and eager-compile are plain PyTorch on one rank; fsdp2-compile and +compile
+    compile each block or unit; bf16 runs are held to 2% like compressed ones."""
+    from types import SimpleNamespace
+
+    from shard.tools.compare_runs import EagerRun, loss_tolerance
+
+    eager, compiled = parse_run("eager"), parse_run("eager-compile")
+    assert type(eager) is EagerRun and not eager.compiled and compiled.compiled and compiled.name == "eager-compile"
+    assert "--ranks 1" in eager.unavailable(SimpleNamespace(ranks=2))
+    assert eager.unavailable(SimpleNamespace(ranks=1)) == ""
+    fsdp2 = parse_run("fsdp2-compile")
+    assert type(fsdp2) is Fsdp2Run and fsdp2.compiled and fsdp2.name == "fsdp2-compile"
+    for name, codec in (("zero3-pccl+compile", None), ("zero3-pccl+int8+compile", "int8")):
+        run = parse_run(name)
+        assert type(run) is EngineRun and run.compiled and run.codec == codec and run.name == name
+    with pytest.raises(SystemExit, match="two codecs"):
+        parse_run("zero3-pccl+int8+bf16")
+    assert loss_tolerance("zero3-pccl+compile") == 1e-4 and loss_tolerance("zero3-pccl+compile", "bf16") == 0.02
+    assert loss_tolerance("zero3-pccl+int8+compile") == 0.02
 
 
 def test_emulated_nodes_launch_through_launch_emulate():
