@@ -301,7 +301,7 @@ class Engine:
         # each optimizer shard is held by `replicas` ranks: the norm counts it once
         self._norm_weights = torch.tensor([1.0 / self.layout.replicas(u.strategy.optimizer) for u in self.units],
                                           dtype=torch.float32, device=self.device)
-        self._local_refresh = self._one_parameter_buffer(offsets)
+        self._local_refresh = self._place_params(offsets)
         self._refresh("update")
         for u in self.units:
             if u.sharded_params:
@@ -309,17 +309,17 @@ class Engine:
             else:
                 u.flat.bind(u.params)   # for good: refreshes write into it
 
-    def _one_parameter_buffer(self, offsets: list[int]) -> bool:
-        """Where every unit's parameter shard is its optimizer shard (a world of 1, ZeRO-3,
-        DDP, MiCS), the shards become views of one compute-dtype buffer laid out as the
-        master weights, so a refresh is one cast of the whole buffer on the caller's
+    def _place_params(self, offsets: list[int]) -> bool:
+        """Each unit's parameter shard. Where every unit's is its optimizer shard (a world
+        of 1, ZeRO-3, DDP, MiCS), they are views of one compute-dtype buffer laid out as
+        the master weights, so a refresh is one cast of the whole buffer on the caller's
         stream; True then."""
-        if not all(u.local_refresh for u in self.units):
-            return False
-        self._params = torch.empty(offsets[-1], dtype=self.compute_dtype, device=self.device)
+        local = all(u.local_refresh for u in self.units)
+        if local:
+            self._params = torch.empty(offsets[-1], dtype=self.compute_dtype, device=self.device)
         for u, a, b in zip(self.units, offsets, offsets[1:]):
-            u.params = self._params[a:b]
-        return True
+            u.place_params(self._params[a:b] if local else None)
+        return local
 
     def _refresh(self, stage: str) -> None:
         if self._local_refresh:

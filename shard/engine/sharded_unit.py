@@ -39,8 +39,8 @@ class ShardedUnit:
         self.flat = FlatParams(unit.params, layout.world)
         self.compute_dtype, self.reduce_dtype, self.device = compute_dtype, reduce_dtype, device
         self.os_span = layout.span(strategy.optimizer, self.flat.padded)
-        self.params = torch.empty(self._numel(strategy.params), dtype=compute_dtype, device=device)
-        self.grad: Optional[torch.Tensor] = None    # the optimizer's fp32 OS-scope gradient (bind_gradient)
+        self.params: Optional[torch.Tensor] = None   # the P-scope shard (place_params)
+        self.grad: Optional[torch.Tensor] = None    # the optimizer's fp32 OS-scope gradient, the engine's view
         self.grads: Optional[torch.Tensor] = None   # G-scope sum over micro-batches
         # The G-scope sum is the optimizer's gradient itself (same shard), summed in fp32
         self.direct = layout.shards(strategy.grads) == layout.shards(strategy.optimizer)
@@ -79,6 +79,12 @@ class ShardedUnit:
             full.zero_()
         lane.reduce_scatter("update", master, full, Scope.N, self.strategy.optimizer)
         lane.all_reduce("update", master, self.strategy.optimizer)   # and over the shard's replicas
+
+    def place_params(self, storage: Optional[torch.Tensor] = None) -> None:
+        """The parameter shard: `storage` (a view of a buffer the engine lays out), or a
+        buffer of its own."""
+        self.params = storage if storage is not None else torch.empty(
+            self._numel(self.strategy.params), dtype=self.compute_dtype, device=self.device)
 
     @property
     def local_refresh(self) -> bool:
