@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from pccl.core.dtypes import average_
 from shard.engine.flat import FlatParams
 from shard.engine.lanes import Handle, Lane
 from shard.engine.shard_layout import ShardLayout
@@ -160,7 +161,7 @@ class ShardedUnit:
         flat = torch.empty(self.flat.padded, dtype=self.reduce_dtype, device=self.device)
         self.flat.gradients(flat)
         self._clear_grads()
-        flat.div_(self.layout.world)
+        average_(flat, self.layout.world)
         g = self.strategy.grads
 
         def task() -> None:
@@ -196,7 +197,7 @@ class ShardedUnit:
             grads = self.grad.zero_() if self.direct else torch.zeros(self._numel(g), dtype=self.reduce_dtype,
                                                                       device=self.device)
         elif self.local_grads and self.layout.world > 1:
-            grads.div_(self.layout.world)
+            average_(grads, self.layout.world)
         codec = self.codecs.get("grads")
         if self.direct:   # the sum is the optimizer's shard already: only its replicas to add up
             if self.layout.replicas(g) > 1:
