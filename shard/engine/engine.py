@@ -37,6 +37,13 @@ from shard.engine.trace import StepTrace
 from shard.engine.units import split_units
 
 
+def compile_forward(module: nn.Module, backend=True) -> None:
+    """torch.compile the module's forward alone, so hooks on the module run around it,
+    outside the compiled code (as torchtitan compiles each block under FSDP2). `backend`:
+    True for torch.compile's default (inductor), or a backend's name."""
+    module.forward = torch.compile(module.forward, **({} if backend is True else {"backend": backend}))
+
+
 def default_decay(name: str, param: nn.Parameter) -> bool:
     """Decay matrices and embeddings, not biases and norm gains (nanoGPT, torchtitan)."""
     return param.dim() >= 2
@@ -242,9 +249,7 @@ class Engine:
                 u.unit.module.register_forward_pre_hook(partial(self._before_forward, u))
                 u.unit.module.register_forward_hook(partial(self._after_forward, u))
                 if compiled:
-                    module = u.unit.module
-                    module.forward = torch.compile(module.forward, **({} if compiled is True else
-                                                                      {"backend": compiled}))
+                    compile_forward(u.unit.module, compiled)
                 if activation_checkpointing:
                     self._checkpoint_activations(u.unit.module)
             for p in u.flat.params:

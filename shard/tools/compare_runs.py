@@ -80,16 +80,6 @@ def autocast(args):
     return torch.autocast(device, dtype=torch.bfloat16, enabled=args.precision == "bf16")
 
 
-def compile_forwards(modules, compiled: bool) -> None:
-    """torch.compile each module's forward alone (hooks on the module stay outside it), as
-    the engine's compile= does for its units."""
-    import torch
-
-    if compiled:
-        for module in modules:
-            module.forward = torch.compile(module.forward)
-
-
 class EagerRun(Run):
     """Plain PyTorch on one rank: the model in fp32 on the device, torch.autocast in bf16
     runs, AdamW(fused=True); `compiled`: torch.compile(model). The baseline a user moves
@@ -168,7 +158,11 @@ class Fsdp2Run(TorchRun):
         count_torch_collectives(self.sent, world.size)
         mesh = init_device_mesh(device.type, (world.size,))
         model.to(device)
-        compile_forwards(model.blocks, self.compiled)
+        if self.compiled:   # each block's forward, as the engine's compile= does its units'
+            from shard.engine.engine import compile_forward
+
+            for block in model.blocks:
+                compile_forward(block)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.precision == "bf16" else None,
                                       reduce_dtype=torch.float32)
         for block in model.blocks:
