@@ -488,7 +488,7 @@ class Engine:
         scale = 1.0 / (self._micro_batches * self.scaler.factor)
         self._micro_batches = 0
         squares = self._finish_gradients()
-        norm = (squares * scale * scale).sqrt() if torch.is_tensor(scale) else squares.sqrt() * scale
+        norm = squares.sqrt() * scale
         found_inf = (~torch.isfinite(norm)).to(torch.float32)
         clip = self.config.optimizer.grad_clip
         if clip is not None:   # torch.nn.utils.clip_grad_norm_'s factor, applied with the mean's

@@ -186,16 +186,18 @@ class Lane:
         return self.algorithm.get(collective, "auto") if isinstance(self.algorithm, dict) else self.algorithm
 
     def _run(self, stage: str, level: str, collective: str, full: torch.Tensor, *args, codec=None) -> None:
+        """One collective on the `level` communicator, which has more than one rank (the
+        callers leave out those of one)."""
         comm, members = self.comms[level]
         algorithm = comm.resolve(collective, self._algorithm(collective), full.numel() * full.element_size(),
                                  full.device.type, codec, full.dtype)
-        if comm.size > 1 and getattr(self._running, "sent", None) is not None:
+        if getattr(self._running, "sent", None) is not None:
             self._running.sent[0] = True
-        if comm.size > 1 and stage is not None:  # stage None: scalars, not counted
+        if stage is not None:  # stage None: scalars, not counted
             self.ledger.record(stage, comm, members, collective, algorithm, full.numel(), full.dtype, codec)
             if self.log is not None:
                 self.log.append((level, collective, full.numel(), full.dtype, algorithm))
-        if self.trace is not None and comm.size > 1:
+        if self.trace is not None:
             call = TracedCall(level, collective, full.numel() * full.element_size(), algorithm, comm)
             self.trace.call(getattr(self._running, "task", None), call)
         # "none", not None: the engine's own settings decide, never PCCL_COMPRESSION

@@ -412,16 +412,19 @@ def check_skipped(r: Run, unread: list[tuple[int, StepResult, torch.Tensor]]) ->
     past train.max_skipped_steps; every rank decides alike (collective)."""
     skipped = [(step, loss) for step, result, loss in unread if result.skipped]
     before = r.engine.skipped_steps - len(skipped) if skipped else 0
+    def again() -> str:
+        last = checkpoint.latest(r.checkpoints).name if (r.checkpoints / "LATEST").is_file() else "none yet"
+        return f"the last good snapshot is {last} (train.resume=auto continues from it)"
+
+    limit = r.cfg.train.max_skipped_steps
     for count, (step, loss) in enumerate(skipped, before + 1):
         bad_loss, = _max(r.comm, r.device, [0.0 if math.isfinite(loss.item()) else 1.0])
-        last = checkpoint.latest(r.checkpoints).name if (r.checkpoints / "LATEST").is_file() else "none yet"
-        again = f"the last good snapshot is {last} (train.resume=auto continues from it)"
         if bad_loss:
-            raise TrainingError(f"non-finite loss at step {step} ({r.cfg.train.precision} training): stopping; {again}")
-        limit = r.cfg.train.max_skipped_steps
+            raise TrainingError(f"non-finite loss at step {step} ({r.cfg.train.precision} training): stopping; "
+                                f"{again()}")
         if limit is not None and count > limit:
             raise TrainingError(f"{count} steps skipped for non-finite gradients (the latest: step {step}), more "
-                                f"than train.max_skipped_steps={limit}: stopping; {again}")
+                                f"than train.max_skipped_steps={limit}: stopping; {again()}")
         if r.comm.rank == 0:
             print(f"step {step}: skipped (non-finite gradients; {count} so far)", file=sys.stderr, flush=True)
 
