@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "reduce.h"
 #ifdef PCCL_GPU
@@ -37,22 +38,56 @@ void EmulatedStream::run_until(uint64_t position) {
   }
 }
 
+struct EmulatedStream::Allocation : Block {
+  Allocation(EmulatedStream& owner, size_t bytes) : owner(owner), storage(bytes) {
+    data = storage.data();
+    if (data != nullptr) owner.live_[data] = bytes;
+  }
+  ~Allocation() override { owner.live_.erase(data); }
+  EmulatedStream& owner;
+  std::vector<char> storage;
+};
+
+std::unique_ptr<Block> EmulatedStream::allocate(size_t bytes) { return std::make_unique<Allocation>(*this, bytes); }
+
+void EmulatedStream::check(const void* ptr, size_t bytes, const char* what) const {
+  const char* at = static_cast<const char*>(ptr);
+  auto block = live_.upper_bound(at);
+  if (bytes == 0 || block == live_.begin()) return;
+  --block;
+  const size_t offset = at - block->first;
+  if (offset < block->second && bytes > block->second - offset)
+    throw std::invalid_argument(std::string("pccl gpu (emulated): ") + what + " of " + std::to_string(bytes) +
+                                " bytes at offset " + std::to_string(offset) + " runs past the end of a " +
+                                std::to_string(block->second) + "-byte workspace");
+}
+
 void Memory::activate() const {
   if (gpu() && emulated == nullptr) PCCL_ON_GPU(gpu::set_device(device));
 }
 void Memory::copy(void* dst, const void* src, size_t bytes) const {
   if (!gpu()) return void(std::memcpy(dst, src, bytes));
-  if (emulated != nullptr) return emulated->push([=] { std::memcpy(dst, src, bytes); }, true);
+  if (emulated != nullptr) {
+    emulated->check(dst, bytes, "copy");
+    emulated->check(src, bytes, "copy");
+    return emulated->push([=] { std::memcpy(dst, src, bytes); }, true);
+  }
   PCCL_ON_GPU(gpu::copy(dst, src, bytes, stream));
 }
 void Memory::reduce(void* dst, const void* a, const void* b, int64_t n, DType dtype, Op op) const {
   if (!gpu()) return pccl::reduce(dst, a, b, n, dtype, op);
-  if (emulated != nullptr) return emulated->push([=] { pccl::reduce(dst, a, b, n, dtype, op); }, false);
+  if (emulated != nullptr) {
+    for (const void* p : {static_cast<const void*>(dst), a, b}) emulated->check(p, n * elem_size(dtype), "reduce");
+    return emulated->push([=] { pccl::reduce(dst, a, b, n, dtype, op); }, false);
+  }
   PCCL_ON_GPU(gpu::reduce(dst, a, b, n, dtype, op, stream));
 }
 void Memory::divide(void* buf, int64_t n, DType dtype, int64_t divisor) const {
   if (!gpu()) return pccl::divide(buf, n, dtype, divisor);
-  if (emulated != nullptr) return emulated->push([=] { pccl::divide(buf, n, dtype, divisor); }, false);
+  if (emulated != nullptr) {
+    emulated->check(buf, n * elem_size(dtype), "divide");
+    return emulated->push([=] { pccl::divide(buf, n, dtype, divisor); }, false);
+  }
   PCCL_ON_GPU(gpu::divide(buf, n, dtype, divisor, stream));
 }
 void Memory::sync() const {
@@ -89,29 +124,30 @@ void Fences::wait(uint64_t ticket) {
 }
 
 char* Workspace::get(size_t bytes, const Memory& where, const Allocator& allocate) {
-  const bool on_host = !where.gpu() || where.emulated != nullptr;
-  char* data = on_host ? host_.data() : block_ ? block_->data : nullptr;
-  if (where.gpu() && data != nullptr && stream_ != where.stream) {
-    // Queued work of another stream may still use the buffer: let it finish first.
+  if (!where.gpu()) {
+    if (host_.size() < bytes) host_.resize(bytes);
+    return host_.data();
+  }
+  if (block_ && stream_ != where.stream) {
+    // Queued work of another stream may still use the block: let it finish first.
     Memory other = where;
     other.stream = stream_;
     other.sync();
   }
-  if (bytes_ < bytes || data == nullptr) {
-    if (where.gpu() && data != nullptr) where.sync();  // queued work on the old buffer, before it is freed
-    if (on_host) {
-      host_.resize(bytes);
-      data = host_.data();
+  if (!block_ || block_bytes_ < bytes || block_device_ != where.device) {
+    if (block_) where.sync();  // queued work on the old block, before it is freed
+    block_.reset();
+    if (where.emulated != nullptr) {
+      block_ = where.emulated->allocate(bytes);
     } else {
       if (!allocate) throw std::invalid_argument("pccl: GPU workspaces need an allocator (pccl's Python layer passes torch's)");
-      block_.reset();
       block_ = allocate(bytes, kind_ == kBuffers ? where.device : -1, kind_ == kStaging);
-      data = block_->data;
     }
-    bytes_ = bytes;
+    block_bytes_ = bytes;
+    block_device_ = where.device;
   }
   stream_ = where.stream;
-  return data;
+  return block_->data;
 }
 
 }  // namespace pccl

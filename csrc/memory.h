@@ -6,12 +6,21 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "types.h"
 
 namespace pccl {
+
+// Memory handed out by an allocator (pccl's Python layer: torch's caching allocator for
+// device memory, its pinned-host allocator for staging) and returned when the block dies.
+struct Block {
+  virtual ~Block() = default;
+  char* data = nullptr;
+};
+using Allocator = std::function<std::unique_ptr<Block>(size_t bytes, int device, bool pinned)>;
 
 // A stand-in for a GPU stream on host memory, for testing the GPU paths on machines
 // without a GPU: queued work runs only when the CPU waits for it, so a missing wait
@@ -21,14 +30,21 @@ class EmulatedStream {
  public:
   struct Stats { int64_t copies = 0, kernels = 0, waits = 0; };
   void push(std::function<void()> work, bool is_copy);
+  // Stand-in device (or pinned) memory: a block of its own, so that host and device
+  // workspaces never share storage, and whose bounds every queued copy and kernel is
+  // checked against, as a GPU's driver refuses a copy that runs past its allocation.
+  std::unique_ptr<Block> allocate(size_t bytes);
+  void check(const void* ptr, size_t bytes, const char* what) const;
   uint64_t queued() const { return done_ + queue_.size(); }
   void run_until(uint64_t position);  // runs queued work up to `position`, counts one wait
   const Stats& stats() const { return stats_; }
 
  private:
+  struct Allocation;
   std::deque<std::function<void()>> queue_;
   uint64_t done_ = 0;
   Stats stats_;
+  std::map<const char*, size_t> live_;  // the blocks handed out and not yet freed: start -> bytes
 };
 
 struct Memory {
@@ -62,18 +78,11 @@ class Fences {
   std::vector<uint64_t> positions_;  // emulated: the queue position of each ticket
 };
 
-// Memory handed out by an allocator (pccl's Python layer: torch's caching allocator for
-// device memory, its pinned-host allocator for staging) and returned when the block dies.
-struct Block {
-  virtual ~Block() = default;
-  char* data = nullptr;
-};
-using Allocator = std::function<std::unique_ptr<Block>(size_t bytes, int device, bool pinned)>;
-
 // A grow-only buffer reused across calls, in the memory of the collective's buffers (host,
 // or the GPU's) or, for staging, in host memory that the GPU's copy engines reach (pinned).
-// GPU and pinned memory come from the allocator; a block last used on another stream is
-// waited for before this stream reuses or frees it.
+// One communicator takes host and GPU calls in any order, so the two are separate buffers,
+// each with its own size. GPU and pinned memory come from the allocator; a block last used
+// on another stream is waited for before this stream reuses or frees it.
 class Workspace {
  public:
   enum Kind { kBuffers, kStaging };
@@ -84,10 +93,11 @@ class Workspace {
 
  private:
   Kind kind_;
-  std::vector<char> host_;
-  std::unique_ptr<Block> block_;
-  size_t bytes_ = 0;
-  void* stream_ = nullptr;  // the stream that last used the block
+  std::vector<char> host_;         // for calls on host buffers
+  std::unique_ptr<Block> block_;   // for calls on GPU buffers
+  size_t block_bytes_ = 0;
+  int block_device_ = -1;          // a device buffer is used on the GPU it was made on
+  void* stream_ = nullptr;         // the stream that last used the block
 };
 
 }  // namespace pccl

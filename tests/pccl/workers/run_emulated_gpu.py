@@ -69,6 +69,27 @@ for collective in ("all_gather", "reduce_scatter", "all_reduce"):
                                 failures.append(f"{name} {collective} {algorithm} {op} {dtype} n={n} salt={salt}")
 
 
+# One communicator takes host and device calls in any order (pccl keeps one per process
+# group, whatever the tensors' device): a workspace grown by a host call must not pass for
+# a device one. Each size is called host, device, host, so a call of each kind follows a
+# larger one of the other; the stand-in device refuses a copy past a workspace's end.
+for name, comm in devices.items():
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        for algorithm in algorithms_for(collective) + ("native",):
+            for dtype in (torch.float32, torch.bfloat16):
+                op = "sum" if collective == "all_gather" else "avg"
+                for n in (1, 1001, 7, 4099, 3):
+                    expected = run(host, collective, algorithm, dtype, op, n, -1, n)
+                    for device in (-1, 0, -1):
+                        try:
+                            actual = run(comm, collective, algorithm, dtype, op, n, device, n)
+                        except ValueError as e:
+                            failures.append(f"{name} {collective} {algorithm} {dtype} n={n} device={device}: {e}")
+                            continue
+                        if not torch.equal(actual, expected):
+                            failures.append(f"{name} mixed {collective} {algorithm} {dtype} n={n} device={device}")
+
+
 def fp_reference_in_rank_order(collective, dtype, op, n):
     """native on fp16/bf16 device buffers reduces in rank order, rounding after each rank."""
     inputs = []
