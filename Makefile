@@ -15,7 +15,8 @@
 #                       built from source against it
 #   TORCH=...           the torch requirement; default torch==2.13.0 (CPU build) on machines
 #                       without a GPU. If the base python already has torch (a GPU cluster's
-#                       own build), the venv sees it (--system-site-packages) and keeps it.
+#                       own build, in a conda or virtual environment), the venv sees that
+#                       environment's packages and keeps its torch.
 #   GPU=cuda|hip|none   build the GPU kernels; default: cuda where nvidia-smi exists,
 #                       hip where rocm-smi exists, none elsewhere
 #   RANKS=4             ranks for make bench
@@ -43,8 +44,15 @@ export PATH := $(BIN):$(PATH)
 
 all: build
 
+# Where the base python has torch (a cluster's own build), the venv sees its packages. A venv
+# made from a venv's python sees the *base interpreter's* packages under
+# --system-site-packages, not that venv's; a .pth file adds that venv's own, after .venv's.
 $(PY):
 	$(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
+ifeq ($(SYSTEM_TORCH),yes)
+	$(PYTHON) -c 'import site, sys; sys.prefix != sys.base_prefix and print(*site.getsitepackages(), sep="\n")' \
+		> "$$($@ -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/parent-environment.pth"
+endif
 
 $(VENV)/.deps: $(PY) Makefile
 	# the build's -C options need pip >= 23.1; a venv gets the pip its Python bundles (3.10's: 23.0)
