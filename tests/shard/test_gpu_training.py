@@ -1,17 +1,18 @@
 """GPT training with the engine on GPUs, measured (worker: tests/shard/workers/run_gpu_training.py):
 
 - a torch.profiler trace of one training step of gpt_125m (ZeRO-3, bf16) on all local GPUs
-  over NCCL, exported as a Chrome trace (tmp dir, and $PCCL_GPU_TRACE_DIR when set): at
-  least one communication kernel (NCCL's, or pccl's reduction kernels) runs while a
-  compute kernel runs on the training loop's stream;
+  over NCCL, and on 2 ranks over MPI (sharing one GPU where there is one), exported as a
+  Chrome trace (tmp dir, and $PCCL_GPU_TRACE_DIR when set): at least one communication
+  kernel (NCCL's, or pccl's reduction kernels) runs while a compute kernel runs on the
+  training loop's stream;
 - the MFU of gpt_1p3b on one GPU (bf16, sequences of 2048) from the model's FLOPs per token
   and shard.planning.throughput's peak, printed and written to mfu.json (same places); a
   measurement, so only its sanity is asserted (0 < MFU < 1).
 
-Skipped, with the reason, without a GPU (or fewer than 2 for the trace), without NCCL in
-torch, or (MFU) on a GPU whose peak shard.planning.throughput does not know. The trace analysis
-itself is checked everywhere, on a hand-made trace. make test-gpu runs these (docs/gpu.md,
-"GPU test suite").
+Skipped, with the reason, without a GPU (or fewer than 2 for the NCCL trace), without NCCL
+in torch, without pccl's GPU build (the MPI trace), or (MFU) on a GPU whose peak
+shard.planning.throughput does not know. The trace analysis itself is checked everywhere,
+on a hand-made trace. make test-gpu runs these (docs/gpu.md, "GPU test suite").
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import json
 import pytest
 
 from tests.shard.workers.run_gpu_training import overlap_summary
-from tests.support.gpu import GPUS, keep, launch_report, no_gpu_reason
+from tests.support.gpu import GPUS, SHARING, keep, launch_report, no_gpu_reason, no_mpi_gpu_reason
 
 WORKER = "-m tests.shard.workers.run_gpu_training"
 
@@ -56,10 +57,9 @@ def test_trace_analysis_finds_communication_under_compute():
     assert summary["comm_kernels"] == 2 and summary["overlapping_pairs"] == 0
 
 
-def launched(tmp_path_factory, scenario: str, needs: int, ranks: int, timeout: float):
-    """The worker's `scenario` on `ranks` ranks (skipped, with the reason, without `needs`
-    GPUs): its directory and its report."""
-    reason = no_gpu_reason(needs)
+def launched(tmp_path_factory, scenario: str, reason, ranks: int, timeout: float):
+    """The worker's `scenario` on `ranks` ranks (skipped where `reason` says why it cannot
+    run here): its directory and its report."""
     if reason:
         pytest.skip(reason)
     directory = tmp_path_factory.mktemp(scenario)
@@ -68,11 +68,21 @@ def launched(tmp_path_factory, scenario: str, needs: int, ranks: int, timeout: f
     return directory, report
 
 
+def trace_launch(scenario: str):
+    """(why it cannot run here or None, ranks): NCCL one rank per GPU, MPI 2 ranks."""
+    if scenario == "trace-mpi":
+        return no_mpi_gpu_reason(), 2
+    reason = no_gpu_reason(2)
+    return (f"{reason}: {SHARING}" if reason and GPUS == 1 else reason), GPUS
+
+
 @pytest.mark.gpu
 @pytest.mark.mpi
-def test_profiled_step_overlaps_communication_with_compute(tmp_path_factory):
-    directory, report = launched(tmp_path_factory, "trace", needs=2, ranks=GPUS, timeout=900)
-    assert report["world"] == GPUS and len(report["ranks"]) == GPUS
+@pytest.mark.parametrize("scenario", ["trace", "trace-mpi"])
+def test_profiled_step_overlaps_communication_with_compute(tmp_path_factory, scenario):
+    reason, ranks = trace_launch(scenario)
+    directory, report = launched(tmp_path_factory, scenario, reason, ranks, timeout=900)
+    assert report["world"] == ranks and len(report["ranks"]) == ranks
     kept = keep(*sorted(directory.glob("trace-rank*.json")), directory / "report.json")
     print(f"traces: {directory}" + (f", kept in {kept}" if kept else ""))
     first = report["ranks"][0]
@@ -89,7 +99,7 @@ def test_profiled_step_overlaps_communication_with_compute(tmp_path_factory):
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_gpt_1p3b_mfu_on_one_gpu(tmp_path_factory):
-    directory, report = launched(tmp_path_factory, "mfu", needs=1, ranks=1, timeout=1200)
+    directory, report = launched(tmp_path_factory, "mfu", no_gpu_reason(1), ranks=1, timeout=1200)
     kept = keep(directory / "mfu.json")
     print(json.dumps(report, indent=1) + f"\nwritten to {directory / 'mfu.json'}" + (f" and {kept}" if kept else ""))
     assert all(loss == loss and 0 < loss < 20 for loss in report["losses"]), report["losses"]   # finite, sane

@@ -15,6 +15,34 @@ import torch.distributed as dist
 from tests.support.mpirun import mpiexec
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+# Ranks of a multi-rank test over MPI where there is one GPU: MPI, unlike NCCL (which refuses
+# two ranks on one GPU: ncclInvalidUsage), lets ranks share it.
+SHARED_RANKS = 4
+SHARING = "NCCL refuses two ranks on one GPU (ncclInvalidUsage)"
+
+
+def mpi_ranks() -> int:
+    """Ranks of a multi-rank GPU test over MPI: one per GPU where there are 2+, else
+    SHARED_RANKS sharing the one GPU."""
+    return GPUS if GPUS >= 2 else SHARED_RANKS
+
+
+def no_mpi_gpu_reason() -> Optional[str]:
+    """Why GPU tensors cannot travel over MPI here (it needs one GPU and pccl's native module
+    built for GPUs); None when they can."""
+    reason = no_gpu_reason(1, nccl=False)
+    if reason:
+        return reason
+    try:
+        from mpi4py import MPI  # noqa: F401 - loads libmpi for the native module
+
+        from pccl.executors.mpi_cpp import gpu_available
+    except ImportError as e:
+        return f"pccl's native module does not load: {e}"
+    if not gpu_available():
+        return ("needs pccl's native module built for GPUs (make GPU=cuda or GPU=hip): "
+                "pccl.executors.mpi_cpp.gpu_available() is False")
+    return None
 
 
 def no_gpu_reason(gpus: int = 1, nccl: bool = True) -> Optional[str]:

@@ -1,8 +1,10 @@
 """mpiexec worker: the engine's 14 strategies on GPUs over NCCL, against single-process
 torch.optim.AdamW on one GPU, as tests/shard/workers/run_engine.py checks them on CPUs.
 
-Usage: mpiexec -n P python -m tests.shard.workers.run_gpu_engine GROUP REPORT.json
-Each rank trains on GPU (local rank) % device count with pccl.init(transport="nccl"),
+Usage: mpiexec -n P python -m tests.shard.workers.run_gpu_engine GROUP TRANSPORT REPORT.json
+Each rank trains on GPU (local rank) % device count with pccl.init(transport=TRANSPORT):
+"nccl" (one rank per GPU), or "mpi" (ranks may share a GPU; messages staged through host
+memory unless the MPI is GPU-aware),
 3 steps of 2 micro-batches (fp32), and rank 0 compares with the reference run on its own
 GPU; bf16 compute is compared with the fp32 reference's losses. Report (rank 0): label ->
 {"error", "loss_error"} | {"losses", "reference"} | {"exception"}.
@@ -38,7 +40,7 @@ torch.backends.cuda.enable_flash_sdp(False)
 torch.backends.cuda.enable_mem_efficient_sdp(False)
 if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):   # torch >= 2.3
     torch.backends.cuda.enable_cudnn_sdp(False)
-comm = pccl.init(transport="nccl", timeout=300)
+comm = pccl.init(transport=sys.argv[2], timeout=300)
 N, RANK = comm.size, comm.rank
 BF16_STRATEGIES = ("NNN", "GGG", "IIG")
 
@@ -77,8 +79,8 @@ def engine_run(kind: str, strategy, steps: int, group: int, clip=None, **options
 
 
 def close(engine) -> None:
-    """Stop the lanes and free their NCCL communicators (dozens of engines run here, each
-    with its own groups), every rank in the same order once all are done with them."""
+    """Stop the lanes and free their NCCL communicators, if any (dozens of engines run here,
+    each with its own groups), every rank in the same order once all are done with them."""
     engine.close()
     torch.cuda.synchronize()
     world.Barrier()
@@ -122,7 +124,7 @@ def equivalence(group: int) -> dict:
 
 
 def main() -> None:
-    group, out = int(sys.argv[1]), sys.argv[2]
+    group, out = int(sys.argv[1]), sys.argv[3]
     report = equivalence(group)
     torch.cuda.synchronize()
     if RANK == 0:

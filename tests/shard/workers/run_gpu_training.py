@@ -4,6 +4,8 @@ Usage: mpiexec -n P python -m tests.shard.workers.run_gpu_training SCENARIO DIR 
   trace  P >= 2 GPUs over NCCL: gpt_125m (ZeRO-3, bf16), two warm-up steps, then one step
          under torch.profiler; each rank writes DIR/trace-rank{r}.json (Chrome trace) and
          the report holds every rank's overlap of communication and compute kernels
+  trace-mpi  the same over the MPI transport, where ranks may share one GPU (pccl's
+         reduction kernels are then the communication kernels)
   mfu    one GPU: gpt_1p3b (ZeRO-3 on one rank, bf16, sequences of 2048), tokens/s after
          warm-up, model TFLOP/s and MFU from the model's FLOPs per token and
          shard.planning.throughput's peak; also written to DIR/mfu.json
@@ -89,7 +91,7 @@ def main() -> None:
     torch.cuda.set_device(node.rank % torch.cuda.device_count())   # before any NCCL group exists
     node.Free()
     device = torch.device("cuda", torch.cuda.current_device())
-    comm = pccl.init(transport="nccl", timeout=600)
+    comm = pccl.init(transport="mpi" if scenario == "trace-mpi" else "nccl", timeout=600)
     rank = comm.rank
 
     def batches(cfg: GPTConfig, micro: int, size: int, seq: int, seed: int) -> list:
@@ -107,7 +109,7 @@ def main() -> None:
         return total / len(data)
 
     directory.mkdir(parents=True, exist_ok=True)
-    if scenario == "trace":
+    if scenario in ("trace", "trace-mpi"):
         from torch.profiler import ProfilerActivity, profile
 
         cfg = GPTConfig.preset("gpt_125m")
@@ -162,7 +164,7 @@ def main() -> None:
             print(f"MFU gpt_1p3b on {report['device']}: {report['mfu']} ({report['tokens_per_s']:.0f} tokens/s, "
                   f"{report['tflops_per_rank']:.1f} TFLOP/s, peak {peak_source})", flush=True)
     else:
-        raise SystemExit(f"unknown scenario {scenario!r}; expected trace or mfu")
+        raise SystemExit(f"unknown scenario {scenario!r}; expected trace, trace-mpi or mfu")
     if rank == 0:
         out.write_text(json.dumps(report, indent=1))
 
