@@ -1,12 +1,12 @@
 // The native codecs on the GPU (csrc/codec.h): the same encodings as the CPU kernels, so
 // an encoding made on either side decodes on the other. Included once, by reduce.cu (the
-// only translation unit that may include compat.h), after its Num, check, blocks_for and
-// kThreads.
+// only translation unit that may include compat.h), after its Num, Vec, Span and launch.
 //
 // int8: one block of kGroup threads per group of kGroup values (grid-stride over groups):
 // each thread loads one value (coalesced), the block finds the largest |x| bit pattern in
 // shared memory (an integer max, which also tells NaN and Inf apart, as on the CPU), then
-// each thread writes its quantized value. Decoding is element-wise.
+// each thread writes its quantized value. Decoding, and the bf16/fp16 casts, are
+// element-wise: functors for reduce.cu's vectorized `launch`.
 
 constexpr int kCodecGroup = 128;   // == pccl::kGroup (quantize.h)
 
@@ -49,37 +49,71 @@ __global__ void __launch_bounds__(kCodecGroup) int8_encode_kernel(char* out, con
   }
 }
 
-template <typename T>
-__global__ void int8_decode_kernel(T* x, const char* in, int64_t n, int op) {
-  const int64_t groups = (n + kCodecGroup - 1) / kCodecGroup;
-  const float* scales = reinterpret_cast<const float*>(in);
-  const int8_t* q = reinterpret_cast<const int8_t*>(in + 4 * groups);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = static_cast<float>(q[i]) * scales[i / kCodecGroup];
-    const float a = Num<T>::load(x[i]);
-    x[i] = Num<T>::store(op < 0 ? v : op == static_cast<int>(Op::Max) ? (a > v ? a : v)
-                                    : op == static_cast<int>(Op::Min) ? (a < v ? a : v) : a + v);
-  }
+// op(a, v): a decoded value v reduced into a (op >= 0; where op < 0, callers store v).
+__device__ inline float decoded(int op, float a, float v) {
+  return op == static_cast<int>(Op::Max) ? (a > v ? a : v) : op == static_cast<int>(Op::Min) ? (a < v ? a : v) : a + v;
 }
+
+template <typename T>
+struct Int8Decode {
+  static constexpr int kWidth = 16 / sizeof(T);
+  T* x;
+  const float* scales;
+  const int8_t* q;
+  int op;
+  std::array<Span, 2> spans() const { return {{{x, sizeof(T)}, {q, 1}}}; }
+  template <int N> __device__ void run(int64_t i) const {
+    const Vec<int8_t, N> c = load_vec<N>(q + i);
+    Vec<T, N> y;
+    if (op >= 0) y = load_vec<N>(x + i);   // overwriting needs no read
+    // A vector (N <= 16 values) may straddle two groups: the head shifts vectors off group
+    // boundaries. Elements from `next` on take the second group's scale.
+    const int64_t group = i / kCodecGroup, next = (group + 1) * kCodecGroup - i;
+    const float first_scale = scales[group], second_scale = scales[(i + N - 1) / kCodecGroup];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float v = static_cast<float>(c.v[j]) * (j < next ? first_scale : second_scale);
+      y.v[j] = Num<T>::store(op < 0 ? v : decoded(op, Num<T>::load(y.v[j]), v));
+    }
+    store_vec<N>(x + i, y);
+  }
+};
 
 // fp32 values carried as H (half_t or bfloat16_t), round to nearest even.
 template <typename H>
-__global__ void narrow_kernel(H* out, const float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = Num<H>::store(x[i]);
-}
+struct Narrow {
+  static constexpr int kWidth = 4;   // 16 bytes of fp32 in, 8 of H out
+  H* out;
+  const float* x;
+  std::array<Span, 2> spans() const { return {{{out, sizeof(H)}, {x, sizeof(float)}}}; }
+  template <int N> __device__ void run(int64_t i) const {
+    const Vec<float, N> v = load_vec<N>(x + i);
+    Vec<H, N> h;
+#pragma unroll
+    for (int j = 0; j < N; ++j) h.v[j] = Num<H>::store(v.v[j]);
+    store_vec<N>(out + i, h);
+  }
+};
 
 template <typename H>
-__global__ void widen_kernel(float* x, const H* in, int64_t n, int op) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = Num<H>::load(in[i]), a = x[i];
-    x[i] = op < 0 ? v : op == static_cast<int>(Op::Max) ? (a > v ? a : v)
-                      : op == static_cast<int>(Op::Min) ? (a < v ? a : v) : a + v;
+struct Widen {
+  static constexpr int kWidth = 4;
+  float* x;
+  const H* in;
+  int op;
+  std::array<Span, 2> spans() const { return {{{x, sizeof(float)}, {in, sizeof(H)}}}; }
+  template <int N> __device__ void run(int64_t i) const {
+    const Vec<H, N> h = load_vec<N>(in + i);
+    Vec<float, N> y;
+    if (op >= 0) y = load_vec<N>(x + i);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float v = Num<H>::load(h.v[j]);
+      y.v[j] = op < 0 ? v : decoded(op, y.v[j], v);
+    }
+    store_vec<N>(x + i, y);
   }
-}
+};
 
 int codec_groups_grid(int64_t n) {
   const int64_t groups = (n + kCodecGroup - 1) / kCodecGroup;

@@ -16,12 +16,14 @@
 #include <hip/hip_bf16.h>
 #define PCCL_GPU_NAME(name) hip##name
 using bfloat16_t = __hip_bfloat16;
+#define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #else
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #define PCCL_GPU_NAME(name) cuda##name
 using bfloat16_t = __nv_bfloat16;
+#define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
 #endif
 
 using half_t = __half;
@@ -40,3 +42,5 @@ using gpuEvent_t = PCCL_GPU_NAME(Event_t);
 #define gpuEventSynchronize PCCL_GPU_NAME(EventSynchronize)
 #define gpuEventDestroy PCCL_GPU_NAME(EventDestroy)
 #define gpuSetDevice PCCL_GPU_NAME(SetDevice)
+#define gpuGetDevice PCCL_GPU_NAME(GetDevice)
+#define gpuDeviceGetAttribute PCCL_GPU_NAME(DeviceGetAttribute)

@@ -8,7 +8,8 @@
 
 namespace pccl::gpu {
 
-// dst[i] = op(a[i], b[i]) on `stream` (dst may be a); fp32, fp16, bf16 (fp64 too).
+// dst[i] = op(a[i], b[i]) on `stream` (dst may be a), every DType; the pointers may sit at
+// any element offset (16-byte vectors where they share their offset modulo 16 bytes).
 void reduce(void* dst, const void* a, const void* b, int64_t n, DType dtype, Op op, void* stream);
 // A native codec (csrc/codec.h: 0 int8, 1 bf16, 2 fp16) on `stream`, the same encodings
 // as the CPU's: encode n values of dtype into dst; decode into dst, op < 0 overwriting,

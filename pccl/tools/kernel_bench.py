@@ -3,12 +3,14 @@
 Every reduce step of a collective runs ``a = op(a, b)`` over a received block. The kernel
 is memory bound: it reads two buffers and writes one, 1.5 times the traffic of copying the
 buffer. For each dtype, op and size this prints the kernel's time and memory throughput
-(bytes read plus bytes written, per second), the same for torch's own in-place op and for
-a copy of the buffer (a device-to-device copy on a GPU, memcpy on the CPU), and the
-kernel's throughput as a fraction of the copy's: 1.0 means it runs at copy speed.
+(bytes read plus bytes written, per second), the same for torch's own in-place op
+(add/maximum/minimum with out=a) and for a copy of the buffer (a device-to-device copy on
+a GPU, memcpy on the CPU), and the kernel's throughput as a fraction of the copy's (1.0:
+copy speed) and of torch's (1.0: as fast as torch).
 
     pccl-kernel-bench                       # the GPU kernels where built, else the CPU ones
     pccl-kernel-bench --device cpu -d float,bfloat16 -o sum,max -b 1M -e 64M
+    pccl-kernel-bench -d all -o all -b 16M -e 256M    # every dtype and op
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class Row:
     copy_us: float
     copy_GBps: float
     of_copy: float       # pccl_GBps / copy_GBps
+    of_torch: float      # pccl_GBps / torch_GBps
     wrong: int
 
 
@@ -105,13 +108,19 @@ def inputs(n: int, dtype: torch.dtype, device: str, seed: int) -> tuple[torch.Te
 
 
 def count_wrong(dtype: torch.dtype, op: str, n: int, device: str) -> int:
-    """Elements where one pccl kernel call differs from torch's op on fresh inputs."""
-    a, b = inputs(n, dtype, device, seed=n)
-    expected = TORCH_OPS[op](a, b)
-    pccl_call(a, b, op)()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return int((a != expected).sum())
+    """Elements where one pccl kernel call differs from torch's op on fresh inputs, with a
+    and b at element offsets (0, 0), (1, 1) (the GPU kernels' scalar head, then vectors)
+    and (1, 0) (one element at a time) into their buffers."""
+    wrong = 0
+    for a_at, b_at in ((0, 0), (1, 1), (1, 0)):
+        a, b = inputs(n + 1, dtype, device, seed=n)
+        a, b = a[a_at:a_at + n], b[b_at:b_at + n]
+        expected = TORCH_OPS[op](a, b)
+        pccl_call(a, b, op)()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        wrong += int((a != expected).sum())
+    return wrong
 
 
 def measure(device: str, datatype: str, op: str, nbytes: int, args: argparse.Namespace) -> Row:
@@ -131,17 +140,23 @@ def measure(device: str, datatype: str, op: str, nbytes: int, args: argparse.Nam
     gbps = {name: traffic[name] / (us[name] * 1e3) for name in us}
     wrong = count_wrong(dtype, op, n, device) if args.check else 0
     return Row(device, datatype, op, n * dtype.itemsize, us["pccl"], gbps["pccl"], us["torch"], gbps["torch"],
-               us["copy"], gbps["copy"], gbps["pccl"] / gbps["copy"], wrong)
+               us["copy"], gbps["copy"], gbps["pccl"] / gbps["copy"], gbps["pccl"] / gbps["torch"], wrong)
+
+
+def names_or_all(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma list from `choices`, or "all" for every one."""
+    parse = comma_list(choices)
+    return lambda text: list(choices) if text.strip() == "all" else parse(text)
 
 
 HEADER = (f"{'dtype':>9} {'op':>4} {'size':>6} | {'pccl us':>9} {'GB/s':>7} | {'torch us':>9} {'GB/s':>7} | "
-          f"{'copy us':>9} {'GB/s':>7} | {'of copy':>7} {'wrong':>5}")
+          f"{'copy us':>9} {'GB/s':>7} | {'of copy':>7} {'of torch':>8} {'wrong':>5}")
 
 
 def format_row(r: Row) -> str:
     return (f"{r.datatype:>9} {r.op:>4} {size_label(r.nbytes):>6} | {r.pccl_us:9.1f} {r.pccl_GBps:7.1f} | "
             f"{r.torch_us:9.1f} {r.torch_GBps:7.1f} | {r.copy_us:9.1f} {r.copy_GBps:7.1f} | "
-            f"{r.of_copy:7.2f} {r.wrong:5d}")
+            f"{r.of_copy:7.2f} {r.of_torch:8.2f} {r.wrong:5d}")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -150,8 +165,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--device", choices=("auto", "cpu", "cuda"), default="auto",
         help="cuda: the GPU kernels (CUDA or HIP build); cpu: the vectorized CPU kernels")
-    add("-d", "--datatypes", type=comma_list(tuple(DATATYPES)), default=["float", "half", "bfloat16"])
-    add("-o", "--ops", type=comma_list(KERNEL_OPS), default=["sum"])
+    add("-d", "--datatypes", type=names_or_all(tuple(DATATYPES)), default=["float", "half", "bfloat16"],
+        help="comma list, or all")
+    add("-o", "--ops", type=names_or_all(KERNEL_OPS), default=["sum"], help="comma list, or all")
     add("-b", "--minbytes", type=size_arg, default=parse_size("64K"), help="smallest buffer (K/M/G suffixes)")
     add("-e", "--maxbytes", type=size_arg, default=parse_size("64M"), help="largest buffer")
     add("-f", "--stepfactor", type=int, default=4, help="multiply the size by this between rows")

@@ -78,36 +78,61 @@ needs_gpu = pytest.mark.skipif(
     reason="needs a GPU and a GPU build (make GPU=cuda or GPU=hip)")
 
 
+def random_values(n, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if dtype.is_floating_point:
+        return (torch.randn(n, generator=g, device="cuda") * 100).to(dtype)
+    return torch.randint(-2**30, 2**30, (n,), generator=g, device="cuda").to(dtype)
+
+
+# (dst, a, b) element offsets into larger buffers ("a": in place, dst is a). The kernels
+# take 16-byte vectors after a scalar head where the three share their offset modulo the
+# vector, narrower ones where they share it modulo 8 or 4 bytes, one element at a time
+# otherwise: (1, 3, 5) and (2, 6, 2) take 2- and 4-element vectors for 2-byte types.
+LAYOUTS = [(0, 0, 0), (1, 1, 1), (3, 3, 3), (1, 3, 5), (2, 6, 2), (0, 1, 3), ("a", 0, 0), ("a", 3, 3),
+           ("a", 1, 2)]
+PAD = 8
+
+
 @needs_gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("n", [1, 1000, (1 << 20) + 3])
+@pytest.mark.parametrize("n", [0, 1, 7, 1000, (1 << 20) + 3])
 def test_gpu_reduce_matches_torch(dtype, op, n):
-    g = torch.Generator(device="cuda").manual_seed(n)
-    if dtype.is_floating_point:
-        a, b = (torch.randn(n, generator=g, device="cuda") * 100).to(dtype), (
-            torch.randn(n, generator=g, device="cuda") * 100).to(dtype)
-    else:
-        a = torch.randint(-2**30, 2**30, (n,), generator=g, device="cuda").to(dtype)
-        b = torch.randint(-2**30, 2**30, (n,), generator=g, device="cuda").to(dtype)
-    expected = {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum}[op](a, b)
-    dst = torch.empty_like(a)
+    """Every layout, against torch; elements around dst's are left alone."""
+    torch_op = {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum}[op]
     stream = torch.cuda.current_stream()
-    _native.gpu_reduce(dst.data_ptr(), a.data_ptr(), b.data_ptr(), n, DTYPES[dtype], OPS[op], stream.cuda_stream)
-    stream.synchronize()
-    assert torch.equal(dst, expected)
+    for dst_at, a_at, b_at in LAYOUTS:
+        a_buf, b_buf = random_values(n + PAD, dtype, seed=n), random_values(n + PAD, dtype, seed=n + 1)
+        a, b = a_buf[a_at:a_at + n], b_buf[b_at:b_at + n]
+        expected = torch_op(a, b)
+        if dst_at == "a":
+            dst_buf, dst_at, dst = a_buf, a_at, a
+        else:
+            dst_buf = torch.full((n + PAD,), 7, dtype=dtype, device="cuda")
+            dst = dst_buf[dst_at:dst_at + n]
+        around = torch.cat([dst_buf[:dst_at], dst_buf[dst_at + n:]])
+        _native.gpu_reduce(dst.data_ptr(), a.data_ptr(), b.data_ptr(), n, DTYPES[dtype], OPS[op],
+                           stream.cuda_stream)
+        stream.synchronize()
+        layout = (dst_at, a_at, b_at)
+        assert torch.equal(dst, expected), layout
+        assert torch.equal(torch.cat([dst_buf[:dst_at], dst_buf[dst_at + n:]]), around), layout
 
 
 @needs_gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_gpu_divide_is_the_cpus_true_division(dtype):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 7, 4099, (1 << 20) + 3])
+def test_gpu_divide_is_the_cpus_true_division(dtype, n):
     # Against torch on the CPU: torch's CUDA a / 3 multiplies by the reciprocal.
-    a = torch.randn(4099, device="cuda").to(dtype)
-    expected = a.cpu() / 3
     stream = torch.cuda.current_stream()
-    _native.gpu_divide(a.data_ptr(), a.numel(), DTYPES[dtype], 3, stream.cuda_stream)
-    stream.synchronize()
-    assert torch.equal(a.cpu(), expected)
+    for at in (0, 1, 3):
+        buf = torch.randn(n + PAD, generator=torch.Generator().manual_seed(n)).to(dtype).cuda()
+        expected = buf.cpu()
+        expected[at:at + n] /= 3
+        _native.gpu_divide(buf[at:].data_ptr(), n, DTYPES[dtype], 3, stream.cuda_stream)
+        stream.synchronize()
+        assert torch.equal(buf.cpu(), expected), at
 
 
 @needs_gpu
@@ -211,6 +236,42 @@ def test_gpu_codecs_encode_as_the_cpu_does(name, dtype, n):
     c.decode(gpu, summed, "sum")
     c.decode(cpu, base, "sum")
     torch.testing.assert_close(summed.cpu(), base, rtol=1e-6, atol=1e-6)
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", ["int8", "bf16", "fp16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [7, 300, 1000, (1 << 16) + 5])
+def test_gpu_codecs_at_element_offsets(name, dtype, n):
+    """Values at element offsets 1, 3 and 4, and an encoding 4 bytes into its buffer: the
+    kernels' scalar heads and narrower vectors. At offset 4 a 2-byte type's 8-value
+    vectors straddle int8 groups (the group count is odd for n = 300 and (1 << 16) + 5)."""
+    from pccl.compression.codecs import codec
+
+    c = codec(name)
+    if dtype not in c.dtypes:
+        pytest.skip(f"{name} takes {c.dtypes}")
+    size = c.encoded_nbytes(n, dtype)
+    x_buf = (torch.randn(n + PAD, generator=torch.Generator().manual_seed(n)) * 10).to(dtype)
+    for at, enc_at in [(1, 0), (3, 0), (4, 0), (4, 4)]:
+        x = x_buf[at:at + n]
+        cpu = torch.empty(size, dtype=torch.uint8)
+        c.encode(x, cpu)
+        gpu_buf = torch.zeros(size + PAD, dtype=torch.uint8, device="cuda")
+        gpu = gpu_buf[enc_at:enc_at + size]
+        c.encode(x_buf.cuda()[at:at + n], gpu)
+        assert torch.equal(gpu.cpu(), cpu), (at, enc_at)
+        out_buf = torch.full((n + PAD,), 7, dtype=dtype, device="cuda")
+        c.decode(gpu, out_buf[at:at + n])
+        expected = torch.full((n + PAD,), 7, dtype=dtype)
+        expected[at:at + n] = c.round_trip(x)
+        assert torch.equal(out_buf.cpu(), expected), (at, enc_at)
+        for op in ("sum", "max"):
+            base = torch.linspace(-5, 5, n + PAD).to(dtype)
+            summed = base.cuda()
+            c.decode(gpu, summed[at:at + n], op)
+            c.decode(cpu, base[at:at + n], op)
+            torch.testing.assert_close(summed.cpu(), base, rtol=1e-6, atol=1e-6)
 
 
 @needs_gpu

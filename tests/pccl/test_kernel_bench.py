@@ -18,9 +18,10 @@ def test_kernel_bench_on_the_cpu(tmp_path, capsys):
         assert r.pccl_GBps == pytest.approx(3 * r.nbytes / (r.pccl_us * 1e3))
         assert r.copy_GBps == pytest.approx(2 * r.nbytes / (r.copy_us * 1e3))
         assert r.of_copy == pytest.approx(r.pccl_GBps / r.copy_GBps)
+        assert r.of_torch == pytest.approx(r.pccl_GBps / r.torch_GBps)
     assert json.loads(out.read_text())[0]["nbytes"] == 4096
     table = capsys.readouterr().out
-    assert "of copy" in table and len(table.splitlines()) == 2 + len(rows)
+    assert "of copy" in table and "of torch" in table and len(table.splitlines()) == 2 + len(rows)
 
 
 def test_kernel_bench_counts_wrong_elements(monkeypatch):
@@ -35,6 +36,12 @@ def test_kernel_bench_refuses_a_gpu_it_cannot_use():
         pytest.skip("this build has GPU kernels")
     with pytest.raises(SystemExit, match="GPU"):
         kernel_bench.run(["--device", "cuda"])
+
+
+def test_kernel_bench_all_names_every_dtype_and_op():
+    args = kernel_bench.parse_args(["-d", "all", "-o", "all"])
+    assert args.datatypes == ["float", "double", "half", "bfloat16", "int32", "int64"]
+    assert args.ops == ["sum", "max", "min"]
 
 
 @pytest.mark.parametrize("argv,message", [
