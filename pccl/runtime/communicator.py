@@ -347,7 +347,7 @@ class Communicator:
             validation.check_algorithm(collective, algorithm)
             if algorithm != "auto":
                 return algorithm
-            tuner = self._tuner(device)
+            tuner = self.tuner_for(device)
             name = tuner.choose_for(collective, nbytes, dtype, compression) if compression else \
                 tuner.name(collective, nbytes)
             spec = plans.NAMED.get(name, name)
@@ -360,7 +360,7 @@ class Communicator:
         transports.check_level_devices(device, self.level_transports, self.plan_devices)
         return spec
 
-    def _tuner(self, device: str) -> Tuner:
+    def tuner_for(self, device: str) -> Tuner:
         """The tuner for `device` tensors: with the plans where they can carry them."""
         return self.tuner if device in self.plan_devices else self._flat_tuner
 
@@ -403,7 +403,7 @@ class Communicator:
             spec = plans.spec_of(algorithm)
             if spec is None:
                 validation.check_algorithm(collective, algorithm)
-            compression, algorithm = self._tuner(like.device.type).choose_compressed(
+            compression, algorithm = self.tuner_for(like.device.type).choose_compressed(
                 collective, like.numel() * like.element_size(), like.dtype, algorithm if spec is None else spec)
         codecs = per_level(compression)
         for c in codecs.values():

@@ -5,17 +5,23 @@ For every collective, buffer size, executor and algorithm it prints one row: the
 one call (the slowest rank's, as nccl-tests reports it), the algorithm and bus bandwidths,
 and how many elements came out wrong. The size of a row is the whole buffer, as in
 nccl-tests: the all-gather output, the reduce-scatter input, the all-reduce tensor.
+With ``--device cuda`` the buffers are on each rank's GPU (local rank modulo the GPUs
+here); rows that an executor cannot run on GPU buffers are skipped, with the reason.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import sys
+import time
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 from mpi4py import MPI
 
 import pccl
@@ -23,15 +29,17 @@ from pccl.algorithms import ALL_NAMES, algorithms_for
 from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DATATYPES, OPS
-from pccl.plans import NAMED, three_level
+from pccl.plans import NAMED, compresses_consistently, three_level
 from pccl.tools.cli import comma_list, round_size, size_arg, size_sweep, time_per_call
 from pccl.tuning.calibrate import CALL_SIZES, REPEATS, calibrate, calibrated
 from pccl.util.args import at_least
 from pccl.util.files import write_atomic
 from pccl.util.sizes import parse_size
 
-EXECUTORS = ("cpp", "python", "gloo")
+EXECUTORS = ("cpp", "python", "gloo", "nccl")
+DEFAULT_EXECUTORS = {"cpu": ["cpp", "python", "gloo"], "cuda": ["cpp", "nccl"]}
 MPI_EXECUTORS = ("cpp", "python")
+TORCH_EXECUTORS = ("gloo", "nccl")   # torch.distributed backends: "native" is the backend's own collective
 PLANS = tuple(NAMED)  # the plans: run by default on multi-node topologies (three_level where there are groups)
 
 
@@ -98,19 +106,27 @@ def count_wrong(actual: torch.Tensor, expected: torch.Tensor, op: str) -> int:
 
 
 class Case:
-    """One collective on one buffer size: its tensors, its call and its expected result."""
+    """One collective on one buffer size: its tensors (on `device`: "cpu", or "cuda" for
+    this rank's current GPU), its call and its expected result (always on the host)."""
 
-    def __init__(self, collective: str, nbytes: int, dtype: torch.dtype, op: str, rank: int, ranks: int):
+    def __init__(self, collective: str, nbytes: int, dtype: torch.dtype, op: str, rank: int, ranks: int,
+                 device: str = "cpu"):
         self.collective, self.nbytes, self.dtype, self.op = collective, nbytes, dtype, op
-        self.rank, self.ranks = rank, ranks
+        self.rank, self.ranks, self.device = rank, ranks, device
         self.count = nbytes // dtype.itemsize
         self.block = self.count // ranks
+        new = lambda n: torch.empty(n, dtype=dtype, device=device)  # noqa: E731
         if collective == "all_gather":
-            self.input, self.output = torch.empty(self.block, dtype=dtype), torch.empty(self.count, dtype=dtype)
+            self.input, self.output = new(self.block), new(self.count)
         elif collective == "reduce_scatter":
-            self.input, self.output = torch.empty(self.count, dtype=dtype), torch.empty(self.block, dtype=dtype)
+            self.input, self.output = new(self.count), new(self.block)
         else:
-            self.input = self.output = torch.empty(self.count, dtype=dtype)  # in place
+            self.input = self.output = new(self.count)  # in place
+
+    def synchronize(self) -> None:
+        """Wait until the GPU has finished all queued work (kernels, NCCL's too); nothing on CPU."""
+        if self.device != "cpu":
+            torch.cuda.synchronize()
 
     def fill(self) -> None:
         """Write this rank's input and poison a separate output, so a call that writes
@@ -138,13 +154,14 @@ class Case:
         return reduce_over_ranks(self.op, 0, self.count, self.dtype, self.ranks)
 
     def wrong(self) -> int:
-        """Elements of this rank's output that differ from the expected result."""
-        return count_wrong(self.output, self.expected, self.op)
+        """Elements of this rank's output that differ from the expected result (compared on
+        the host: .cpu() copies a GPU output once, and is the tensor itself on CPU)."""
+        return count_wrong(self.output.cpu(), self.expected, self.op)
 
     def error_sums(self) -> tuple[float, float, float]:
         """(largest |error|, sum of squared errors, sum of squared expected values) of this
         rank's output against the exact result."""
-        error = self.output.double() - self.expected.double()
+        error = self.output.cpu().double() - self.expected.double()
         return error.abs().max().item(), error.square().sum().item(), self.expected.double().square().sum().item()
 
 
@@ -171,12 +188,14 @@ class Row:
     compression: str = "none"
     max_error: Optional[float] = None   # compressed rows: largest |error| / largest |exact value|
     rms_error: Optional[float] = None   # compressed rows: RMS error / RMS exact value
+    device: str = "cpu"                 # where the buffers were: cpu or cuda
 
 
 def check(case: Case, call: Callable[[], None], world: MPI.Comm) -> int:
     """Wrong elements over all ranks after one call on fresh inputs."""
     case.fill()
     call()
+    case.synchronize()
     return world.allreduce(case.wrong(), op=MPI.SUM)
 
 
@@ -185,11 +204,37 @@ def errors(case: Case, call: Callable[[], None], world: MPI.Comm) -> tuple[float
     result's largest and RMS value."""
     case.fill()
     call()
+    case.synchronize()
     largest, squares, reference = case.error_sums()
     largest = world.allreduce(largest, op=MPI.MAX)
     squares, reference = world.allreduce(squares), world.allreduce(reference)
     scale = world.allreduce(case.expected.double().abs().max().item(), op=MPI.MAX)
     return largest / scale if scale else largest, (squares / reference) ** 0.5 if reference else squares ** 0.5
+
+
+def time_on_gpu(call: Callable[[], None], iters: int, warmup: int, repeats: int, world: MPI.Comm,
+                synchronize: Callable[[], None]) -> float:
+    """time_per_call for GPU buffers: the clock starts once the GPU has finished earlier
+    work and stops once it has finished the loop's, so a row times the collectives, not
+    only their launch (NCCL and the GPU kernels return before the work is done)."""
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(repeats):
+        synchronize()
+        world.Barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        synchronize()
+        samples.append(world.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX))
+    return statistics.median(samples)
+
+
+def picked_by_auto(comm: pccl.Communicator, collective: str, nbytes: int, device: str) -> str:
+    """What auto runs for `device` buffers: the communicator's tuner for that device (without
+    the plans where their levels cannot carry it, as the communicator decides)."""
+    return comm.tuner_for(device).name(collective, nbytes)
 
 
 def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
@@ -198,16 +243,19 @@ def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
     codec's row gets its error against the exact result instead of a count of wrong elements."""
     call = case.call(comm, algorithm, compression)
     case.fill()
-    seconds = time_per_call(call, args.iters, args.warmup_iters, args.repeats, world)
+    if case.device == "cpu":
+        seconds = time_per_call(call, args.iters, args.warmup_iters, args.repeats, world)
+    else:
+        seconds = time_on_gpu(call, args.iters, args.warmup_iters, args.repeats, world, case.synchronize)
     wrong, error = None, (None, None)
     if compression != "none":
         error = errors(case, call, world)
     elif args.check:
         wrong = check(case, call, world)
     algbw, busbw = bandwidths(case.collective, case.nbytes, seconds, case.ranks)
-    picked = comm.tuner.name(case.collective, case.nbytes) if algorithm == "auto" else algorithm
+    picked = picked_by_auto(comm, case.collective, case.nbytes, case.device) if algorithm == "auto" else algorithm
     return Row(case.collective, case.nbytes, case.count, args.datatype, args.op, executor, algorithm,
-               picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error)
+               picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error, case.device)
 
 
 # ------------------------------------------------------------------ variants
@@ -217,8 +265,8 @@ def make_communicator(executor: str, args: argparse.Namespace) -> pccl.Communica
     """The communicator over all ranks that runs schedules with `executor`; its topology
     and level transports (for the two-level plans) come from the options."""
     options = dict(ranks_per_node=args.ranks_per_node)
-    if executor == "gloo":
-        return pccl.init(transport="gloo", **options)
+    if executor in TORCH_EXECUTORS:
+        return pccl.init(transport=executor, **options)
     return pccl.init(executor=executor, intra=args.intra, inter=args.inter, **options)
 
 
@@ -226,9 +274,9 @@ def variants(collective: str, algorithms: Optional[list[str]],
              comms: dict[str, pccl.Communicator]) -> list[tuple[str, pccl.Communicator, str]]:
     """(executor label, communicator, algorithm) to run for `collective`.
 
-    "native" is the transport's own collective: torch.distributed's for gloo (label
-    "gloo"), MPI's for the MPI executors; MPI's is the same call under either MPI
-    executor, so it runs once, under the first one listed (label "mpi").
+    "native" is the transport's own collective: torch.distributed's for gloo and nccl
+    (labels "gloo", "nccl"), MPI's for the MPI executors; MPI's is the same call under
+    either MPI executor, so it runs once, under the first one listed (label "mpi").
     """
     valid = algorithms_for(collective) + ("native", "auto") + PLANS
     two_level = all(c.topology.num_nodes > 1 and c.topology.ranks_per_node > 1 for c in comms.values())
@@ -239,11 +287,128 @@ def variants(collective: str, algorithms: Optional[list[str]],
     out = []
     for executor, comm in comms.items():
         for algorithm in chosen:
-            if algorithm != "native" or executor == "gloo":
+            if algorithm != "native" or executor in TORCH_EXECUTORS:
                 out.append((executor, comm, algorithm))
             elif executor == first_mpi:
                 out.append(("mpi", comm, algorithm))
     return out
+
+
+# ------------------------------------------------------------------- devices
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """What decides which executors take GPU buffers, agreed by all ranks (every rank must
+    skip the same rows, or their collectives would not match)."""
+
+    name: str             # rank 0's GPU, as torch.cuda.get_device_name names it
+    per_node: int         # the fewest GPUs a rank sees
+    ranks_per_node: int   # the most ranks on one node: beyond per_node they share GPUs
+    kernels: bool         # pccl's native module has GPU kernels on every rank (C++ executor, codecs)
+    gpu_aware: bool       # MPI gets device pointers on every rank; else staged through pinned host memory
+    nccl: bool            # torch has NCCL on every rank
+
+
+def visible_gpus() -> int:
+    """GPUs torch sees on this rank (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def use_gpu(local_rank: int) -> str:
+    """Make GPU local_rank % count this rank's current device (before any NCCL group
+    exists, as NCCL asks); its name."""
+    index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.cuda.get_device_name(index)
+
+
+def gpu_mpi() -> tuple[bool, bool]:
+    """(the native module has GPU kernels, MPI takes device pointers), as the C++ executor
+    decides them (PCCL_GPU_AWARE_MPI=0/1 decides the second where set)."""
+    from pccl.executors.mpi_cpp import gpu_available, gpu_aware_mpi  # the native module: only with GPUs
+
+    return gpu_available(), gpu_aware_mpi()
+
+
+def probe_gpus(world: MPI.Comm) -> Gpus:
+    """Select this rank's GPU (its rank on its node, from MPI's shared-memory split, modulo
+    the GPUs) and agree on what the job's GPUs can do; collective over `world`."""
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+    local_rank, local_ranks = node.rank, node.size
+    node.Free()
+    name = use_gpu(local_rank)
+    every = world.allgather((name, visible_gpus(), local_ranks, *gpu_mpi(), dist.is_nccl_available()))
+    names, gpus, ranks, kernels, aware, nccl = zip(*every)
+    return Gpus(names[0], min(gpus), max(ranks), all(kernels), all(aware), all(nccl))
+
+
+def device_header(gpus: Gpus) -> str:
+    mpi = "GPU-aware (device pointers)" if gpus.gpu_aware else "staged through pinned host memory"
+    if not gpus.kernels:
+        mpi = "no GPU kernels in pccl's native module"
+    return (f"# device: cuda  gpu: {gpus.name}  gpus per node: {gpus.per_node}  ranks per node: "
+            f"{gpus.ranks_per_node}  MPI: {mpi}")
+
+
+def executor_skip(executor: str, device: str, gpus: Optional[Gpus]) -> Optional[str]:
+    """Why `executor` cannot run on `device` buffers in this job (gpus: None on cpu), or None."""
+    if device == "cpu":
+        return "NCCL carries GPU buffers only (--device cuda)" if executor == "nccl" else None
+    if executor == "python":
+        return "the Python executor runs on host buffers only"
+    if executor == "gloo":
+        return "gloo carries host buffers only"
+    if executor == "cpp" and not gpus.kernels:
+        return "pccl's native module has no GPU kernels: build it on a GPU machine (make GPU=cuda)"
+    if executor == "nccl" and not gpus.nccl:
+        return "this torch has no NCCL (torch.distributed.is_nccl_available() is False)"
+    if executor == "nccl" and gpus.ranks_per_node > gpus.per_node:
+        return (f"NCCL refuses two ranks on one GPU (ncclInvalidUsage), and {gpus.ranks_per_node} ranks share "
+                f"{gpus.per_node} GPU(s) on a node; run at most one rank per GPU for NCCL (cpp, over MPI, shares GPUs)")
+    return None
+
+
+def row_skip(collective: str, executor: str, algorithm: str, compression: str, dtype: torch.dtype,
+             device: str, plan_devices: tuple[str, ...], gpus: Optional[Gpus]) -> Optional[str]:
+    """Why one row (an executor's algorithm, with a codec or "none") cannot run, or None.
+    plan_devices: the buffers its communicator's plan levels carry. The same on every rank."""
+    if algorithm in PLANS and device not in plan_devices:
+        return f"the plans' levels (--intra/--inter) carry {'/'.join(plan_devices)} buffers only"
+    if compression == "none":
+        return None
+    try:
+        codec(compression).check(dtype)
+    except ValueError as e:
+        return str(e)
+    if algorithm in PLANS and not compresses_consistently(NAMED[algorithm], collective):
+        return "compressed, HO-Ring's concurrent phases would leave ranks with different results"
+    if device == "cpu":
+        return None
+    if executor in MPI_EXECUTORS:
+        return "the MPI executors compress host buffers only (GPU buffers: over nccl)"
+    if codec(compression).native is None:
+        return "GPU buffers take the native codecs only (int8, bf16, fp16)"
+    if not gpus.kernels:
+        return "GPU codecs need pccl's native module built with GPU kernels (make GPU=cuda)"
+    return None
+
+
+def runs(collective: str, args: argparse.Namespace, comms: dict[str, pccl.Communicator],
+         gpus: Optional[Gpus]) -> tuple[list[tuple[str, pccl.Communicator, str, str]], dict[str, list[str]]]:
+    """The rows of `collective`: those to run, (executor label, communicator, algorithm,
+    codec), and those skipped, {reason: ["executor algorithm+codec", ...]}."""
+    todo, skipped = [], {}
+    dtype = DATATYPES[args.datatype]
+    for executor, comm, algorithm in variants(collective, args.algorithms, comms):
+        for name in ["none"] + ([] if algorithm == "native" else args.compression):
+            reason = row_skip(collective, executor, algorithm, name, dtype, args.device, comm.plan_devices, gpus)
+            if reason is None:
+                todo.append((executor, comm, algorithm, name))
+            else:
+                label = f"{executor} {algorithm}" + ("" if name == "none" else f"+{name}")
+                skipped.setdefault(reason, []).append(label)
+    return todo, skipped
 
 
 # ------------------------------------------------------------------- output
@@ -322,7 +487,7 @@ def auto_summary(collective: str, rows: list[Row]) -> str:
     """Per size and executor running auto: auto's time against the fastest concrete
     algorithm of the same transport (the MPI library's own collective counts for the MPI
     executors, under "mpi"), and what each was."""
-    transport = {"mpi": "mpi", "cpp": "mpi", "python": "mpi", "gloo": "gloo"}
+    transport = {"mpi": "mpi", "cpp": "mpi", "python": "mpi", "gloo": "gloo", "nccl": "nccl"}
     lines = [f"# {collective}: auto against the fastest of native and every algorithm",
              f"#{'size(B)':>11} {'executor':>8} {'auto(us)':>10} {'best(us)':>10} {'auto/best':>9}  "
              "auto ran -> fastest"]
@@ -394,7 +559,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         help="treat consecutive groups of this many ranks as nodes (default: detected)")
     add("--intra", choices=("mpi", "gloo"), default=None, help="transport of the intra-node level (MPI executors)")
     add("--inter", choices=("mpi", "gloo"), default=None, help="transport of the inter-node level (MPI executors)")
-    add("--executors", type=comma_list(EXECUTORS), default=list(EXECUTORS))
+    add("--device", choices=("cpu", "cuda"), default="cpu",
+        help="where the buffers are: cuda puts each rank's on GPU local_rank %% GPUs (MPI ranks may share "
+             "one; NCCL needs one per rank)")
+    add("--executors", type=comma_list(EXECUTORS), default=None,
+        help="default: cpp,python,gloo on cpu, cpp,nccl on cuda; rows an executor cannot run on the device's "
+             "buffers are skipped, with the reason")
     add("--repeats", type=at_least(1), default=1, help="timed loops; the median is reported")
     add("--compression", type=codec_list, default=[],
         help="codecs (int8, bf16, fp16, zfp:RATE) to add rows for: each algorithm (not native) again with "
@@ -410,6 +580,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser.error(f"--minbytes ({args.minbytes}) must not exceed --maxbytes ({args.maxbytes})")
     if args.op == "avg" and not DATATYPES[args.datatype].is_floating_point:
         parser.error(f"op avg needs a floating-point datatype, got {args.datatype}")
+    if args.device == "cuda" and args.calibrate:
+        parser.error("--calibrate measures host buffers; leave out --device cuda")
+    if args.device == "cuda" and visible_gpus() == 0:
+        parser.error("--device cuda needs a GPU, and torch sees none (a CPU-only torch, or CUDA_VISIBLE_DEVICES "
+                     "hides them)")
+    args.executors = args.executors or DEFAULT_EXECUTORS[args.device]
     return args
 
 
@@ -472,19 +648,36 @@ def main(argv: Optional[list[str]] = None) -> None:
     ranks, dtype = world.size, DATATYPES[args.datatype]
     show = world.rank == 0 and args.json != "-"
     say = (lambda text: print(text, flush=True)) if show else (lambda text: None)
-    comms = {executor: make_communicator(executor, args) for executor in args.executors}
+    # what is skipped, and why: in the table, or on stderr where stdout carries the JSON
+    notes = sys.stdout if show else sys.stderr
+    note = (lambda text: print(text, file=notes, flush=True)) if world.rank == 0 else (lambda text: None)
+    gpus = probe_gpus(world) if args.device == "cuda" else None   # before any communicator (NCCL's GPU)
+    skipped = {e: why for e in args.executors if (why := executor_skip(e, args.device, gpus)) is not None}
+    executors = [e for e in args.executors if e not in skipped]
+    if not executors:   # decided alike on every rank, before anything is sent
+        if world.rank == 0:
+            print(f"pccl-bench: no executor of {','.join(args.executors)} can run {args.device} buffers here: "
+                  + "; ".join(f"{e}: {why}" for e, why in skipped.items()), file=sys.stderr, flush=True)
+        sys.exit(1)
+    comms = {executor: make_communicator(executor, args) for executor in executors}
     sizes = size_sweep(args.minbytes, args.maxbytes, args.stepfactor, ranks, dtype.itemsize)
 
     say(run_header(args, ranks, next(iter(comms.values())).topology))
+    if gpus is not None:
+        say(device_header(gpus))
+    for executor, why in skipped.items():
+        note(f"# skipped {executor}: {why}")
     rows: list[Row] = []
     for collective in args.collectives:
         say(table_header(collective))
+        todo, skipped_rows = runs(collective, args, comms, gpus)
+        for why, labels in skipped_rows.items():
+            note(f"# skipped {', '.join(labels)}: {why}")
         for nbytes in sizes:
-            case = Case(collective, nbytes, dtype, args.op, world.rank, ranks)
-            for executor, comm, algorithm in variants(collective, args.algorithms, comms):
-                for name in ["none"] + ([] if algorithm == "native" else args.compression):
-                    rows.append(measure(case, comm, executor, algorithm, args, world, name))
-                    say(format_row(rows[-1]))
+            case = Case(collective, nbytes, dtype, args.op, world.rank, ranks, args.device)
+            for executor, comm, algorithm, name in todo:
+                rows.append(measure(case, comm, executor, algorithm, args, world, name))
+                say(format_row(rows[-1]))
     for collective in args.collectives:
         mine = [r for r in rows if r.collective == collective]
         say("#\n" + summary(collective, mine))

@@ -26,6 +26,8 @@ CASES = [
     ("pccl-bench", ["--executors", "fortran"], "fortran"),
     ("pccl-bench", ["--compression", "int7"], "int7"),
     ("pccl-bench", ["--intra", "smoke"], "invalid choice"),
+    ("pccl-bench", ["--device", "tpu"], "invalid choice"),
+    ("pccl-bench", ["--device", "cuda", "--calibrate", "p.json"], "--calibrate measures host buffers"),
     ("pccl-sim", ["--profile", "nowhere"], "no profile 'nowhere'"),
     ("pccl-sim", ["--size", "0"], "--size must be positive"),
     ("pccl-sim", ["--ranks", "0"], "--ranks must be positive"),

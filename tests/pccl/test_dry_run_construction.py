@@ -79,7 +79,7 @@ def test_a_dry_runs_fields_are_a_transport_that_moves_nothing_and_plans_on_every
     assert comm.tuner.with_plans and comm.tuner.with_native and comm.tuner.plans_apply
     assert set(comm.tuner.candidates("all_reduce")) >= {"native", *PLAN_NAMES} - {"three_level"}
     assert not comm._flat_tuner.with_plans and comm._flat_tuner.with_native
-    assert comm._tuner("meta") is comm.tuner and comm.queues_on_device("cpu") and not comm.uses_nccl()
+    assert comm.tuner_for("meta") is comm.tuner and comm.queues_on_device("cpu") and not comm.uses_nccl()
     assert repr(comm) == f"DryRunCommunicator(rank=5, size=8, {comm.topology.describe()})"
 
 
