@@ -372,6 +372,32 @@ class ProcessGroupPccl(dist.ProcessGroup):
 
     # What is forwarded.
 
+    _companion_has_alltoall = True   # until the companion says otherwise
+
+    def alltoall(self, outputs, inputs, *rest):
+        """alltoall (dist.all_to_all, the list form): forwarded; where the companion lacks that
+        form (gloo in torch 2.11 raises "does not support alltoall" before sending anything), it
+        runs as the single-tensor form, alltoall_base, over flattened copies."""
+        if self._companion_has_alltoall:
+            try:
+                return _forward("alltoall")(self, outputs, inputs, *rest)
+            except RuntimeError as e:
+                if "does not support alltoall" not in str(e):
+                    raise
+                self._companion_has_alltoall = False
+        tensor = _first_tensor((outputs, inputs))
+        flat_out = torch.empty(sum(o.numel() for o in outputs), dtype=tensor.dtype, device=tensor.device)
+        out_sizes, in_sizes = [o.numel() for o in outputs], [t.numel() for t in inputs]
+        work = self.companion(tensor.device).alltoall_base(
+            flat_out, torch.cat([t.reshape(-1) for t in inputs]), out_sizes, in_sizes, *rest)
+
+        def copy_out(future):
+            future.value()   # raises the exchange's error
+            for o, part in zip(outputs, flat_out.split(out_sizes)):
+                o.copy_(part.view_as(o))
+            return outputs
+        return FutureWork(work.get_future().then(copy_out))
+
     def companion(self, device: torch.device):
         """The backend forwarded calls run on: gloo, made with the group; for CUDA tensors
         NCCL, made from this group's store on first use (NCCL connects peers lazily, at
@@ -411,7 +437,8 @@ def _first_tensor(obj) -> Optional[torch.Tensor]:
 
 
 for _name in FORWARDED:
-    setattr(ProcessGroupPccl, _name, _forward(_name))
+    if _name not in vars(ProcessGroupPccl):   # alltoall has a method of its own, which forwards
+        setattr(ProcessGroupPccl, _name, _forward(_name))
 
 
 def create(backend_options, options: Optional[Options] = None) -> ProcessGroupPccl:

@@ -359,4 +359,5 @@ def count_torch_collectives(sent: list, p: int) -> None:
 
     for name, rings in (("all_gather_single", 1), ("all_gather_into_tensor", 1), ("reduce_scatter_single", 1),
                         ("reduce_scatter_tensor", 1), ("all_reduce", 2)):
-        setattr(dist, name, counting(getattr(dist, name), rings))
+        if hasattr(dist, name):   # the *_single names are newer than torch 2.11
+            setattr(dist, name, counting(getattr(dist, name), rings))

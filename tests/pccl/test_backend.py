@@ -129,6 +129,28 @@ def test_every_forwarded_operation_goes_to_the_companion_of_its_tensors_device()
     assert getattr(pg, "broadcast")([], "opts")[0] == "broadcast"   # no tensor: the CPU companion
 
 
+def test_all_to_all_runs_as_alltoall_base_where_the_companion_lacks_the_list_form():
+    """gloo in torch 2.11 has no list-form alltoall: the group runs it as alltoall_base."""
+    from datetime import timedelta
+
+    from pccl.distributed import ProcessGroupPccl
+
+    gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=10))
+
+    class Companion:   # gloo without the list form, as in torch 2.11
+        def alltoall(self, *args):
+            raise RuntimeError("Backend gloo does not support alltoall")
+
+        def alltoall_base(self, *args):
+            return gloo.alltoall_base(*args)
+
+    pg = ProcessGroupPccl.__new__(ProcessGroupPccl)
+    pg.companion = lambda device: Companion()
+    out = [torch.empty(2, 3)]
+    assert pg.alltoall(out, [torch.arange(6.0).view(2, 3)], dist.AllToAllOptions()).wait()
+    assert torch.equal(out[0], torch.arange(6.0).view(2, 3)) and not pg._companion_has_alltoall
+
+
 def test_a_pccl_timeout_reaches_the_waiter_as_torchs_error_after_every_work():
     from pccl.core.errors import CollectiveTimeout
     from pccl.distributed.backend import Completion, on_pccl
