@@ -5,6 +5,7 @@
 # make test-fast runs the single-process tests alone (pytest -m "not mpi and not slow"),
 # make test-all adds the slow tests (the symbolic verifier's whole sweeps, CUDA training),
 # make test-faults the fault-injection suite (a table of what each injected fault did),
+# make test-oldest-torch the tests that meet torch's APIs on the oldest supported torch (CI),
 # make lint runs ruff alone, and make bench runs pccl-bench on 4 local ranks over a small
 # size sweep.
 # Both create .venv if missing and install what is needed; re-running is quick.
@@ -89,9 +90,10 @@ lint: build
 # launch at a time: each already runs more ranks than this machine has cores, and some count
 # seconds (timeouts, stragglers). Both parts run; the target fails if either does.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+SUITE_FILES ?= tests
 SUITE = status=0; \
-	$(PYTEST) -n auto -m "not mpi and $(1)" tests || status=$$?; \
-	$(PYTEST) -m "mpi and $(1)" tests || status=$$?; \
+	$(PYTEST) -n auto -m "not mpi and $(1)" $(SUITE_FILES) || status=$$?; \
+	$(PYTEST) -m "mpi and $(1)" $(SUITE_FILES) || status=$$?; \
 	exit $$status
 
 test: lint
@@ -100,8 +102,26 @@ test: lint
 test-all: lint
 	$(call SUITE,(slow or not slow))
 
+# the suite on SUITE_FILES alone (make test-oldest-torch)
+.PHONY: test-files
+test-files: build
+	@$(PY) -c 'import torch; print("torch", torch.__version__)'
+	$(call SUITE,not slow)
+
 test-fast: build
 	$(PYTEST) -n auto -m "not mpi and not slow" tests
+
+# make test-oldest-torch: the tests that meet torch's changing APIs (the torch.distributed
+# backend, shard-compare, the engine) on the oldest torch the project supports, the one GPU
+# images ship, in a venv of its own (torch with its CUDA libraries: ~5 GB, imports on CPUs).
+# CI runs it after make test; `make test TORCH=torch==2.11.0 VENV=.venv-torch211` runs all.
+OLDEST_TORCH ?= torch==2.11.0
+OLDEST_VENV ?= .venv-torch211
+TORCH_API_TESTS := tests/pccl/test_backend.py tests/shard/test_compare.py tests/shard/test_engine_compression.py \
+	tests/shard/test_engine_state.py tests/shard/test_engine_mpi.py tests/shard/test_step_ops.py
+.PHONY: test-oldest-torch
+test-oldest-torch:
+	$(MAKE) TORCH=$(OLDEST_TORCH) VENV=$(OLDEST_VENV) SUITE_FILES="$(TORCH_API_TESTS)" test-files
 
 # make test-faults: the fault-injection suite alone (tests/faults; also part of make test):
 # ranks killed, stopped and a disk filled on purpose, ending with the table of outcomes.
