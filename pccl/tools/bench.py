@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -212,25 +210,6 @@ def errors(case: Case, call: Callable[[], None], world: MPI.Comm) -> tuple[float
     return largest / scale if scale else largest, (squares / reference) ** 0.5 if reference else squares ** 0.5
 
 
-def time_on_gpu(call: Callable[[], None], iters: int, warmup: int, repeats: int, world: MPI.Comm,
-                synchronize: Callable[[], None]) -> float:
-    """time_per_call for GPU buffers: the clock starts once the GPU has finished earlier
-    work and stops once it has finished the loop's, so a row times the collectives, not
-    only their launch (NCCL and the GPU kernels return before the work is done)."""
-    for _ in range(warmup):
-        call()
-    samples = []
-    for _ in range(repeats):
-        synchronize()
-        world.Barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            call()
-        synchronize()
-        samples.append(world.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX))
-    return statistics.median(samples)
-
-
 def picked_by_auto(comm: pccl.Communicator, collective: str, nbytes: int, device: str) -> str:
     """What auto runs for `device` buffers: the communicator's tuner for that device (without
     the plans where their levels cannot carry it, as the communicator decides)."""
@@ -243,10 +222,7 @@ def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
     codec's row gets its error against the exact result instead of a count of wrong elements."""
     call = case.call(comm, algorithm, compression)
     case.fill()
-    if case.device == "cpu":
-        seconds = time_per_call(call, args.iters, args.warmup_iters, args.repeats, world)
-    else:
-        seconds = time_on_gpu(call, args.iters, args.warmup_iters, args.repeats, world, case.synchronize)
+    seconds = time_per_call(call, args.iters, args.warmup_iters, args.repeats, world, case.synchronize)
     wrong, error = None, (None, None)
     if compression != "none":
         error = errors(case, call, world)

@@ -31,17 +31,22 @@ def size_sweep(minbytes: int, maxbytes: int, factor: int, ranks: int, element_si
     return sizes
 
 
-def time_per_call(call: Callable[[], None], iters: int, warmup: int, repeats: int, world: MPI.Comm) -> float:
+def time_per_call(call: Callable[[], None], iters: int, warmup: int, repeats: int, world: MPI.Comm,
+                  synchronize: Callable[[], None] = lambda: None) -> float:
     """Seconds per call: the slowest rank's mean over `iters` timed calls, median over
-    `repeats` timed loops."""
+    `repeats` timed loops. `synchronize` waits for a device's queued work (GPU buffers:
+    the clock starts once earlier work is done and stops once the loop's is, so a loop
+    times the collectives, not only their launch)."""
     for _ in range(warmup):
         call()
     samples = []
     for _ in range(repeats):
+        synchronize()
         world.Barrier()
         start = time.perf_counter()
         for _ in range(iters):
             call()
+        synchronize()
         samples.append(world.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX))
     return statistics.median(samples)
 

@@ -296,8 +296,8 @@ def test_gpu_timing_waits_for_the_device_around_the_timed_loop_only():
         def allreduce(self, value, op):
             events.append("allreduce")
             return value
-    seconds = bench.time_on_gpu(lambda: events.append("call"), iters=3, warmup=2, repeats=2, world=World(),
-                                synchronize=lambda: events.append("sync"))
+    seconds = bench.time_per_call(lambda: events.append("call"), iters=3, warmup=2, repeats=2, world=World(),
+                                  synchronize=lambda: events.append("sync"))
     loop = ["sync", "barrier", "call", "call", "call", "sync", "allreduce"]
     assert events == ["call", "call"] + loop + loop
     assert seconds >= 0

@@ -25,7 +25,7 @@ dist.is_nccl_available = lambda: True
 
 
 class HostCase(bench.Case):
-    """A case on host buffers that runs the GPU path (device "cuda": time_on_gpu, synchronize)."""
+    """A case on host buffers that runs the GPU path (device "cuda": its synchronize around each timed loop)."""
 
     def __init__(self, *args):
         *head, device = args
