@@ -210,12 +210,6 @@ def errors(case: Case, call: Callable[[], None], world: MPI.Comm) -> tuple[float
     return largest / scale if scale else largest, (squares / reference) ** 0.5 if reference else squares ** 0.5
 
 
-def picked_by_auto(comm: pccl.Communicator, collective: str, nbytes: int, device: str) -> str:
-    """What auto runs for `device` buffers: the communicator's tuner for that device (without
-    the plans where their levels cannot carry it, as the communicator decides)."""
-    return comm.tuner_for(device).name(collective, nbytes)
-
-
 def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
             args: argparse.Namespace, world: MPI.Comm, compression: str = "none") -> Row:
     """Time (and optionally check) one algorithm of one executor on one case; a lossy
@@ -229,7 +223,9 @@ def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
     elif args.check:
         wrong = check(case, call, world)
     algbw, busbw = bandwidths(case.collective, case.nbytes, seconds, case.ranks)
-    picked = picked_by_auto(comm, case.collective, case.nbytes, case.device) if algorithm == "auto" else algorithm
+    # auto's pick for these buffers' device (the plans only where their levels carry it)
+    tuner = comm.tuner_for(case.device)
+    picked = tuner.name(case.collective, case.nbytes) if algorithm == "auto" else algorithm
     return Row(case.collective, case.nbytes, case.count, args.datatype, args.op, executor, algorithm,
                picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error, case.device)
 
