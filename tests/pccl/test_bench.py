@@ -441,10 +441,10 @@ def test_on_a_gpu_two_ranks_share_it_over_mpi_and_every_row_is_right(gpu_aware, 
 @pytest.mark.mpi
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: torch.cuda.is_available() is False")
 def test_on_two_gpus_nccl_rows_are_right(tmp_path):
-    from tests.support.gpu import SHARING, no_gpu_reason, no_mpi_gpu_reason
+    from tests.support.gpu import no_gpu_reason, no_mpi_gpu_reason
 
-    if no_gpu_reason(2, nccl=True):
-        pytest.skip(f"{no_gpu_reason(2, nccl=True)}: {SHARING}")
+    if no_gpu_reason(2):
+        pytest.skip(no_gpu_reason(2))
     gpu_build = no_mpi_gpu_reason() is None
     executors = "cpp,nccl" if gpu_build else "nccl"
     path = tmp_path / "rows.json"

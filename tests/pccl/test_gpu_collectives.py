@@ -21,7 +21,7 @@ import os
 import pytest
 
 from tests.pccl.workers.run_gpu_nccl import emulated_nodes, group_id, groups, needs_topology
-from tests.support.gpu import GPUS, SHARING, launch_report, mpi_ranks, no_gpu_reason, no_mpi_gpu_reason
+from tests.support.gpu import GPUS, launch_report, mpi_ranks, no_gpu_reason, no_mpi_gpu_reason
 from tests.support.mpirun import check_group
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
@@ -41,8 +41,6 @@ def skip_reason(mode: str, transport: str, algorithm: str) -> str | None:
         reason = no_mpi_gpu_reason()
     else:   # NCCL groups: one rank per GPU, 2+ of them
         reason = no_gpu_reason(2) or (transport == "pccl" and no_mpi_gpu_reason())
-        if reason and GPUS == 1:
-            reason = f"{reason}: {SHARING}"
     if reason:
         return reason
     if mode == "gpu_aware" and os.environ.get("PCCL_TEST_GPU_AWARE_MPI") != "1":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from shard import STRATEGIES
-from tests.support.gpu import GPUS, SHARING, launch_report, mpi_ranks, no_gpu_reason, no_mpi_gpu_reason
+from tests.support.gpu import GPUS, launch_report, mpi_ranks, no_gpu_reason, no_mpi_gpu_reason
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
@@ -40,8 +40,7 @@ def world_of(config: str) -> tuple[int, int, str]:
 def skip_reason(config: str):
     if config == "mpi":
         return no_mpi_gpu_reason()
-    reason = no_gpu_reason(1 if config == "one_gpu" else 2)
-    return f"{reason}: {SHARING}" if reason and GPUS == 1 else reason
+    return no_gpu_reason(1 if config == "one_gpu" else 2)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import json
 import pytest
 
 from tests.shard.workers.run_gpu_training import overlap_summary
-from tests.support.gpu import GPUS, SHARING, keep, launch_report, no_gpu_reason, no_mpi_gpu_reason
+from tests.support.gpu import GPUS, keep, launch_report, no_gpu_reason, no_mpi_gpu_reason
 
 WORKER = "-m tests.shard.workers.run_gpu_training"
 
@@ -72,8 +72,7 @@ def trace_launch(scenario: str):
     """(why it cannot run here or None, ranks): NCCL one rank per GPU, MPI 2 ranks."""
     if scenario == "trace-mpi":
         return no_mpi_gpu_reason(), 2
-    reason = no_gpu_reason(2)
-    return (f"{reason}: {SHARING}" if reason and GPUS == 1 else reason), GPUS
+    return no_gpu_reason(2), GPUS
 
 
 @pytest.mark.gpu

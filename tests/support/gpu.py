@@ -46,12 +46,13 @@ def no_mpi_gpu_reason() -> Optional[str]:
 
 
 def no_gpu_reason(gpus: int = 1, nccl: bool = True) -> Optional[str]:
-    """Why a test that needs `gpus` GPUs (and NCCL in torch, if `nccl`) cannot run here;
-    None when it can."""
+    """Why a test that needs `gpus` GPUs (and NCCL in torch, if `nccl`: one rank per GPU)
+    cannot run here; None when it can."""
     if not torch.cuda.is_available():
         return "needs a GPU: torch.cuda.is_available() is False"
     if GPUS < gpus:
-        return f"needs {gpus}+ GPUs, torch sees {GPUS}"
+        # on one GPU the ranks would share it, which NCCL refuses (MPI tests run so instead)
+        return f"needs {gpus}+ GPUs, torch sees {GPUS}" + (f": {SHARING}" if nccl and GPUS == 1 else "")
     if nccl and not dist.is_nccl_available():
         return "needs a torch built with NCCL (or RCCL): torch.distributed.is_nccl_available() is False"
     return None
