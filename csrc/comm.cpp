@@ -127,48 +127,58 @@ std::string MpiComm::waited_peers() const {
   return out;
 }
 
-// Polls instead of blocking so that a missing peer becomes a Timeout. Spins (yielding the
-// core between polls) for kSpin, then naps between polls, doubling from 1 us to kMaxNap: a
-// long wait leaves the core to the threads that compute (oversubscribed ranks share cores,
-// and the engine's lanes wait while its training loop computes) at a cost of at most
-// kMaxNap on a wait that was already longer than kSpin.
-void MpiComm::wait_all(int64_t step) {
-  if (reqs_.empty()) return;
+// Polls `test` until it reports done, false once the timeout has passed. Spins (yielding
+// the core between polls) for `spin`, then naps between polls, doubling from 1 us to
+// kMaxNap: a long wait leaves the core to the threads that compute (oversubscribed ranks
+// share cores, and the engine's lanes wait while its training loop computes) at a cost of
+// at most kMaxNap on a wait that was already longer than `spin`.
+bool MpiComm::poll(const std::function<bool()>& test, std::chrono::microseconds spin) const {
   using clock = std::chrono::steady_clock;
-  constexpr auto kSpin = std::chrono::microseconds(50);
+  const auto kSpin = spin;
   constexpr auto kMaxNap = std::chrono::microseconds(100);
   const auto start = clock::now();
   const auto deadline = start + std::chrono::duration<double>(timeout_s_);
   auto nap = std::chrono::microseconds(1);
   for (;;) {
-    int done = 0;
-    check(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE),
-          "MPI_Testall");
-    if (done) break;
+    if (test()) return true;
     const auto now = clock::now();
-    if (now > deadline) {
-      const std::string peers = waited_peers();
-      for (auto& req : reqs_) {
-        if (req == MPI_REQUEST_NULL) continue;
-        MPI_Cancel(&req);
-        MPI_Request_free(&req);
-      }
-      reqs_.clear();
-      req_peers_.clear();
-      req_sends_.clear();
-      broken_ = true;
-      char seconds[32];
-      std::snprintf(seconds, sizeof seconds, "%g", timeout_s_);
-      throw Timeout("pccl: rank " + std::to_string(rank_) + " timed out after " + seconds + " s at step " +
-                    std::to_string(step) + " waiting to " + peers +
-                    " (a peer died, or did not call the same collective)");
-    }
+    if (now > deadline) return false;
     if (now - start < kSpin) {
       sched_yield();
     } else {
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, kMaxNap);
     }
+  }
+}
+
+std::string MpiComm::timed_out(const std::string& what) {
+  broken_ = true;
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%g", timeout_s_);
+  return "pccl: rank " + std::to_string(rank_) + " timed out after " + seconds + " s " + what +
+         " (a peer died, or did not call the same collective)";
+}
+
+// Polls the step's messages, so that a missing peer becomes a Timeout naming them.
+void MpiComm::wait_all(int64_t step) {
+  if (reqs_.empty()) return;
+  const bool done = poll([this] {
+    int all = 0;
+    check(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &all, MPI_STATUSES_IGNORE), "MPI_Testall");
+    return all != 0;
+  });
+  if (!done) {
+    const std::string peers = waited_peers();
+    for (auto& req : reqs_) {
+      if (req == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&req);
+      MPI_Request_free(&req);
+    }
+    reqs_.clear();
+    req_peers_.clear();
+    req_sends_.clear();
+    throw Timeout(timed_out("at step " + std::to_string(step) + " waiting to " + peers));
   }
   reqs_.clear();
   req_peers_.clear();

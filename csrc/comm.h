@@ -5,6 +5,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -64,10 +65,14 @@ class MpiComm {
   void all_reduce(const int64_t* ops, int64_t rows, void* buf, int64_t count, DType dtype, Op op,
                   const Memory& mem, const Codec* codec = nullptr);
 
-  // The MPI library's own collectives (the baseline), same argument meanings.
-  void native_all_gather(void* out, const void* in, int64_t count, DType dtype, const Memory& mem);
-  void native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op, const Memory& mem);
-  void native_all_reduce(void* buf, int64_t count, DType dtype, Op op, const Memory& mem);
+  // The MPI library's own collectives (the baseline), same argument meanings. polled: its
+  // nonblocking form (MPI_Iallgather, ...), polled like a schedule's messages so that a
+  // missing peer is a Timeout; else the blocking call under the watchdog.
+  void native_all_gather(void* out, const void* in, int64_t count, DType dtype, const Memory& mem,
+                         bool polled = false);
+  void native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op, const Memory& mem,
+                             bool polled = false);
+  void native_all_reduce(void* buf, int64_t count, DType dtype, Op op, const Memory& mem, bool polled = false);
 
  private:
   // Runs a schedule on `buf`. With `source`, buf is a lazily filled copy of source: a
@@ -89,13 +94,21 @@ class MpiComm {
   void mark_touched(const char* source);  // the pending receives' blocks now hold their values in buf
   void post(bool is_send, char* ptr, int64_t bytes, int peer);
   void wait_all(int64_t step);
-  void native(const char* what, DType dtype, Op op, const std::function<int(MPI_Datatype, MPI_Op)>& call);
+  // A schedule's step spins 50 us: its messages are in flight, MPI moves them without us. A
+  // nonblocking collective advances only inside MPI_Test (MPICH), so it spins longer.
+  static constexpr std::chrono::microseconds kStepSpin{50}, kCollectiveSpin{2000};
+  bool poll(const std::function<bool()>& test, std::chrono::microseconds spin = kStepSpin) const;
+  std::string timed_out(const std::string& what);  // marks the communicator broken; the Timeout's text
+  // A native collective: call(type, op, request) starts it (request non-null: nonblocking).
+  using NativeCall = std::function<int(MPI_Datatype, MPI_Op, MPI_Request*)>;
+  void native(const char* what, DType dtype, Op op, bool polled, const NativeCall& call);
   // Runs a native collective on the buffers, or on host copies where MPI cannot take them.
   void native_on(void* out, size_t out_bytes, const void* in, size_t in_bytes, const Memory& mem,
                  const std::function<void(void*, const void*)>& run);
   // fp16/bf16 reductions of GPU buffers: MPI moves the blocks (MPI_Alltoallv), the device
   // reduces them; the reduced block lands at out. `layout` splits `in` over the ranks.
-  void alltoall_reduce(void* out, const void* in, Layout layout, DType dtype, Op op, const Memory& mem);
+  void alltoall_reduce(void* out, const void* in, Layout layout, DType dtype, Op op, const Memory& mem,
+                       bool polled);
   void check_usable() const;
   void check(int err, const char* what);  // throws, and marks the communicator broken
 

@@ -243,17 +243,21 @@ NB_MODULE(_native, m) {
       }, nb::arg("ops"), nb::arg("buf"), nb::arg("count"), nb::arg("dtype"), nb::arg("op"), nb::arg("device"),
          nb::arg("stream"), nb::arg("codec") = -1, nb::call_guard<nb::gil_scoped_release>())
       .def("native_all_gather", [](MpiComm& c, uintptr_t out, uintptr_t in, int64_t count, int dtype, int device,
-                                   uintptr_t stream) {
-        c.native_all_gather(ptr(out), ptr(in), count, static_cast<DType>(dtype), c.memory(device, ptr(stream)));
-      }, nb::call_guard<nb::gil_scoped_release>())
+                                   uintptr_t stream, bool polled) {
+        c.native_all_gather(ptr(out), ptr(in), count, static_cast<DType>(dtype), c.memory(device, ptr(stream)),
+                            polled);
+      }, nb::arg("out"), nb::arg("in"), nb::arg("count"), nb::arg("dtype"), nb::arg("device"), nb::arg("stream"),
+         nb::arg("polled") = false, nb::call_guard<nb::gil_scoped_release>())
       .def("native_reduce_scatter", [](MpiComm& c, uintptr_t out, uintptr_t in, int64_t count, int dtype, int op,
-                                       int device, uintptr_t stream) {
+                                       int device, uintptr_t stream, bool polled) {
         c.native_reduce_scatter(ptr(out), ptr(in), count, static_cast<DType>(dtype), static_cast<Op>(op),
-                                c.memory(device, ptr(stream)));
-      }, nb::call_guard<nb::gil_scoped_release>())
+                                c.memory(device, ptr(stream)), polled);
+      }, nb::arg("out"), nb::arg("in"), nb::arg("count"), nb::arg("dtype"), nb::arg("op"), nb::arg("device"),
+         nb::arg("stream"), nb::arg("polled") = false, nb::call_guard<nb::gil_scoped_release>())
       .def("native_all_reduce", [](MpiComm& c, uintptr_t buf, int64_t count, int dtype, int op, int device,
-                                   uintptr_t stream) {
+                                   uintptr_t stream, bool polled) {
         c.native_all_reduce(ptr(buf), count, static_cast<DType>(dtype), static_cast<Op>(op),
-                            c.memory(device, ptr(stream)));
-      }, nb::call_guard<nb::gil_scoped_release>());
+                            c.memory(device, ptr(stream)), polled);
+      }, nb::arg("buf"), nb::arg("count"), nb::arg("dtype"), nb::arg("op"), nb::arg("device"), nb::arg("stream"),
+         nb::arg("polled") = false, nb::call_guard<nb::gil_scoped_release>());
 }

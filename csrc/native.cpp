@@ -81,14 +81,28 @@ Count mpi_count(int64_t count) {
 
 }  // namespace
 
-// The blocking call, with the watchdog armed around it.
-void MpiComm::native(const char* what, DType dtype, Op op, const std::function<int(MPI_Datatype, MPI_Op)>& call) {
+// The blocking call with the watchdog armed around it, or (polled) the nonblocking call,
+// tested until done like a schedule's messages. A collective request can be neither
+// cancelled nor freed (MPI 4.1, 3.8.4 and 6.12): on a timeout it is left pending, and the
+// communicator is broken from then on.
+void MpiComm::native(const char* what, DType dtype, Op op, bool polled, const NativeCall& call) {
   const MPI_Datatype type = mpi_type(dtype);
   const MPI_Op mop = mpi_op(dtype, op);
-  watchdog_.arm(what);
-  const int err = call(type, mop);
-  watchdog_.disarm();
-  check(err, what);
+  if (!polled) {
+    watchdog_.arm(what);
+    const int err = call(type, mop, nullptr);
+    watchdog_.disarm();
+    check(err, what);
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(call(type, mop, &request), what);
+  const bool done = poll([&] {
+    int finished = 0;
+    check(MPI_Test(&request, &finished, MPI_STATUS_IGNORE), "MPI_Test");
+    return finished != 0;
+  }, kCollectiveSpin);
+  if (!done) throw Timeout(timed_out(std::string("in ") + what));
 }
 
 // Runs `run(out, in)` on the buffers themselves, or, for GPU buffers that MPI cannot take
@@ -131,22 +145,27 @@ Blocks blocks_of(Layout layout, int size) {
 // Every rank receives its block from all ranks (one MPI_Alltoallv, the traffic of a
 // pairwise reduce-scatter) and reduces them on the device in rank order, the same order
 // on every rank.
-void MpiComm::alltoall_reduce(void* out, const void* in, Layout layout, DType dtype, Op op, const Memory& mem) {
+void MpiComm::alltoall_reduce(void* out, const void* in, Layout layout, DType dtype, Op op, const Memory& mem,
+                              bool polled) {
   const size_t esize = elem_size(dtype);
   const int64_t mine = layout.offset(rank_ + 1) - layout.offset(rank_);
   char* gathered = gathered_.get(mine * size_ * esize, mem, allocate_);
   const Blocks send = blocks_of(layout, size_), recv = blocks_of(Layout(mine * size_, size_), size_);
   native_on(gathered, mine * size_ * esize, in, layout.offset(size_) * esize, mem, [&](void* o, const void* i) {
-    native("MPI_Alltoallv", dtype, Op::Sum, [&](MPI_Datatype type, MPI_Op) {
-      return PCCL_MPI(MPI_Alltoallv)(i, send.counts.data(), send.at.data(), type, o, recv.counts.data(),
-                                     recv.at.data(), type, comm_);
-    });
+    native(polled ? "MPI_Ialltoallv" : "MPI_Alltoallv", dtype, Op::Sum, polled,
+           [&](MPI_Datatype type, MPI_Op, MPI_Request* req) {
+             return req ? PCCL_MPI(MPI_Ialltoallv)(i, send.counts.data(), send.at.data(), type, o,
+                                                   recv.counts.data(), recv.at.data(), type, comm_, req)
+                        : PCCL_MPI(MPI_Alltoallv)(i, send.counts.data(), send.at.data(), type, o,
+                                                  recv.counts.data(), recv.at.data(), type, comm_);
+           });
   });
   mem.copy(out, gathered, mine * esize);
   for (int r = 1; r < size_; ++r) mem.reduce(out, out, gathered + r * mine * esize, mine, dtype, op);
 }
 
-void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType dtype, const Memory& mem) {
+void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType dtype, const Memory& mem,
+                                bool polled) {
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
   mem.activate();
@@ -154,33 +173,38 @@ void MpiComm::native_all_gather(void* out, const void* in, int64_t count, DType 
   const size_t bytes = count * elem_size(dtype);
   auto run = [&](void* o, const void* i) {
     const bool in_place = static_cast<char*>(o) + rank_ * bytes == i;
-    native("MPI_Allgather", dtype, Op::Sum, [&](MPI_Datatype type, MPI_Op) {
-      return PCCL_MPI(MPI_Allgather)(in_place ? MPI_IN_PLACE : i, n, type, o, n, type, comm_);
-    });
+    const void* send = in_place ? MPI_IN_PLACE : i;
+    native(polled ? "MPI_Iallgather" : "MPI_Allgather", dtype, Op::Sum, polled,
+           [&](MPI_Datatype type, MPI_Op, MPI_Request* req) {
+             return req ? PCCL_MPI(MPI_Iallgather)(send, n, type, o, n, type, comm_, req)
+                        : PCCL_MPI(MPI_Allgather)(send, n, type, o, n, type, comm_);
+           });
   };
   native_on(out, bytes * size_, in, bytes, mem, run);
 }
 
 void MpiComm::native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op,
-                                    const Memory& mem) {
+                                    const Memory& mem, bool polled) {
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
   mem.activate();
   const Count n = mpi_count(count);
   const size_t bytes = count * elem_size(dtype);
   auto run = [&](void* o, const void* i) {
-    native("MPI_Reduce_scatter_block", dtype, op, [&](MPI_Datatype type, MPI_Op mop) {
-      return PCCL_MPI(MPI_Reduce_scatter_block)(i, o, n, type, mop, comm_);
-    });
+    native(polled ? "MPI_Ireduce_scatter_block" : "MPI_Reduce_scatter_block", dtype, op, polled,
+           [&](MPI_Datatype type, MPI_Op mop, MPI_Request* req) {
+             return req ? PCCL_MPI(MPI_Ireduce_scatter_block)(i, o, n, type, mop, comm_, req)
+                        : PCCL_MPI(MPI_Reduce_scatter_block)(i, o, n, type, mop, comm_);
+           });
   };
   if (mem.gpu() && is_half(dtype))
-    alltoall_reduce(out, in, Layout(count * size_, size_), dtype, op, mem);
+    alltoall_reduce(out, in, Layout(count * size_, size_), dtype, op, mem, polled);
   else
     native_on(out, bytes, in, bytes * size_, mem, run);
   if (op == Op::Avg) mem.divide(out, count, dtype, size_);
 }
 
-void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op, const Memory& mem) {
+void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op, const Memory& mem, bool polled) {
   std::lock_guard<std::mutex> lock(mu_);
   check_usable();
   mem.activate();
@@ -188,20 +212,26 @@ void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op, co
   if (mem.gpu() && is_half(dtype)) {
     // Reduce-scatter by MPI_Alltoallv and the device, then MPI_Allgatherv of the blocks.
     const Layout layout(count, size_);
-    alltoall_reduce(static_cast<char*>(buf) + layout.offset(rank_) * elem_size(dtype), buf, layout, dtype, op, mem);
+    alltoall_reduce(static_cast<char*>(buf) + layout.offset(rank_) * elem_size(dtype), buf, layout, dtype, op, mem,
+                    polled);
     const Blocks blocks = blocks_of(layout, size_);
     native_on(buf, bytes, buf, bytes, mem, [&](void* o, const void*) {
-      native("MPI_Allgatherv", dtype, Op::Sum, [&](MPI_Datatype type, MPI_Op) {
-        return PCCL_MPI(MPI_Allgatherv)(MPI_IN_PLACE, 0, type, o, blocks.counts.data(), blocks.at.data(), type,
-                                        comm_);
-      });
+      native(polled ? "MPI_Iallgatherv" : "MPI_Allgatherv", dtype, Op::Sum, polled,
+             [&](MPI_Datatype type, MPI_Op, MPI_Request* req) {
+               return req ? PCCL_MPI(MPI_Iallgatherv)(MPI_IN_PLACE, 0, type, o, blocks.counts.data(),
+                                                      blocks.at.data(), type, comm_, req)
+                          : PCCL_MPI(MPI_Allgatherv)(MPI_IN_PLACE, 0, type, o, blocks.counts.data(),
+                                                     blocks.at.data(), type, comm_);
+             });
     });
   } else {
     const Count n = mpi_count(count);
     native_on(buf, bytes, buf, bytes, mem, [&](void* o, const void*) {
-      native("MPI_Allreduce", dtype, op, [&](MPI_Datatype type, MPI_Op mop) {
-        return PCCL_MPI(MPI_Allreduce)(MPI_IN_PLACE, o, n, type, mop, comm_);
-      });
+      native(polled ? "MPI_Iallreduce" : "MPI_Allreduce", dtype, op, polled,
+             [&](MPI_Datatype type, MPI_Op mop, MPI_Request* req) {
+               return req ? PCCL_MPI(MPI_Iallreduce)(MPI_IN_PLACE, o, n, type, mop, comm_, req)
+                          : PCCL_MPI(MPI_Allreduce)(MPI_IN_PLACE, o, n, type, mop, comm_);
+             });
     });
   }
   if (op == Op::Avg) mem.divide(buf, count, dtype, size_);

@@ -39,8 +39,10 @@ def symmetry_of(algorithm: str, size: int) -> str:
     return "none" if kind == "xor" and size & (size - 1) else kind
 
 
-# Names accepted by the API besides the schedule algorithms.
-SPECIAL = ("auto", "native")
+# Names accepted by the API besides the schedule algorithms: the transport's own collective,
+# and MPI's nonblocking form of it, polled so that it can time out.
+NATIVES = ("native", "native_nonblocking")
+SPECIAL = ("auto",) + NATIVES
 ALL_NAMES = tuple(sorted(set(SPECIAL).union(*(g.keys() for g in GENERATORS.values()))))
 
 

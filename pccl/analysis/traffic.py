@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from pccl import plans
-from pccl.algorithms import schedule
+from pccl.algorithms import NATIVES, schedule
 from pccl.core.topology import Topology
 from pccl.ir.blocks import block_offsets
 from pccl.ir.schedule import Kind
@@ -26,7 +26,7 @@ def sent(collective: str, algorithm, topology: Topology, rank: int, count: int, 
     spec = plans.spec_of(algorithm)
     if spec is not None:
         return _plan(spec, collective, topology, rank, -(-count // p), itemsize)
-    name = "ring" if algorithm == "native" else algorithm
+    name = "ring" if algorithm in NATIVES else algorithm
     offsets = block_offsets(count, p)
     out: Counter = Counter()
     for step in schedule(collective, name, p, rank).steps:

@@ -17,6 +17,16 @@ _TABLE = (
 DTYPES = {dtype: code for _, dtype, code in _TABLE}
 DATATYPES = {name: dtype for name, dtype, _ in _TABLE}
 OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
+# Dtypes whose reductions run apart from the others', so that auto measures and chooses for
+# them apart: MPI has no fp16/bf16, so pccl reduces them through user-defined MPI operations
+# (its own kernels) where MPI's built-in ones reduce fp32, fp64 and the integers.
+HALF = (torch.float16, torch.bfloat16)
+REDUCTION_CLASSES = ("full", "half")
+
+
+def reduction_class(dtype: torch.dtype) -> str:
+    """"half" for fp16 and bf16, else "full": the class auto's calibration is kept per."""
+    return "half" if dtype in HALF else "full"
 
 
 def reduce_(dst: torch.Tensor, src: torch.Tensor, op: str) -> None:

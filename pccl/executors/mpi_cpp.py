@@ -106,14 +106,18 @@ class MpiCppExecutor:
         self.native.all_reduce(ops, tensor.data_ptr(), tensor.numel(), dtype_code(tensor.dtype),
                                op_code(op, tensor.dtype), *placement(tensor), code)
 
-    def native_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+    # MPI's own collectives. polled: the nonblocking call (MPI_Iallgather, ...), tested until
+    # done like a schedule's messages, so a missing peer raises CollectiveTimeout; else the
+    # blocking call, which a missing peer leaves to the watchdog.
+    def native_all_gather(self, output: torch.Tensor, input: torch.Tensor, polled: bool = False) -> None:
         self.native.native_all_gather(output.data_ptr(), input.data_ptr(), input.numel(), dtype_code(input.dtype),
-                                      *placement(input))
+                                      *placement(input), polled)
 
-    def native_reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> None:
+    def native_reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str, polled: bool = False) -> None:
         self.native.native_reduce_scatter(output.data_ptr(), input.data_ptr(), output.numel(),
-                                          dtype_code(input.dtype), op_code(op, input.dtype), *placement(input))
+                                          dtype_code(input.dtype), op_code(op, input.dtype), *placement(input),
+                                          polled)
 
-    def native_all_reduce(self, tensor: torch.Tensor, op: str) -> None:
+    def native_all_reduce(self, tensor: torch.Tensor, op: str, polled: bool = False) -> None:
         self.native.native_all_reduce(tensor.data_ptr(), tensor.numel(), dtype_code(tensor.dtype),
-                                      op_code(op, tensor.dtype), *placement(tensor))
+                                      op_code(op, tensor.dtype), *placement(tensor), polled)

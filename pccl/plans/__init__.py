@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Union
 
-from pccl.algorithms import algorithms_for
+from pccl.algorithms import NATIVES, algorithms_for
 from pccl.core.topology import Topology, TopologyError
 from pccl.ir.plan import Plan
 from pccl.plans import hierarchical, ho_ring, three_level
@@ -34,7 +34,7 @@ class Hierarchical:
     def algorithm_for(self, level: str, collective: str) -> str:
         """The algorithm of `level`'s phases: `inter` on every level above the node."""
         name = self.intra if level == "intra" else (self.inter or DEFAULT_INTER[collective])
-        valid = algorithms_for(collective) + ("native",)
+        valid = algorithms_for(collective) + NATIVES
         if name not in valid:
             name = DUAL.get(name, name)
         if name not in valid:

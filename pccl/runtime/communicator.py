@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from pccl import plans
-from pccl.algorithms import schedule
+from pccl.algorithms import NATIVES, schedule
 from pccl.compression.codecs import per_level
 from pccl.core.dtypes import op_code
 from pccl.core.errors import CollectiveTimeout, during
@@ -26,6 +26,7 @@ from pccl.runtime.work import SerialQueue, Work
 from pccl.tuning.profiles import Profile, from_environment
 from pccl.tuning.profiles import load as load_profile
 from pccl.tuning.selection import Tuner
+from pccl.tuning.self_calibration import SelfCalibration
 from pccl.util.sizes import size_label
 
 DEFAULT_TIMEOUT = float(os.environ.get("PCCL_TIMEOUT", 300.0))
@@ -130,12 +131,16 @@ class Communicator:
         two-level plans, "mpi", "gloo" or "nccl" (default: this communicator's own;
         intra="nccl", inter="mpi" is the PCCL paper's design on GPUs). profile: the
         machine profile algorithm="auto" predicts with: a pccl.tuning.profiles.Profile, a built-in
-        name or a file (default: PCCL_PROFILE, else "generic"); rank 0's is used by all.
-        interruptible: auto never takes the MPI library's own collectives, whose blocking
-        calls cannot be interrupted (a peer that dies there ends the job through the
-        watchdog), so that every collective auto runs times out with a CollectiveTimeout
-        naming the peers it waited for, as the training engine promises; an explicit
-        algorithm="native" still runs them."""
+        name or a file (default: PCCL_PROFILE, else "generic", which describes no machine:
+        then auto runs the transport's own collective until a measurement says otherwise,
+        and MPI communicators measure at first use, pccl.tuning.self_calibration); rank 0's
+        is used by all.
+        interruptible: auto never takes the MPI library's blocking collectives, which cannot
+        be interrupted (a peer that dies there ends the job through the watchdog), but their
+        nonblocking forms ("native_nonblocking", polled like pccl's schedules), so that
+        every collective auto runs times out with a CollectiveTimeout naming what it waited
+        for, as the training engine promises; an explicit algorithm="native" still runs the
+        blocking ones."""
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
@@ -186,8 +191,10 @@ class Communicator:
             level_devices.append(transports.devices_of(transport, gpu_mpi))
         # The devices a two-level plan takes: those both of its levels carry.
         plan_devices = tuple(d for d in level_devices[0] if d in level_devices[1])
-        profile = profile if isinstance(profile, Profile) else self._agreed_profile(profile)
-        self._set_up(topology, profile, level_transports, plan_devices, interruptible)
+        profile, chosen = (profile, True) if isinstance(profile, Profile) else self._agreed_profile(profile)
+        self._set_up(topology, profile, level_transports, plan_devices, interruptible, trust_native=not chosen)
+        if not chosen and self.transport == "mpi":
+            self.self_calibration = SelfCalibration(self)
         if self.tuner.plans_apply and any(map(transports.uses_torch, self.level_transports.values())):
             # torch.distributed groups must be created in one global order on every rank:
             # now, on the constructing thread, not at a first plan call on whichever worker
@@ -195,7 +202,7 @@ class Communicator:
             self._plan_executor()
 
     def _set_up(self, topology: Topology, profile: Profile, level_transports: dict[str, str],
-                plan_devices: tuple[str, ...], interruptible: bool = False) -> None:
+                plan_devices: tuple[str, ...], interruptible: bool = False, trust_native: bool = False) -> None:
         """The fields of every communicator, whatever carries its data, set once its
         transport's own are (rank, size, transport, backend, executor, timeout, group,
         mpi_comm, devices). The dry run (pccl/runtime/dry_run.py) is made by this too, so a
@@ -208,14 +215,24 @@ class Communicator:
         self.topology = topology
         self.level_transports = level_transports
         self.plan_devices = plan_devices
-        self.profile = profile
         self.interruptible = interruptible
-        native = not (interruptible and self.transport == "mpi")
-        self.tuner = Tuner(topology, profile, with_plans=self._can_build_levels(), with_native=native)
-        # auto where plans cannot run
-        self._flat_tuner = Tuner(topology, profile, with_plans=False, with_native=native)
+        self.trust_native = trust_native
+        self.self_calibration: Optional[SelfCalibration] = None   # MPI, with no profile chosen
+        self.use_profile(profile)
         self._plans: Optional[PlanExecutor] = None
         self._compressed = None   # the executor of compressed schedules, where it is not _executor
+
+    def use_profile(self, profile: Profile) -> None:
+        """Decide auto's choices with `profile` from now on (every rank alike)."""
+        self.profile = profile
+        self._calls.clear()   # calls resolved before decided with the profile before
+        natives = ("native",) if self.transport != "mpi" else \
+            ("native_nonblocking",) if self.interruptible else NATIVES
+        self.tuner = Tuner(self.topology, profile, with_plans=self._can_build_levels(), natives=natives,
+                           trust_native=self.trust_native)
+        # auto where plans cannot run
+        self._flat_tuner = Tuner(self.topology, profile, with_plans=False, natives=natives,
+                                 trust_native=self.trust_native)
 
     def _can_build_levels(self) -> bool:
         """torch.distributed level groups (gloo, NCCL) can only be made from a communicator
@@ -231,10 +248,12 @@ class Communicator:
             return self.size == MPI.COMM_WORLD.size
         return self.size == dist.get_world_size()
 
-    def _agreed_profile(self, name) -> Profile:
-        """Rank 0's profile (or its error), on every rank, so every rank decides alike."""
+    def _agreed_profile(self, name) -> tuple[Profile, bool]:
+        """(rank 0's profile, whether it was chosen: named, or by PCCL_PROFILE), or rank 0's
+        error, on every rank, so every rank decides alike."""
         try:
-            mine = (load_profile(name) if name else from_environment()).to_dict()
+            mine = ((load_profile(name) if name else from_environment()).to_dict(),
+                    bool(name or os.environ.get("PCCL_PROFILE")))
         except ValueError as e:
             mine = str(e)
         if self.mpi_comm is not None:
@@ -245,7 +264,7 @@ class Communicator:
             agreed = box[0]
         if isinstance(agreed, str):
             raise ValueError(f"machine profile on rank 0: {agreed}")
-        return Profile.from_dict(agreed)
+        return Profile.from_dict(agreed[0]), agreed[1]
 
     def _topology(self, topology, ranks_per_node, nics_per_node) -> Topology:
         if topology is not None:
@@ -299,8 +318,10 @@ class Communicator:
         transports.check_available(transport)
         index = next(i for i, g in enumerate(groups) if self.rank in g)
         members = groups[index]
-        options = dict(timeout=self.timeout, topology=self.topology.restrict(members), profile=self.profile,
-                       interruptible=self.interruptible)
+        # A profile chosen for the parent is the child's; else the child decides (and measures) for
+        # its own shape.
+        options = dict(timeout=self.timeout, topology=self.topology.restrict(members),
+                       profile=None if self.trust_native else self.profile, interruptible=self.interruptible)
         if transport == "mpi":
             if self.transport != "mpi":
                 raise ValueError("an 'mpi' sub-communicator needs a Communicator built on an mpi4py communicator")
@@ -335,8 +356,9 @@ class Communicator:
     def resolve(self, collective: str, algorithm, nbytes: int, device: str = "cpu", compression=None,
                 dtype: torch.dtype = torch.float32):
         """What `algorithm` runs for `nbytes` (the full buffer) of `device` tensors: a flat
-        algorithm's name, "native", or a plan spec; "auto" resolved as a call would resolve
-        it, among what can take the device. A plan whose levels cannot carry the device is
+        algorithm's name, a native one, or a plan spec; "auto" resolved as a call would resolve
+        it, among what can take the device (it never communicates: a self-calibration is
+        measured at a collective's first call, not here). A plan whose levels cannot carry the device is
         refused before anything is sent. `compression` (a codec, or one per plan level, as
         the collectives take it; `dtype` the payload's): auto takes the fastest candidate
         predicted with it (Tuner.choose_for), and HO-Ring's all-gather and all-reduce, whose
@@ -345,11 +367,14 @@ class Communicator:
         spec = plans.spec_of(algorithm)
         if spec is None:
             validation.check_algorithm(collective, algorithm)
+            if algorithm == "native_nonblocking" and self.transport != "mpi":
+                raise ValueError(f"'native_nonblocking' is MPI's nonblocking collective; transport {self.backend!r} "
+                                 "has none: use 'native'")
             if algorithm != "auto":
                 return algorithm
             tuner = self.tuner_for(device)
             name = tuner.choose_for(collective, nbytes, dtype, compression) if compression else \
-                tuner.name(collective, nbytes)
+                tuner.name(collective, nbytes, dtype)
             spec = plans.NAMED.get(name, name)
             if isinstance(spec, str):
                 return spec
@@ -359,6 +384,16 @@ class Communicator:
                              "use 'hierarchical' or a flat schedule")
         transports.check_level_devices(device, self.level_transports, self.plan_devices)
         return spec
+
+    def measure_auto(self, collective: str, dtype: torch.dtype, device: str = "cpu") -> None:
+        """Make sure auto's choice for `collective` of `dtype` on `device` tensors rests on
+        a measurement, where this communicator measures itself (the self-calibration:
+        MPI, host buffers, no profile chosen); a no-op elsewhere and once measured. A
+        call with algorithm="auto" does this itself; a caller that resolves auto first
+        (resolve never communicates) calls it before. Collective: every rank at the same
+        point of its sequence of calls."""
+        if self.self_calibration is not None and device == "cpu":
+            self.self_calibration.ensure(collective, dtype)
 
     def tuner_for(self, device: str) -> Tuner:
         """The tuner for `device` tensors: with the plans where they can carry them."""
@@ -449,15 +484,17 @@ class Communicator:
         """Resolve a validated call: native(*buffers), scheduled(schedule, executor, codec,
         *buffers) or planned(plan, plan executor, *buffers) is what it runs."""
         nbytes = like.numel() * like.element_size()
+        if algorithm == "auto" and not codecs:
+            self.measure_auto(collective, like.dtype, like.device.type)
         algorithm = self.resolve(collective, algorithm, nbytes, like.device.type, codecs, like.dtype)
         if not isinstance(algorithm, str):
             plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec
             fn = lambda *buffers: planned(plan, self._plan_executor(), *buffers)  # noqa: E731
-        elif algorithm == "native":
+        elif algorithm in NATIVES:
             if codecs:
-                raise ValueError("compression runs inside pccl's schedules; 'native' is the transport's own "
+                raise ValueError(f"compression runs inside pccl's schedules; {algorithm!r} is the transport's own "
                                  "collective: choose a schedule, a plan or auto")
-            fn = native
+            fn = partial(native, polled=True) if algorithm == "native_nonblocking" else native
         else:
             sched = schedule(collective, algorithm, self.size, self.rank)
             codec = codecs.get("flat")
@@ -477,6 +514,10 @@ class Communicator:
                 raise named(e, call.what) from e
         run = naming_failures(partial(call.fn, *buffers), call.what)
         return self._queue.run(on_callers_stream(run, buffers[0]), async_op, StreamWork if call.enqueues else None)
+
+    def drain(self) -> None:
+        """Wait until the collectives queued on this communicator have run."""
+        self._queue.drain()
 
     def queues_on_device(self, device: str) -> bool:
         """Whether collectives on `device` tensors only queue work on GPU streams (NCCL, with
@@ -535,7 +576,7 @@ class Communicator:
             codecs, resolved = self._compression(compression, input, "reduce_scatter", algorithm)
             call = self._prepare(
                 "reduce_scatter", resolved, input, codecs,
-                lambda out, inp: self._native.native_reduce_scatter(out, inp, op),
+                lambda out, inp, **polled: self._native.native_reduce_scatter(out, inp, op, **polled),
                 lambda sched, runner, codec, out, inp: runner.reduce_scatter(sched, out, inp, op, codec),
                 lambda plan, run, out, inp: run.run(plan, {"input": inp, "output": out}, out.numel(), op, codecs))
             self._keep(key, call)
@@ -550,7 +591,8 @@ class Communicator:
             op_code(op, tensor.dtype)
             codecs, resolved = self._compression(compression, tensor, "all_reduce", algorithm)
             call = self._prepare(
-                "all_reduce", resolved, tensor, codecs, lambda t: self._native.native_all_reduce(t, op),
+                "all_reduce", resolved, tensor, codecs,
+                lambda t, **polled: self._native.native_all_reduce(t, op, **polled),
                 lambda sched, runner, codec, t: runner.all_reduce(sched, t, op, codec),
                 lambda plan, run, t: run.all_reduce(plan, t, op, codecs))
             self._keep(key, call)

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from pccl import plans
-from pccl.core.dtypes import op_code
+from pccl.core.dtypes import op_code, reduction_class
 from pccl.core.topology import Topology
 from pccl.runtime import validation
 from pccl.runtime.communicator import Communicator
@@ -84,16 +84,16 @@ class DryRunCommunicator(Communicator):
         """Communicator.resolve, remembered for every dry run of this topology and profile."""
         if compression:
             return super().resolve(collective, algorithm, nbytes, device, compression, dtype)
-        key = (self.topology, self.profile, collective, algorithm, nbytes, device)
+        key = (self.topology, self.profile, collective, algorithm, nbytes, device, reduction_class(dtype))
         try:
             return _RESOLVED[key]
         except KeyError:
             if len(_RESOLVED) >= 1 << 16:
                 _RESOLVED.clear()
-            out = _RESOLVED[key] = super().resolve(collective, algorithm, nbytes, device)
+            out = _RESOLVED[key] = super().resolve(collective, algorithm, nbytes, device, dtype=dtype)
             return out
         except TypeError:   # an unhashable algorithm argument: resolved (and refused) every time
-            return super().resolve(collective, algorithm, nbytes, device)
+            return super().resolve(collective, algorithm, nbytes, device, dtype=dtype)
 
     def _record(self, collective: str, algorithm, like: torch.Tensor, compression) -> None:
         codecs, algorithm = self._compression(compression, like, collective, algorithm)

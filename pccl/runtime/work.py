@@ -10,7 +10,7 @@ order across all communicators, which worker threads racing each other would not
 """
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Optional
 
 
@@ -47,6 +47,11 @@ class SerialQueue:
     def idle(self) -> bool:
         """Whether nothing queued is still running: a synchronous call may run at once."""
         return self._last is None or self._last.done()
+
+    def drain(self) -> None:
+        """Wait until everything queued has run (its failures stay with its Work)."""
+        if self._last is not None:
+            wait([self._last])
 
     def run(self, fn: Callable[[], None], async_op: bool, enqueued: Optional[Callable[[], Any]] = None):
         """Run `fn` after what is queued. `enqueued` given: `fn` only enqueues GPU work, so it

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -23,13 +24,16 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import pccl
-from pccl.algorithms import ALL_NAMES, algorithms_for
+from pccl.algorithms import ALL_NAMES, NATIVES, algorithms_for
 from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
-from pccl.core.dtypes import DATATYPES, OPS
+from pccl.core.dtypes import DATATYPES, OPS, REDUCTION_CLASSES
 from pccl.plans import NAMED, compresses_consistently, three_level
-from pccl.tools.cli import comma_list, round_size, size_arg, size_sweep, time_per_call
-from pccl.tuning.calibrate import CALL_SIZES, REPEATS, calibrate, calibrated
+from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
+from pccl.tuning import self_calibration
+from pccl.tuning.calibrate import calibrate, calibrated
+from pccl.tuning.self_calibration import DTYPE_OF
+from pccl.tuning.self_calibration import measure as time_candidates_of
 from pccl.util.args import at_least
 from pccl.util.files import write_atomic
 from pccl.util.sizes import parse_size
@@ -216,6 +220,8 @@ def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
     codec's row gets its error against the exact result instead of a count of wrong elements."""
     call = case.call(comm, algorithm, compression)
     case.fill()
+    if algorithm == "auto":
+        call()   # a first call may measure auto's candidates (the self-calibration): not timed
     seconds = time_per_call(call, args.iters, args.warmup_iters, args.repeats, world, case.synchronize)
     wrong, error = None, (None, None)
     if compression != "none":
@@ -225,7 +231,7 @@ def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
     algbw, busbw = bandwidths(case.collective, case.nbytes, seconds, case.ranks)
     # auto's pick for these buffers' device (the plans only where their levels carry it)
     tuner = comm.tuner_for(case.device)
-    picked = tuner.name(case.collective, case.nbytes) if algorithm == "auto" else algorithm
+    picked = tuner.name(case.collective, case.nbytes, case.dtype) if algorithm == "auto" else algorithm
     return Row(case.collective, case.nbytes, case.count, args.datatype, args.op, executor, algorithm,
                picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error, case.device)
 
@@ -248,9 +254,10 @@ def variants(collective: str, algorithms: Optional[list[str]],
 
     "native" is the transport's own collective: torch.distributed's for gloo and nccl
     (labels "gloo", "nccl"), MPI's for the MPI executors; MPI's is the same call under
-    either MPI executor, so it runs once, under the first one listed (label "mpi").
+    either MPI executor, so it runs once, under the first one listed (label "mpi"), as
+    does its nonblocking form "native_nonblocking" (which torch.distributed has not).
     """
-    valid = algorithms_for(collective) + ("native", "auto") + PLANS
+    valid = algorithms_for(collective) + NATIVES + ("auto",) + PLANS
     two_level = all(c.topology.num_nodes > 1 and c.topology.ranks_per_node > 1 for c in comms.values())
     groups = all(three_level.applies(c.topology) for c in comms.values())   # as auto offers it
     default = tuple(a for a in valid if a not in PLANS or (two_level and (a != "three_level" or groups)))
@@ -259,8 +266,11 @@ def variants(collective: str, algorithms: Optional[list[str]],
     out = []
     for executor, comm in comms.items():
         for algorithm in chosen:
-            if algorithm != "native" or executor in TORCH_EXECUTORS:
+            if algorithm not in NATIVES:
                 out.append((executor, comm, algorithm))
+            elif executor in TORCH_EXECUTORS:
+                if algorithm == "native":
+                    out.append((executor, comm, algorithm))
             elif executor == first_mpi:
                 out.append(("mpi", comm, algorithm))
     return out
@@ -373,7 +383,7 @@ def runs(collective: str, args: argparse.Namespace, comms: dict[str, pccl.Commun
     todo, skipped = [], {}
     dtype = DATATYPES[args.datatype]
     for executor, comm, algorithm in variants(collective, args.algorithms, comms):
-        for name in ["none"] + ([] if algorithm == "native" else args.compression):
+        for name in ["none"] + ([] if algorithm in NATIVES else args.compression):
             reason = row_skip(collective, executor, algorithm, name, dtype, args.device, comm.plan_devices, gpus)
             if reason is None:
                 todo.append((executor, comm, algorithm, name))
@@ -468,7 +478,7 @@ def auto_summary(collective: str, rows: list[Row]) -> str:
             continue
         rivals = [o for o in rows if o.size == r.size and o.algorithm != "auto" and o.compression == "none"
                   and transport[o.executor] == transport[r.executor] and (o.executor == r.executor or
-                                                                          o.algorithm == "native")]
+                                                                          o.algorithm in NATIVES)]
         if rivals:
             best = min(rivals, key=lambda o: o.time_us)
             lines.append(f"{r.size:>12} {r.executor:>8} {r.time_us:>10.2f} {best.time_us:>10.2f} "
@@ -487,6 +497,22 @@ def compression_summary(collective: str, rows: list[Row]) -> str:
             lines.append(f"{r.size:>12} {r.executor:>8} {r.algorithm:>26} {r.compression:>8} "
                          f"{base.time_us / r.time_us:>8.2f}x {r.rms_error:>9.1e}")
     return "\n".join(lines)
+
+
+def calibration_note(executor: str, comm: pccl.Communicator) -> str:
+    """What auto's choices rested on: the self-calibration's figures (measured in this run,
+    with the seconds each took, or read from its cache), a chosen profile, or neither."""
+    own = comm.self_calibration
+    if own is None:
+        return f"# auto ({executor}): " + ("unmeasured, no self-calibration on this transport: the transport's own "
+                                          "collective" if comm.trust_native else f"profile {comm.profile.name!r}")
+    if not own.on:
+        return f"# auto ({executor}): no self-calibration (PCCL_SELF_CALIBRATION=0): the transport's own collective"
+    spent = ", ".join(f"{entry} {seconds:.2f} s" for entry, seconds in own.seconds.items())
+    held = ", ".join(own.measured or {}) or "none"
+    return (f"# auto ({executor}): self-calibration {own.path}; figures for {held}; measured in this run: "
+            f"{spent or 'none (read from the cache)'}"
+            + (f", {sum(own.seconds.values()):.2f} s in all" if own.seconds else ""))
 
 
 def write_json(rows: list[Row], path: str) -> None:
@@ -564,31 +590,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------- main
 
 
-CALIBRATION_BYTES = 1 << 22   # bytes per timing loop: up to 200 calls of small buffers, 3 of large ones
-
-
-def time_candidates(comm: pccl.Communicator, world: MPI.Comm, maxbytes: int, passes: int = 2) -> dict:
-    """{(collective, algorithm): [(bytes, seconds), ...]}: every candidate of auto (the MPI
-    library's own collective too) timed through `comm` at CALL_SIZES up to `maxbytes`, of
-    float32, sum; per size every candidate in turn, in `passes` passes (the second in the
-    reverse order), each point the slower pass's: on ranks that share cores a schedule can
-    run several times faster in one pass than in the next, and auto must not count on it."""
-    measured: dict = {}
-    sizes = [n for n in dict.fromkeys(round_size(n, world.size, 4) for n in CALL_SIZES if n <= maxbytes) if n]
-    for collective in COLLECTIVES:
-        names = comm.tuner.candidates(collective)
-        for nbytes in sizes:
-            case = Case(collective, nbytes, torch.float32, "sum", world.rank, world.size)
-            case.fill()
-            iters = max(3, min(200, CALIBRATION_BYTES // nbytes))
-            seconds: dict = {}
-            for turn in range(passes):
-                for name in (names if turn % 2 == 0 else names[::-1]):
-                    t = time_per_call(case.call(comm, name), iters, max(2, iters // 10), REPEATS, world)
-                    seconds[name] = max(seconds.get(name, 0.0), t)
-            for name in names:
-                measured.setdefault((collective, name), []).append((nbytes, seconds[name]))
-    return measured
+def time_candidates(comm: pccl.Communicator, maxbytes: int) -> dict:
+    """{(collective, reduction class, algorithm): [(bytes, seconds), ...]}: every candidate
+    of auto (MPI's own collectives too) timed through `comm` as the self-calibration times
+    them, from 4 B up to `maxbytes` with no time budget, in float32 and (for the
+    reductions) bfloat16."""
+    return {(collective, klass, name): points
+            for collective in COLLECTIVES
+            for klass in (("full",) if collective == "all_gather" else REDUCTION_CLASSES)
+            for name, points in time_candidates_of(comm, collective, DTYPE_OF[klass], math.inf, maxbytes).items()}
 
 
 def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:
@@ -597,12 +607,11 @@ def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:
     comm = pccl.init(ranks_per_node=args.ranks_per_node)
     topology = comm.topology
     profile = calibrate(world, topology, args.profile_name)
-    largest = max((n for n in CALL_SIZES if n <= args.maxbytes), default=CALL_SIZES[0])
-    profile = calibrated(profile, topology, time_candidates(comm, world, args.maxbytes),
+    profile = calibrated(profile, topology, time_candidates(comm, args.maxbytes),
                          f"pccl-bench --calibrate, {topology.describe()}: every candidate of auto through the "
-                         f"Communicator ({comm.executor} executor) at {CALL_SIZES[0]}-{largest} B of "
-                         f"float32, the slowest rank's mean of 3-200 calls, median of {REPEATS}, the slower of "
-                         f"2 passes")
+                         f"Communicator ({comm.executor} executor) from 4 B to {args.maxbytes} B doubling, of "
+                         f"float32 and bfloat16, the slowest rank's time per call, median of "
+                         f"{self_calibration.ROUNDS} rounds")
     if world.rank == 0:
         profile.save(args.calibrate)
         print(json.dumps(profile.to_dict(), indent=1))
@@ -656,6 +665,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         say("#\n" + auto_summary(collective, mine))
         if args.compression:
             say("#\n" + compression_summary(collective, mine))
+    for executor, comm in comms.items():
+        say(calibration_note(executor, comm))
     if world.rank == 0 and args.json:
         write_json(rows, args.json)
 

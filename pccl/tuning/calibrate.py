@@ -15,8 +15,9 @@ repeated, its median taken; alpha and 1/bandwidth come from one-way time against
           each NIC delivers when all its ranks send
 
 Then pccl-bench times every algorithm auto chooses among, the MPI library's own
-collectives too, at CALL_SIZES through the Communicator (the fixed cost of a call
-included), and `calibrated` keeps each one's measured/predicted ratio in the profile
+collectives too, through the Communicator (the fixed cost of a call included) as the
+self-calibration does (pccl.tuning.self_calibration.measure) but with no time budget, per
+reduction class, and `calibrated` keeps each one's measured/predicted ratio in the profile
 (Profile.calibration), so that auto's predictions equal what was measured at those sizes.
 """
 from __future__ import annotations
@@ -43,7 +44,6 @@ CODEC_BYTES = 16 << 20   # codec loops: fp32 values, larger than caches (zfp run
 CODECS = ("int8", "bf16", "fp16", "zfp:8", "zfp:16")
 SMALL_BLOCK = 512        # bytes: a codec call dominated by its fixed cost
 REPEATS = 5
-CALL_SIZES = tuple(4 ** k for k in range(1, 16))   # 4 B .. 1 GiB (at most pccl-bench's -e): collectives calibrated
 
 # What the MPI library's own collectives run, by the whole buffer's bytes, from its
 # selection code (the library name as MPI_Get_library_version reports it).
@@ -204,13 +204,15 @@ def calibrate(comm: MPI.Comm, topology: Topology, name: str) -> Profile:
 
 def calibrated(profile: Profile, topology: Topology, measured: dict, where: str) -> Profile:
     """`profile` with the calibration of the collectives `measured` on `topology`:
-    {(collective, algorithm name): [(bytes, seconds), ...]}; each point keeps measured /
-    predicted, the prediction made without a calibration."""
+    {(collective, reduction class, algorithm name): [(bytes, seconds), ...]}; each point
+    keeps measured / predicted, the prediction made without a calibration. Entries of
+    `profile`'s own calibration that `measured` does not replace are kept."""
     plain = dataclasses.replace(profile, calibration=())
-    calibration = tuple(
-        (collective, name, tuple((int(n), seconds / cost_model.predict(collective, plans.NAMED.get(name, name),
-                                                                       topology, plain, n))
-                                 for n, seconds in points))
-        for (collective, name), points in measured.items())
+    calibration = {(c, k, name): points for c, k, name, points in profile.calibration}
+    for (collective, klass, name), points in measured.items():
+        calibration[(collective, klass, name)] = tuple(
+            (int(n), seconds / cost_model.predict(collective, plans.NAMED.get(name, name), topology, plain, n))
+            for n, seconds in points)
     sources = {**profile.sources, "calibration": where}
-    return dataclasses.replace(profile, calibration=calibration, sources=sources)
+    return dataclasses.replace(profile, calibration=tuple((*key, points) for key, points in calibration.items()),
+                               sources=sources)

@@ -46,9 +46,10 @@ import numpy as np
 import torch
 
 from pccl import plans
-from pccl.algorithms import schedule, symmetry_of
+from pccl.algorithms import NATIVES, schedule, symmetry_of
 from pccl.compression.codecs import codec as codec_of
 from pccl.compression.codecs import per_level
+from pccl.core.dtypes import reduction_class
 from pccl.core.topology import Topology
 from pccl.ir.compressed import compress
 from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase
@@ -248,10 +249,10 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: Lev
     group of all ranks; "intra", "inter"; a partition: any equal-sized groups, tuples of
     ranks in group order), one rank per class of pccl.tuning.symmetry (`exact`: every rank,
     each from its own schedule); `scale` converts the group schedule's blocks into caller
-    blocks. "native" is opaque: it is counted as the schedule `natives` names for the
+    blocks. "native" (either form, NATIVES) is opaque: it is counted as the schedule `natives` names for the
     collective (the profile's native algorithms), else as the ring. `codec`: the blocks
     travel compressed with it (collective-level, or per message for a "p2p:" codec)."""
-    native = algorithm == "native"
+    native = algorithm in NATIVES
     if native:
         algorithm = dict(natives).get(collective, "ring")
     lay = symmetry.layout(topology, level)
@@ -418,7 +419,7 @@ def _by_native_band(profile: Profile, algorithm, sizes: np.ndarray) -> list[tupl
     """[(natives, indices of sizes), ...]: what the native collectives run at each size, for
     algorithms that run them (native itself; a plan's native level phases, which take the
     band of the whole buffer); one group for the rest."""
-    if algorithm == "native" or plans.spec_of(algorithm) is not None:
+    if algorithm in NATIVES or plans.spec_of(algorithm) is not None:
         return profile.native_bands(sizes)
     return [(tuple((c, profile.native_algorithm(c)) for c, _ in profile.native_algorithms), np.arange(len(sizes)))]
 
@@ -439,7 +440,7 @@ def predict(collective: str, algorithm, topology: Topology, profile: Profile, nb
         for part in parts(collective, algorithm, topology, natives, coded, exact):
             total[where] += part_seconds(part, profile, block_bytes[where], dtype)
     if not coded and profile.calibration:
-        total *= profile.efficiency(collective, name_of(algorithm), sizes)
+        total *= profile.efficiency(collective, name_of(algorithm), sizes, reduction_class(dtype))
     return total if np.ndim(nbytes) else float(total[0])
 
 

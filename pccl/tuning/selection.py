@@ -1,16 +1,23 @@
 """algorithm="auto": the algorithm the cost model predicts fastest.
 
-For (collective, buffer bytes) on a communicator's topology and machine profile, every
-candidate (the flat schedules of the collective, the transport's own collective "native",
-and, on two levels, the two-level plans) is predicted with pccl.tuning.cost_model and the
-fastest is taken. Native is predicted as the schedule its library's documentation says it
+For (collective, buffer bytes, reduction class) on a communicator's topology and machine
+profile, every candidate (the flat schedules of the collective, the transport's own
+collective "native" and, over MPI, its nonblocking form "native_nonblocking", and, on two
+levels, the two-level plans) is predicted with pccl.tuning.cost_model and the fastest is
+taken. Native is predicted as the schedule its library's documentation says it
 runs at that size (the profile's native bands), and every candidate is scaled by the
 profile's calibration where it has one (measured/predicted per size: the fixed cost of a
 call, a shared-memory fast path), so auto takes MPI's or NCCL's own collective wherever
 that was measured faster. Where they are close, native is kept: a schedule or plan must
-be predicted at least 10% faster (GAIN_OVER_NATIVE). A calibration's small-message
-figures move by more than that from run to run on a loaded machine, and native, which
-pays no Python between its messages, loses less when ranks share cores.
+be predicted at least 5% faster (GAIN_OVER_NATIVE), about what a calibration's figures
+move between runs on a loaded machine (a larger margin gives away what it guards).
+
+Until a measurement exists (trust_native: the profile is the built-in default, which
+describes no machine in particular, and has no calibration of the collective and class),
+auto trusts the library that is tuned for the machine: the transport's own collective,
+unless a two-level plan is predicted to take at most half its time (GAIN_UNMEASURED). The
+self-calibration (pccl.tuning.self_calibration) supplies the measurement on MPI
+communicators; pccl-bench --calibrate, a full profile.
 
 Decisions are cached per size bucket (four per doubling, each decided at its lower edge),
 so the model runs once per bucket, and every rank decides alike from the same profile and
@@ -25,7 +32,7 @@ all-reduce are no candidates (plans.compresses_consistently says why).
 
 PCCL_ALGO, or PCCL_<COLLECTIVE>_ALGO (e.g. PCCL_ALL_GATHER_ALGO), forces a choice, as
 NCCL_ALGO does for NCCL, and like it is read when the tuner (its communicator) is made: a
-flat name, "native", "hierarchical" or "ho_ring". PCCL_ALGO is
+flat name, "native", "native_nonblocking", "hierarchical" or "ho_ring". PCCL_ALGO is
 ignored for a collective the named algorithm does not implement, and a plan named by
 either is ignored where plans cannot run (one node; a sub-communicator whose levels
 cannot be built): auto chooses among the flat algorithms there.
@@ -39,9 +46,10 @@ from typing import Optional
 import torch
 
 from pccl import plans
-from pccl.algorithms import GENERATORS, algorithms_for
+from pccl.algorithms import GENERATORS, NATIVES, algorithms_for
 from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
+from pccl.core.dtypes import reduction_class
 from pccl.core.topology import Topology
 from pccl.plans import three_level
 from pccl.tuning import cost_model
@@ -51,12 +59,13 @@ BUCKETS_PER_DOUBLING = 4
 PLAN_NAMES = tuple(plans.NAMED)
 AUTO_CODECS = ("int8", "bf16")   # the native codecs, run inside the C++ executor
 GAIN_FOR_LOSS = 0.9   # a lossy codec is chosen only where predicted at most 0.9x the exact time
-GAIN_OVER_NATIVE = 0.9   # a schedule or plan is chosen over native only where predicted at most 0.9x its time
+GAIN_OVER_NATIVE = 0.95  # a schedule or plan is chosen over native only where predicted at most 0.95x its time
+GAIN_UNMEASURED = 0.5    # unmeasured (trust_native), a plan is chosen over native only where predicted at most half
 
 
 def forced(collective: str) -> Optional[str]:
     """The algorithm the environment forces for `collective`, if any."""
-    valid = algorithms_for(collective) + ("native",) + PLAN_NAMES
+    valid = algorithms_for(collective) + NATIVES + PLAN_NAMES
     for variable in (f"PCCL_{collective.upper()}_ALGO", "PCCL_ALGO"):
         name = os.environ.get(variable)
         if not name:
@@ -72,7 +81,7 @@ def compresses(algorithm, collective: str) -> bool:
     """Whether `algorithm` (a name or plan spec) can run `collective` compressed, every
     rank ending alike: not the transport's own collective, not HO-Ring's all-gather or
     all-reduce (plans.compresses_consistently)."""
-    return algorithm != "native" and plans.compresses_consistently(plans.spec_of(algorithm), collective)
+    return algorithm not in NATIVES and plans.compresses_consistently(plans.spec_of(algorithm), collective)
 
 
 def bucket(nbytes: int) -> int:
@@ -82,11 +91,17 @@ def bucket(nbytes: int) -> int:
 class Tuner:
     """Chooses algorithms for one topology and profile, caching per size bucket."""
 
-    def __init__(self, topology: Topology, profile: Profile, with_plans: bool = True, with_native: bool = True):
+    def __init__(self, topology: Topology, profile: Profile, with_plans: bool = True, natives: tuple = ("native",),
+                 trust_native: bool = False):
         """with_plans: whether the two-level plans may be chosen (their level communicators
-        can be built); with_native: whether the transport's own collective may be."""
+        can be built); natives: the forms of the transport's own collective that may be
+        (NATIVES; the first is the one kept where others are not clearly faster);
+        trust_native: the profile describes no machine in particular, so that a collective
+        it has no calibration of runs natives[0] (see the module's text)."""
+        if any(n not in NATIVES for n in natives):
+            raise ValueError(f"natives must be taken from {NATIVES}, got {natives!r}")
         self.topology, self.profile, self.with_plans = topology, profile, with_plans
-        self.with_native = with_native
+        self.natives, self.trust_native = tuple(natives), trust_native
         self._decisions: dict[tuple, object] = {}
         self._environment = {c: forced(c) for c in COLLECTIVES}   # read once: a bad name fails here
 
@@ -100,15 +115,16 @@ class Tuner:
     def candidates(self, collective: str) -> tuple:
         """The flat algorithms, native, and the plans that apply (three levels only where
         the network has groups: elsewhere it is the two-level plan)."""
-        names = algorithms_for(collective) + (("native",) if self.with_native else ())
+        names = algorithms_for(collective) + self.natives
         if not self.plans_apply:
             return names
         return names + tuple(n for n in PLAN_NAMES if n != "three_level" or three_level.applies(self.topology))
 
-    def predictions(self, collective: str, nbytes) -> dict:
-        """Predicted seconds of every candidate, by name, for `nbytes` (a number or an array)."""
+    def predictions(self, collective: str, nbytes, dtype: torch.dtype = torch.float32) -> dict:
+        """Predicted seconds of every candidate, by name, for `nbytes` (a number or an
+        array) of `dtype` values."""
         return {name: cost_model.predict(collective, plans.NAMED.get(name, name), self.topology,
-                                         self.profile, nbytes)
+                                         self.profile, nbytes, dtype=dtype)
                 for name in self.candidates(collective)}
 
     def _forced(self, collective: str) -> Optional[str]:
@@ -127,19 +143,30 @@ class Tuner:
         """The candidates that run `collective` compressed with every rank ending alike."""
         return tuple(n for n in self.candidates(collective) if compresses(n, collective))
 
-    def name(self, collective: str, nbytes: int) -> str:
-        """The name (as the API takes it) of what auto runs for `nbytes`: the fastest
-        prediction, native unless another is at most GAIN_OVER_NATIVE of its time."""
-        def fastest(edge):
-            times = self.predictions(collective, edge)
-            best = min(times, key=times.get)
-            native = times.get("native", float("inf"))
-            return best if times[best] <= GAIN_OVER_NATIVE * native else "native"
-        return self._forced(collective) or self._decided((collective,), nbytes, fastest)
+    def measured(self, collective: str, dtype: torch.dtype = torch.float32) -> bool:
+        """Whether the decisions for `collective` of `dtype` rest on a measurement of this
+        machine: a calibration of it, or a profile that describes the machine."""
+        return not self.trust_native or self.profile.calibrated_for(collective, reduction_class(dtype))
 
-    def choose(self, collective: str, nbytes: int):
-        """A flat algorithm's name, "native", or a plan spec (pccl.Hierarchical, pccl.HORing)."""
-        name = self.name(collective, nbytes)
+    def name(self, collective: str, nbytes: int, dtype: torch.dtype = torch.float32) -> str:
+        """The name (as the API takes it) of what auto runs for `nbytes` of `dtype`: the
+        fastest prediction, native unless another is at most GAIN_OVER_NATIVE of its time;
+        unmeasured (measured()), native unless a plan is at most GAIN_UNMEASURED of it."""
+        def fastest(edge):
+            times = self.predictions(collective, edge, dtype)
+            native = self.natives[0] if self.natives else None
+            if native is not None and not self.measured(collective, dtype):
+                times = {n: t for n, t in times.items() if n == native or n in PLAN_NAMES}
+                gain = GAIN_UNMEASURED
+            else:
+                gain = GAIN_OVER_NATIVE
+            best = min(times, key=times.get)
+            return native if native is not None and times[best] > gain * times[native] else best
+        return self._forced(collective) or self._decided((collective, reduction_class(dtype)), nbytes, fastest)
+
+    def choose(self, collective: str, nbytes: int, dtype: torch.dtype = torch.float32):
+        """A flat algorithm's name, a native one, or a plan spec (pccl.Hierarchical, pccl.HORing)."""
+        name = self.name(collective, nbytes, dtype)
         return plans.NAMED.get(name, name)
 
     def compressed_predictions(self, collective: str, nbytes, dtype: torch.dtype, algorithm: str = "auto") -> dict:

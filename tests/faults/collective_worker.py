@@ -8,8 +8,9 @@ the failing call took) to OUT/rank-R.json before the error leaves the process.
 Places: flat (a flat ring all-gather), plan-intra / plan-inter (a two-level plan, the
 victim dying as its intra-node or inter-node phase starts), lane (an async all-gather on
 the communicator's worker thread while the caller computes), native (the transport's own
-collective: MPI_Allgather, or gloo's). Executors: cpp, python (MPI), torch (gloo, brought
-up through MPI under mpiexec or from torchrun's environment)."""
+collective: MPI_Allgather, or gloo's), native_nonblocking (MPI_Iallgather, polled).
+Executors: cpp, python (MPI), torch (gloo, brought up through MPI under mpiexec or from
+torchrun's environment)."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ import pccl
 from pccl.executors.plan import PlanExecutor
 from pccl.plans import Hierarchical
 
-PLACES = ("flat", "plan-intra", "plan-inter", "lane", "native")
+PLACES = ("flat", "plan-intra", "plan-inter", "lane", "native", "native_nonblocking")
 EXECUTORS = ("cpp", "python", "torch")
 CALLS, VICTIM_CALL = 6, 3
 # The plan's levels run rings, so that a missing peer surfaces as pccl's own timeout (the
@@ -67,7 +68,8 @@ def main() -> None:
     rank = comm.rank
     if a.place.startswith("plan-"):
         die_in_level(a.place.removeprefix("plan-"), rank, a.victim)
-    algorithm = {"flat": "ring", "lane": "ring", "native": "native"}.get(a.place, PLAN)
+    algorithm = {"flat": "ring", "lane": "ring", "native": "native",
+                 "native_nonblocking": "native_nonblocking"}.get(a.place, PLAN)
     x = torch.full((4096,), float(rank))
     out = torch.empty(4096 * comm.size)
     work = torch.randn(256, 256)

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from pccl.algorithms import algorithms_for
+from pccl.algorithms import NATIVES, algorithms_for
 from pccl.core.dtypes import DATATYPES
 from pccl.tools.bench import Case, bandwidths, bus_factor, value_modulus
 from pccl.tools.cli import round_size, size_sweep
@@ -264,7 +264,9 @@ def test_on_gpus_every_algorithm_and_plan_of_the_cpu_run_still_runs(collective):
     on_gpu, skipped = bench.runs(collective, SimpleNamespace(**args, device="cuda"),
                                  fake_comms({"cpp": ("cpu", "cuda"), "nccl": ("cuda",)}), GPU_PER_RANK)
     plain = lambda rows, executors: {a for e, _, a, c in rows if e in executors and c == "none"}  # noqa: E731
-    assert plain(on_cpu, ("cpp", "mpi")) == plain(on_gpu, ("cpp", "mpi")) == plain(on_gpu, ("nccl",))
+    # MPI's nonblocking collective is MPI's alone
+    assert plain(on_cpu, ("cpp", "mpi")) == plain(on_gpu, ("cpp", "mpi")) == plain(on_gpu, ("nccl",)) | {
+        "native_nonblocking"}
     assert {"hierarchical", "ho_ring", "native", "auto", "ring"} <= plain(on_gpu, ("nccl",))
     # compression: over NCCL only, and never HO-Ring's all-gather or all-reduce
     compressed = {(e, a) for e, _, a, c in on_gpu if c == "int8"}
@@ -333,7 +335,7 @@ def test_cuda_run_on_a_stand_in_gpu_skips_what_cannot_run_and_checks_the_rest(tm
     rows = json.loads(path.read_text())
     for collective in ("all_gather", "all_reduce"):
         mine = {(r["executor"], r["algorithm"]) for r in rows if r["collective"] == collective}
-        assert mine == {("cpp", a) for a in algorithms_for(collective) + ("auto",)} | {("mpi", "native")}
+        assert mine == {("cpp", a) for a in algorithms_for(collective) + ("auto",)} | {("mpi", n) for n in NATIVES}
     assert all(r["device"] == "cuda" and r["wrong"] == 0 and r["compression"] == "none" for r in rows)
     # per row: around the timed loop (one repeat), and before the check
     assert f"synchronized: {3 * len(rows)}" in done.stderr
@@ -347,7 +349,8 @@ def test_cuda_run_where_no_executor_can_run_fails_before_sending_anything():
     assert "NCCL refuses two ranks on one GPU" in done.stderr and "# pccl-bench" not in done.stdout
 
 
-# The CPU run's table before --device existed (2 ranks; times and bandwidths masked).
+# The CPU run's table (2 ranks; times and bandwidths masked). The suite runs without the
+# self-calibration (tests/conftest.py), so auto runs each transport's own collective.
 CPU_TABLE = """\
 # pccl-bench  ranks: 2  nodes: 1x2  type: float  op: sum  minBytes: 1024  maxBytes: 4096  step: 4(factor)  warmup iters: 0  iters: 1  repeats: 1  validation: 1
 #
@@ -357,30 +360,33 @@ CPU_TABLE = """\
 #-------------------------------------------------------------------------------------------------------------------------------------
 1024 256 float cpp ring * * * 0 - -
 1024 256 float mpi native * * * 0 - -
-1024 256 float cpp auto(recursive_doubling) * * * 0 - -
+1024 256 float cpp auto(native) * * * 0 - -
 1024 256 float python ring * * * 0 - -
-1024 256 float python auto(recursive_doubling) * * * 0 - -
+1024 256 float python auto(native) * * * 0 - -
 1024 256 float gloo ring * * * 0 - -
 1024 256 float gloo native * * * 0 - -
-1024 256 float gloo auto(recursive_doubling) * * * 0 - -
+1024 256 float gloo auto(native) * * * 0 - -
 4096 1024 float cpp ring * * * 0 - -
 4096 1024 float mpi native * * * 0 - -
-4096 1024 float cpp auto(recursive_doubling) * * * 0 - -
+4096 1024 float cpp auto(native) * * * 0 - -
 4096 1024 float python ring * * * 0 - -
-4096 1024 float python auto(recursive_doubling) * * * 0 - -
+4096 1024 float python auto(native) * * * 0 - -
 4096 1024 float gloo ring * * * 0 - -
 4096 1024 float gloo native * * * 0 - -
-4096 1024 float gloo auto(recursive_doubling) * * * 0 - -
+4096 1024 float gloo auto(native) * * * 0 - -
 #
 # all_reduce: fastest algorithm per executor (* = auto's pick)
 #    size(B)                          cpp                          mpi                       python                         gloo
 #
 # all_reduce: auto against the fastest of native and every algorithm
-#    size(B) executor   auto(us)   best(us) auto/best  auto ran -> fastest"""  # noqa: E501
+#    size(B) executor   auto(us)   best(us) auto/best  auto ran -> fastest
+# auto (cpp): no self-calibration (PCCL_SELF_CALIBRATION=0): the transport's own collective
+# auto (python): no self-calibration (PCCL_SELF_CALIBRATION=0): the transport's own collective
+# auto (gloo): unmeasured, no self-calibration on this transport: the transport's own collective"""  # noqa: E501
 
 
 @pytest.mark.mpi
-def test_cpu_run_prints_the_table_it_printed_before_device_existed(monkeypatch):
+def test_cpu_run_prints_its_table(monkeypatch):
     monkeypatch.delenv("PCCL_PROFILE", raising=False)   # auto's picks are the generic profile's
     done = mpiexec(2, "-m pccl.tools.bench", "-b", "1K", "-e", "4K", "-f", "4", "-n", "1", "-w", "0",
                    "--collectives", "all_reduce", "--algorithms", "ring,native,auto", timeout=120)
@@ -434,7 +440,7 @@ def test_on_a_gpu_two_ranks_share_it_over_mpi_and_every_row_is_right(gpu_aware, 
     assert "the MPI executors compress host buffers only" in done.stdout
     for collective in ("all_gather", "reduce_scatter", "all_reduce"):
         mine = {(r["executor"], r["algorithm"]) for r in rows if r["collective"] == collective}
-        assert mine == {("cpp", a) for a in algorithms_for(collective) + ("auto",)} | {("mpi", "native")}
+        assert mine == {("cpp", a) for a in algorithms_for(collective) + ("auto",)} | {("mpi", n) for n in NATIVES}
 
 
 @pytest.mark.gpu

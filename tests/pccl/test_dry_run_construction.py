@@ -76,9 +76,9 @@ def test_a_dry_runs_fields_are_a_transport_that_moves_nothing_and_plans_on_every
     assert comm.default_compression == "int8" and comm.label == "" and not comm.interruptible
     assert comm._plans is None and comm._compressed is None and not comm._owns_group and comm._calls == {}
     # auto weighs the plans and the transport's own collective; the flat tuner no plans
-    assert comm.tuner.with_plans and comm.tuner.with_native and comm.tuner.plans_apply
+    assert comm.tuner.with_plans and comm.tuner.natives == ("native",) and comm.tuner.plans_apply
     assert set(comm.tuner.candidates("all_reduce")) >= {"native", *PLAN_NAMES} - {"three_level"}
-    assert not comm._flat_tuner.with_plans and comm._flat_tuner.with_native
+    assert not comm._flat_tuner.with_plans and comm._flat_tuner.natives == ("native",)
     assert comm.tuner_for("meta") is comm.tuner and comm.queues_on_device("cpu") and not comm.uses_nccl()
     assert repr(comm) == f"DryRunCommunicator(rank=5, size=8, {comm.topology.describe()})"
 

@@ -123,12 +123,17 @@ def test_calibrating_one_node_measures_every_candidate_of_auto(tmp_path):
     prof = profiles.load(path)
     assert "one node" in prof.inter.source and prof.inter.bandwidth == prof.intra.bandwidth
     assert dict(prof.native_algorithms)["all_reduce"][0] == (9, "recursive_doubling"), "MPICH's selection"
-    kept = {(c, name): points for c, name, points in prof.calibration}
-    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
-        for name in algorithms_for(collective) + ("native",):
-            points = kept[(collective, name)]
-            assert [n for n, _ in points] == [16, 64], (collective, name)   # 4 B splits over no 2 ranks
+    kept = {(c, k, name): points for c, k, name, points in prof.calibration}
+    for collective, klass in [("all_gather", "full"), *((c, k) for c in ("reduce_scatter", "all_reduce")
+                                                         for k in ("full", "half"))]:
+        for name in algorithms_for(collective) + ("native", "native_nonblocking"):
+            points = kept[(collective, klass, name)]
+            # from 4 B doubling, in whole elements per rank (4 B of fp32 splits over no 2 ranks)
+            unit = (1 if collective == "all_reduce" else 2) * (4 if klass == "full" else 2)
+            assert [n for n, _ in points] == sorted({-(-s // unit) * unit for s in (4, 8, 16, 32, 64)}), \
+                (collective, klass, name)
             assert all(0 < ratio < 1e6 for _, ratio in points)
+    assert ("all_gather", "half") not in {(c, k) for c, k, _ in kept}, "all-gather reduces nothing: one class"
     assert "every candidate of auto" in prof.sources["calibration"]
 
 

@@ -26,11 +26,14 @@ A profile describes one kind of node and its links:
           inter-node hop over all of a node's NICs, as NCCL's and RCCL's channels do
           (Cray MPICH sends a rank's traffic through one NIC)
   calibration  measured/predicted time of each algorithm auto chooses among (the
-          native collective too), per collective at sizes from 4 B up, on the shape
-          pccl-bench --calibrate ran on: the cost model multiplies its prediction by this
-          ratio, interpolated in log(size) and held beyond the ends. It carries what the
-          link constants cannot: the fixed cost of a call, MPI's shared-memory and eager
-          paths, a library's own tuned selection
+          native collectives too), per collective and reduction class (fp16/bf16, "half",
+          apart from the rest, "full": pccl.core.dtypes.reduction_class) at sizes from
+          4 B up, on the shape pccl-bench --calibrate or the self-calibration
+          (pccl.tuning.self_calibration) ran on: the cost model multiplies its prediction
+          by this ratio, interpolated in log(size) and held beyond the ends; "half" falls
+          back to "full" where it was not measured (an all-gather reduces nothing). It
+          carries what the link constants cannot: the fixed cost of a call, MPI's
+          shared-memory and eager paths, a library's own tuned selection
 
 Built-in profiles live beside this module, pccl/tuning/profiles/<name>.json; `pccl-bench --calibrate` writes one
 for the machine it runs on. Every number carries its source in the file.
@@ -47,11 +50,13 @@ from typing import Optional
 import numpy as np
 
 from pccl.algorithms import GENERATORS
+from pccl.core.dtypes import REDUCTION_CLASSES
 from pccl.core.topology import Topology, TopologyError
 from pccl.util.files import write_atomic
 
 BUILTIN_DIR = Path(__file__).resolve().parent  # the JSON files beside this module
 DEFAULT = "generic"
+RATIOS = {"full": "ratios", "half": "ratios_half"}   # the file's calibration field of each reduction class
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,8 @@ class Profile:
     # stands for every size; collectives not named: ring
     native_algorithms: tuple = ()
     codecs: tuple = ()              # ((codec name, CodecRate), ...)
-    calibration: tuple = ()         # ((collective, algorithm name, ((bytes, measured/predicted), ...)), ...)
+    # ((collective, reduction class, algorithm name, ((bytes, measured/predicted), ...)), ...)
+    calibration: tuple = ()
     description: str = ""
     sources: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -142,8 +148,12 @@ class Profile:
                                  f"got {rate.call!r}")
         object.__setattr__(self, "native_algorithms", tuple(sorted(
             (collective, self._bands(collective, bands)) for collective, bands in self.native_algorithms)))
-        for collective, algorithm, points in self.calibration:
+        object.__setattr__(self, "calibration", tuple(sorted(self.calibration, key=lambda entry: entry[:3])))
+        for collective, klass, algorithm, points in self.calibration:
             sizes = [b for b, _ in points]
+            if klass not in REDUCTION_CLASSES:
+                raise ValueError(f"profile {self.name!r}: calibration class {klass!r} is not one of "
+                                 f"{REDUCTION_CLASSES}")
             if not points or sizes != sorted(set(sizes)) or any(not (r > 0) for _, r in points):
                 raise ValueError(f"profile {self.name!r}: calibration[{collective!r}][{algorithm!r}] must be "
                                  f"[bytes, ratio] pairs with sizes ascending and ratios > 0, got {points!r}")
@@ -181,15 +191,27 @@ class Profile:
             groups.setdefault(natives, []).append(i)
         return [(natives, np.array(index)) for natives, index in groups.items()]
 
-    def efficiency(self, collective: str, algorithm: str, sizes: np.ndarray) -> np.ndarray:
+    def efficiency(self, collective: str, algorithm: str, sizes: np.ndarray, klass: str = "full") -> np.ndarray:
         """The calibrated measured/predicted ratio of `algorithm` (a name: a flat schedule,
-        "native", "hierarchical", "ho_ring") for `collective` at `sizes` bytes: 1 where the
-        profile has none."""
-        for c, name, points in self.calibration:
-            if c == collective and name == algorithm:
-                at, ratio = zip(*points)
-                return np.interp(np.log2(np.maximum(sizes, 1)), np.log2(np.maximum(at, 1)), ratio)
-        return np.ones_like(np.asarray(sizes, float))
+        "native", "hierarchical", "ho_ring") for `collective` of reduction class `klass` at
+        `sizes` bytes: 1 where the profile has none."""
+        points = self._calibration(collective, klass).get(algorithm)
+        if points is None:
+            return np.ones_like(np.asarray(sizes, float))
+        at, ratio = zip(*points)
+        return np.interp(np.log2(np.maximum(sizes, 1)), np.log2(np.maximum(at, 1)), ratio)
+
+    def calibrated_for(self, collective: str, klass: str = "full") -> bool:
+        """Whether `collective` of reduction class `klass` was measured."""
+        return bool(self._calibration(collective, klass))
+
+    def _calibration(self, collective: str, klass: str) -> dict:
+        """{algorithm: points} measured for (collective, klass); "half" falls back to "full"."""
+        for wanted in dict.fromkeys((klass, "full")):
+            found = {name: points for c, k, name, points in self.calibration if c == collective and k == wanted}
+            if found:
+                return found
+        return {}
 
     def codec_rate(self, name: str) -> CodecRate:
         """The measured speed of codec `name`; a clear error where the profile lacks it."""
@@ -238,9 +260,12 @@ class Profile:
                            "source": self.sources.get("native", "")},
                 "codecs": {name: {"encode_GBps": r.encode / 1e9, "decode_GBps": r.decode / 1e9,
                                   "call_us": r.call * 1e6, "source": r.source} for name, r in self.codecs},
-                **({"calibration": {"source": self.sources.get("calibration", ""), "ratios": {
-                    c: {name: [list(p) for p in points] for c2, name, points in self.calibration if c2 == c}
-                    for c in dict.fromkeys(c for c, _, _ in self.calibration)}}} if self.calibration else {}),
+                **({"calibration": {"source": self.sources.get("calibration", ""), **{
+                    RATIOS[klass]: {c: {name: [list(p) for p in points]
+                                        for c2, k2, name, points in self.calibration if (c2, k2) == (c, klass)}
+                                    for c in dict.fromkeys(c for c, k, _, _ in self.calibration if k == klass)}
+                    for klass in REDUCTION_CLASSES if any(k == klass for _, k, _, _ in self.calibration)}}}
+                   if self.calibration else {}),
                 "sources": {k: v for k, v in self.sources.items()
                             if k not in ("reduce", "copy", "native", "calibration")}}
 
@@ -278,8 +303,9 @@ class Profile:
                        native_algorithms=tuple(sorted((c, bands if isinstance(bands, str) else
                                                        tuple(tuple(band) for band in bands))
                                                       for c, bands in native.get("algorithms", {}).items())),
-                       calibration=tuple((c, name, tuple((int(b), float(r)) for b, r in points))
-                                         for c, by_name in calibrated.get("ratios", {}).items()
+                       calibration=tuple((c, klass, name, tuple((int(b), float(r)) for b, r in points))
+                                         for klass in REDUCTION_CLASSES
+                                         for c, by_name in calibrated.get(RATIOS[klass], {}).items()
                                          for name, points in by_name.items()),
                        codecs=tuple(sorted((name, CodecRate(gbps(r["encode_GBps"]), gbps(r["decode_GBps"]),
                                                             us(r.get("call_us", 0.0)), r.get("source", "")))

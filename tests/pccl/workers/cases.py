@@ -23,9 +23,11 @@ MB_BYTES = 2 << 20   # the "few MB" case: full buffer of 2 MiB, float32 sum
 
 
 def groups() -> list[tuple[str, str, str]]:
-    # "native" is the transport's own collective: MPI's (tested once, under cpp) or gloo's.
+    # "native" is the transport's own collective: MPI's (tested once, under cpp) or gloo's;
+    # "native_nonblocking" MPI's nonblocking one, polled.
     return [(e, c, a) for e in EXECUTORS for c in COLLECTIVES
-            for a in algorithms_for(c) + (("native",) if e != "python" else ())]
+            for a in algorithms_for(c) + (("native",) if e != "python" else ())
+            + (("native_nonblocking",) if e == "cpp" else ())]
 
 
 def group_id(executor: str, collective: str, algorithm: str) -> str:

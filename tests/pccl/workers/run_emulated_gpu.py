@@ -9,7 +9,7 @@ import torch
 from mpi4py import MPI
 
 from pccl import _native
-from pccl.algorithms import algorithms_for, schedule
+from pccl.algorithms import NATIVES, algorithms_for, schedule
 from pccl.core.dtypes import dtype_code, op_code
 from tests.pccl.workers.cases import counts, make_input
 
@@ -24,17 +24,17 @@ failures: list[str] = []
 def call(comm, collective, algorithm, out, x, op, device):
     """One collective on `comm`; device 0 is the stand-in GPU, -1 host memory."""
     d, o = dtype_code(x.dtype), op_code(op, x.dtype)
-    native = algorithm == "native"
+    native, polled = algorithm in NATIVES, algorithm == "native_nonblocking"
     ops = None if native else schedule(collective, algorithm, p, rank).ops
     if collective == "all_gather":
         args = (out.data_ptr(), x.data_ptr(), x.numel(), d, device, 0)
-        comm.native_all_gather(*args) if native else comm.all_gather(ops, *args)
+        comm.native_all_gather(*args, polled) if native else comm.all_gather(ops, *args)
     elif collective == "reduce_scatter":
         args = (out.data_ptr(), x.data_ptr(), out.numel(), d, o, device, 0)
-        comm.native_reduce_scatter(*args) if native else comm.reduce_scatter(ops, *args)
+        comm.native_reduce_scatter(*args, polled) if native else comm.reduce_scatter(ops, *args)
     else:
         args = (x.data_ptr(), x.numel(), d, o, device, 0)
-        comm.native_all_reduce(*args) if native else comm.all_reduce(ops, *args)
+        comm.native_all_reduce(*args, polled) if native else comm.all_reduce(ops, *args)
     if device >= 0:
         comm.emulated_synchronize()  # the caller's stream synchronize
     return x if collective == "all_reduce" else out
@@ -53,7 +53,7 @@ def random_input(numel, dtype):
 
 
 for collective in ("all_gather", "reduce_scatter", "all_reduce"):
-    for algorithm in algorithms_for(collective) + ("native",):
+    for algorithm in algorithms_for(collective) + NATIVES:
         for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64):
             ops = ("sum",) if collective == "all_gather" else ("sum", "max") + (
                 ("avg",) if dtype.is_floating_point else ())
@@ -64,7 +64,7 @@ for collective in ("all_gather", "reduce_scatter", "all_reduce"):
                         expected = run(host, collective, algorithm, dtype, op, n, -1, salt)
                         for name, comm in devices.items():
                             actual = run(comm, collective, algorithm, dtype, op, n, 0, salt)
-                            exact = algorithm != "native" or salt >= 0 or op == "max"
+                            exact = algorithm not in NATIVES or salt >= 0 or op == "max"
                             if exact and not torch.equal(actual, expected):
                                 failures.append(f"{name} {collective} {algorithm} {op} {dtype} n={n} salt={salt}")
 
@@ -75,7 +75,7 @@ for collective in ("all_gather", "reduce_scatter", "all_reduce"):
 # larger one of the other; the stand-in device refuses a copy past a workspace's end.
 for name, comm in devices.items():
     for collective in ("all_gather", "reduce_scatter", "all_reduce"):
-        for algorithm in algorithms_for(collective) + ("native",):
+        for algorithm in algorithms_for(collective) + NATIVES:
             for dtype in (torch.float32, torch.bfloat16):
                 op = "sum" if collective == "all_gather" else "avg"
                 for n in (1, 1001, 7, 4099, 3):

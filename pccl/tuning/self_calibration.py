@@ -1,0 +1,310 @@
+"""Self-calibration: algorithm="auto" measured on the machine it runs on, with no user action.
+
+An MPI communicator whose profile nobody chose (no profile argument, no PCCL_PROFILE)
+measures, at its first auto call of a collective and reduction class on host buffers, every
+candidate of auto (the schedules, MPI's own collectives in both forms, the plans) at sizes
+from 4 B up, doubling, until BUDGET seconds are spent, and keeps the figures in a cache
+file that every later run of the same shape reads instead. The tuner then predicts exactly
+what was measured at those sizes (Profile.calibration), interpolates between them, and
+holds the largest size's ratios beyond it. Until then, and where this is off, auto runs
+the transport's own collective (pccl.tuning.selection, trust_native).
+
+Each size: every candidate is warmed up once, then timed in ROUNDS rounds (the order
+rotating between rounds, so no candidate always follows the same one), each an untimed
+call (switching from another candidate costs something a training loop, which repeats
+one, does not pay) and a timed loop of at least two calls; a round's time is the slowest
+rank's, a candidate's the median of its rounds. The
+next size is measured only if the budget still holds about twice the last one's time.
+
+Agreement: rank 0 reads the cache and shares what it found; the times are all-reduced
+(max), so every rank holds the same figures, stops at the same size and makes the same
+choices. This runs through the communicator's own ring schedule, which times out as
+every schedule does (a blocking MPI call would hang an interruptible communicator). Rank
+0 writes the file, atomically.
+
+The cache: PCCL_CACHE_DIR (default $XDG_CACHE_HOME/pccl, else ~/.cache/pccl), file
+calibration/<hash of the key>.json. The key holds what determines the answer: the node type
+(CPU model, cores, machine), the MPI library and version, the transport and executor, the
+world shape (ranks, ranks per node, nodes, NICs per node), pccl's version and FORMAT. An
+entry that is not valid JSON, whose key is not this one, whose figures are malformed or
+lack a candidate auto now has, is measured again and rewritten, with a warning; a cache
+that cannot be written keeps the figures for this run only, with a warning.
+
+PCCL_SELF_CALIBRATION=0 turns it off; PCCL_CALIBRATION_BUDGET is the budget in seconds per
+collective and class (default 0.4: at most 2 s per communicator shape for the five it can
+need, all-gather, and reduce-scatter and all-reduce of each class; all-gather reduces
+nothing, so one measurement serves both classes).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+import warnings
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from pccl.core.dtypes import reduction_class
+from pccl.util.files import write_atomic
+
+FORMAT = 1              # what is measured and how: an entry of another format is measured again
+BUDGET = 0.4            # seconds per collective and reduction class (PCCL_CALIBRATION_BUDGET)
+MAX_BYTES = 64 << 20    # the largest size measured, budget permitting
+ROUNDS = 3
+LOOP_BYTES = 64 << 10   # a round's loop: calls of small buffers up to this many bytes in all
+MAX_ITERS = 8
+GROWTH = 2.2            # a size's time over the previous one's once a loop is one call (twice the bytes, and some)
+DTYPE_OF = {"full": torch.float32, "half": torch.bfloat16}   # what each reduction class is measured with
+
+
+def enabled(env=os.environ) -> bool:
+    value = env.get("PCCL_SELF_CALIBRATION", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"PCCL_SELF_CALIBRATION must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def budget(env=os.environ) -> float:
+    text = env.get("PCCL_CALIBRATION_BUDGET")
+    try:
+        seconds = BUDGET if text is None else float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"PCCL_CALIBRATION_BUDGET must be a positive number of seconds, got {text!r}")
+    return seconds
+
+
+def cache_dir(env=os.environ) -> Path:
+    """Where calibrations are kept: PCCL_CACHE_DIR, else the user's cache directory."""
+    if env.get("PCCL_CACHE_DIR"):
+        return Path(env["PCCL_CACHE_DIR"])
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pccl"
+
+
+def node_type() -> str:
+    """The kind of machine: CPU model, logical cores, architecture (not its host name: the
+    nodes of a partition share one calibration)."""
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model or 'unknown CPU'}, {os.cpu_count()} cores, {platform.machine()}"
+
+
+def key_of(comm) -> dict:
+    """What the calibration of `comm`'s shape (a pccl.Communicator over MPI) depends on."""
+    from mpi4py import MPI
+
+    t = comm.topology
+    return {"format": FORMAT, "pccl": metadata.version("pccl"), "node": node_type(),
+            "mpi": MPI.Get_library_version().splitlines()[0].strip(), "transport": comm.transport,
+            "executor": comm.executor, "ranks": t.size, "nodes": [len(n) for n in t.nodes],
+            "nics_per_node": t.nics_per_node, "interruptible": comm.interruptible}
+
+
+def path_of(key: dict, env=os.environ) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir(env) / "calibration" / f"{digest}.json"
+
+
+def entry_key(collective: str, klass: str) -> str:
+    """The entry of a collective and class in a cache file ("all_gather" serves both)."""
+    return collective if collective == "all_gather" else f"{collective}/{klass}"
+
+
+def read(path: Path, key: dict) -> tuple[dict, Optional[str]]:
+    """({entry: {candidate: [[bytes, seconds], ...]}}, why it was refused or None): a
+    missing file is an empty cache; a file that is not a valid entry of `key` is refused."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return {}, f"unreadable ({type(e).__name__}: {e})"
+    if not isinstance(data, dict) or data.get("key") != key:
+        return {}, "made for another key (another version of pccl or of its format)"
+    measured = data.get("measured")
+    if not isinstance(measured, dict) or not all(map(valid_entry, measured.values())):
+        return {}, "malformed figures"
+    return measured, None
+
+
+def valid_entry(entry) -> bool:
+    """{candidate: [[bytes, seconds], ...]}, sizes ascending, times positive."""
+    def valid_points(points) -> bool:
+        if not isinstance(points, list) or not points:
+            return False
+        if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and p[0] > 0
+                   and isinstance(p[1], (int, float)) and p[1] > 0 for p in points):
+            return False
+        return [p[0] for p in points] == sorted({p[0] for p in points})
+    return isinstance(entry, dict) and bool(entry) and all(
+        isinstance(name, str) and valid_points(points) for name, points in entry.items())
+
+
+def write(path: Path, key: dict, measured: dict) -> None:
+    """The cache file of `key`, atomically: a reader sees the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"key": key, "measured": measured}, indent=1) + "\n")
+
+
+def sizes_of(collective: str, ranks: int, element_size: int, largest: int = MAX_BYTES) -> list[int]:
+    """Buffer sizes from 4 B up, doubling, each rounded up to whole elements per rank."""
+    unit = element_size * (1 if collective == "all_reduce" else ranks)
+    out: list[int] = []
+    nbytes = 4
+    while nbytes <= largest:
+        rounded = -(-nbytes // unit) * unit
+        if rounded not in out and rounded <= largest:
+            out.append(rounded)
+        nbytes *= 2
+    return out
+
+
+def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
+            largest: int = MAX_BYTES) -> dict:
+    """{candidate: [[bytes, seconds per call], ...]}: every candidate of auto for host
+    buffers timed through `comm` from 4 B up until `seconds` are spent (the slowest rank's
+    clock, so that every rank stops at the same size). Collective over `comm`."""
+    names = comm.tuner_for("cpu").candidates(collective)
+    element = torch.empty((), dtype=dtype).element_size()
+    out: dict = {name: [] for name in names}
+    spent = last = 0.0
+    for nbytes in sizes_of(collective, comm.size, element, largest):
+        # up to LOOP_BYTES / 2 a round's loop holds fewer calls as they grow: about the same time
+        if spent + (GROWTH if 2 * nbytes > LOOP_BYTES else 1.0) * last > seconds:
+            break
+        start = time.perf_counter()
+        call = calls(comm, collective, nbytes // element, dtype)
+        iters = max(2, min(MAX_ITERS, LOOP_BYTES // nbytes))
+        for name in names:
+            call(name)
+        rounds = torch.zeros(ROUNDS, len(names) + 1, dtype=torch.float64)
+        for r in range(ROUNDS):
+            for i in [(j + r) % len(names) for j in range(len(names))]:
+                call(names[i])   # the switch from another candidate is not its cost: a loop repeats one
+                began = time.perf_counter()
+                for _ in range(iters):
+                    call(names[i])
+                rounds[r, i] = (time.perf_counter() - began) / iters
+        rounds[:, -1] = time.perf_counter() - start
+        comm.all_reduce(rounds, op="max", algorithm="ring")   # every rank the same figures
+        for i, name in enumerate(names):
+            out[name].append([nbytes, statistics.median(rounds[:, i].tolist())])
+        last = float(rounds[0, -1])
+        spent += last
+    return out
+
+
+def calls(comm, collective: str, count: int, dtype: torch.dtype):
+    """call(name): `collective` of `count` elements in all, with algorithm `name`."""
+    if collective == "all_reduce":
+        tensor = torch.ones(count, dtype=dtype)
+        return lambda name: comm.all_reduce(tensor, algorithm=name)
+    full, block = torch.ones(count, dtype=dtype), torch.ones(count // comm.size, dtype=dtype)
+    if collective == "all_gather":
+        return lambda name: comm.all_gather(full, block, algorithm=name)
+    return lambda name: comm.reduce_scatter(block, full, algorithm=name)
+
+
+def share(comm, payload: Optional[bytes]) -> bytes:
+    """Rank 0's `payload` on every rank, through the communicator's ring all-reduce."""
+    length = torch.tensor([len(payload) if comm.rank == 0 else 0], dtype=torch.int64)
+    comm.all_reduce(length, algorithm="ring")
+    data = torch.zeros(int(length.item()), dtype=torch.int32)
+    if comm.rank == 0:
+        data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+    if data.numel():
+        comm.all_reduce(data, algorithm="ring")
+    return bytes(data.to(torch.uint8).tolist())
+
+
+class SelfCalibration:
+    """The calibration of one communicator's shape: read from the cache at first need,
+    measured where missing, and applied to the communicator's profile."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.on = enabled()
+        self.budget = budget()
+        self.base = comm.profile          # what the measured ratios are taken against
+        self.key = key_of(comm)
+        self.path = path_of(self.key)
+        self.measured: Optional[dict] = None   # {entry: {candidate: points}}, once read
+        self.seconds: dict[str, float] = {}    # entry -> seconds this process spent measuring it
+
+    def ensure(self, collective: str, dtype: torch.dtype) -> None:
+        """Make sure auto's choices for `collective` of `dtype` rest on a measurement: the
+        cache's, or one made now (collective: every rank reaches it at the same call)."""
+        if not self.on:
+            return
+        entry = entry_key(collective, reduction_class(dtype))
+        if self.measured is not None and entry in self.measured:
+            return
+        self.comm.drain()
+        if self.measured is None:
+            self.measured = self._agreed_cache()
+            self._apply()
+        if self._current(entry, collective):
+            return
+        klass = "full" if collective == "all_gather" else reduction_class(dtype)
+        start = time.perf_counter()
+        self.measured[entry] = measure(self.comm, collective, DTYPE_OF[klass], self.budget)
+        self.seconds[entry] = time.perf_counter() - start
+        if self.comm.rank == 0:
+            self._store(entry)
+        self._apply()
+
+    def _current(self, entry: str, collective: str) -> bool:
+        """Whether the cache's figures for `entry` cover every candidate auto has now."""
+        names = set(self.comm.tuner_for("cpu").candidates(collective))
+        return entry in self.measured and names <= set(self.measured[entry])
+
+    def _agreed_cache(self) -> dict:
+        """Rank 0's cache entry, on every rank."""
+        payload = None
+        if self.comm.rank == 0:
+            measured, refused = read(self.path, self.key)
+            if refused is not None:
+                warnings.warn(f"pccl: the calibration cache {self.path} is {refused}; measuring again",
+                              RuntimeWarning, stacklevel=4)
+            payload = json.dumps(measured).encode()
+        return json.loads(share(self.comm, payload))
+
+    def _store(self, entry: str) -> None:
+        """Rank 0: merge `entry` into the file (another run may have added others)."""
+        try:
+            on_disk, refused = read(self.path, self.key)
+            write(self.path, self.key, {**(on_disk if refused is None else {}), entry: self.measured[entry]})
+        except OSError as e:
+            warnings.warn(f"pccl: cannot write the calibration cache {self.path} ({e}); this run keeps its "
+                          "measurement, the next measures again", RuntimeWarning, stacklevel=4)
+
+    def _apply(self) -> None:
+        """The communicator decides with the base profile calibrated by every figure held."""
+        from pccl.tuning.calibrate import calibrated
+
+        figures = {(collective, klass, name): [tuple(p) for p in points]
+                   for entry, by_name in self.measured.items()
+                   for collective, klass in [entry_parts(entry)]
+                   for name, points in by_name.items()}
+        if figures:
+            self.comm.use_profile(calibrated(self.base, self.comm.topology, figures,
+                                             f"self-calibration, {self.path}"))
+
+
+def entry_parts(entry: str) -> tuple[str, str]:
+    collective, _, klass = entry.partition("/")
+    return collective, klass or "full"

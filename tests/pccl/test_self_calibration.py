@@ -1,0 +1,187 @@
+"""auto out of the box: the self-calibration's cache (its key, atomic writes, corrupt and
+stale entries), what auto does before and after a measurement, the reduction classes, and
+(on several ranks) that every rank holds rank 0's figures and decides alike."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from pccl.core.topology import Topology
+from pccl.tuning import self_calibration as sc
+from pccl.tuning.calibrate import calibrated
+from pccl.tuning.profiles import Link, Profile
+from pccl.tuning.selection import Tuner
+from tests.support.mpirun import mpiexec
+
+MB = 1 << 20
+KEY = {"format": sc.FORMAT, "pccl": "0.1.0", "node": "a CPU, 2 cores, x86_64", "mpi": "MPICH Version: 4.3",
+       "transport": "mpi", "executor": "cpp", "ranks": 4, "nodes": [4], "nics_per_node": 1, "interruptible": False}
+FIGURES = {"all_gather": {"ring": [[16, 2e-5], [32, 3e-5]], "native": [[16, 1e-5], [32, 4e-5]]}}
+
+
+def test_every_part_of_the_key_names_its_own_file(tmp_path):
+    env = {"PCCL_CACHE_DIR": str(tmp_path)}
+    path = sc.path_of(KEY, env)
+    assert path.parent == tmp_path / "calibration" and path == sc.path_of(dict(KEY), env)
+    others = {sc.path_of({**KEY, field: "other"}, env) for field in KEY}
+    assert len(others) == len(KEY) and path not in others
+
+
+def test_the_cache_directory_comes_from_the_environment(tmp_path):
+    assert sc.cache_dir({"PCCL_CACHE_DIR": "/x/y"}) == sc.Path("/x/y")
+    assert sc.cache_dir({"XDG_CACHE_HOME": "/c"}) == sc.Path("/c/pccl")
+    assert sc.cache_dir({}).parts[-2:] == (".cache", "pccl")
+
+
+def test_an_entry_reads_back_as_written(tmp_path):
+    path = tmp_path / "calibration" / "x.json"
+    sc.write(path, KEY, FIGURES)
+    assert sc.read(path, KEY) == (FIGURES, None)
+    assert sc.read(tmp_path / "missing.json", KEY) == ({}, None)   # no file: an empty cache, no complaint
+
+
+def test_a_failed_write_leaves_the_previous_entry_whole(tmp_path, monkeypatch):
+    path = tmp_path / "calibration" / "x.json"
+    sc.write(path, KEY, FIGURES)
+
+    def crash(*args):
+        raise OSError("disk full")
+    monkeypatch.setattr(sc.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        sc.write(path, KEY, {"all_reduce/half": FIGURES["all_gather"]})
+    assert sc.read(path, KEY) == (FIGURES, None)
+    assert [p.name for p in path.parent.iterdir()] == ["x.json"], "no temporary file left behind"
+
+
+@pytest.mark.parametrize("content,why", [
+    (b"\x00\xff garbage", "unreadable"),
+    (b'{"key": ', "unreadable"),
+    (json.dumps({"key": {**KEY, "format": sc.FORMAT + 1}, "measured": FIGURES}).encode(), "another key"),
+    (json.dumps({"key": {**KEY, "pccl": "0.0.9"}, "measured": FIGURES}).encode(), "another key"),
+    (json.dumps({"key": KEY, "measured": {"all_gather": {"ring": [[32, 1e-5], [16, 1e-5]]}}}).encode(), "malformed"),
+    (json.dumps({"key": KEY, "measured": {"all_gather": {"ring": [[16, -1.0]]}}}).encode(), "malformed"),
+    (json.dumps({"key": KEY, "measured": {"all_gather": {"ring": []}}}).encode(), "malformed"),
+    (json.dumps({"key": KEY, "measured": [1, 2]}).encode(), "malformed"),
+    (json.dumps([KEY]).encode(), "another key"),
+])
+def test_a_corrupt_or_stale_entry_is_refused_with_the_reason_never_raised(tmp_path, content, why):
+    path = tmp_path / "x.json"
+    path.write_bytes(content)
+    measured, refused = sc.read(path, KEY)
+    assert measured == {} and why in refused
+
+
+def test_sizes_double_from_4_bytes_in_whole_blocks_per_rank():
+    assert sc.sizes_of("all_reduce", 4, 4, 64) == [4, 8, 16, 32, 64]
+    assert sc.sizes_of("all_gather", 3, 4, 100) == [12, 24, 36, 72]   # multiples of 3 ranks x 4 B
+    assert sc.sizes_of("reduce_scatter", 4, 2, 64) == [8, 16, 32, 64]
+    assert sc.entry_key("all_gather", "half") == "all_gather"   # it reduces nothing: one entry serves both
+    assert sc.entry_parts(sc.entry_key("all_reduce", "half")) == ("all_reduce", "half")
+
+
+def test_its_settings_are_checked():
+    assert sc.enabled({}) and not sc.enabled({"PCCL_SELF_CALIBRATION": "0"})
+    with pytest.raises(ValueError, match="PCCL_SELF_CALIBRATION must be 0 or 1, got 'yes'"):
+        sc.enabled({"PCCL_SELF_CALIBRATION": "yes"})
+    assert sc.budget({}) == sc.BUDGET and sc.budget({"PCCL_CALIBRATION_BUDGET": "1.5"}) == 1.5
+    for bad in ("0", "-1", "soon", "nan"):
+        with pytest.raises(ValueError, match="PCCL_CALIBRATION_BUDGET must be a positive number of seconds"):
+            sc.budget({"PCCL_CALIBRATION_BUDGET": bad})
+
+
+# ----------------------------------------------------------------- auto's decisions
+
+# A profile under which pccl's schedules are predicted far faster than the native collective
+# (counted as the ring): a measurement-free auto must still take native on one node.
+FAST_LINKS = Profile(name="generic", ranks_per_node=4, nics_per_node=1, intra=Link(2e-6, 40e9),
+                     inter=Link(7e-6, 10e9), reduce_bandwidth=60e9, copy_bandwidth=90e9)
+
+
+def test_unmeasured_auto_runs_the_transports_own_collective_on_one_node():
+    one_node = Topology.regular(8, 8)
+    trusting = Tuner(one_node, FAST_LINKS, natives=("native", "native_nonblocking"), trust_native=True)
+    modelled = Tuner(one_node, FAST_LINKS, natives=("native", "native_nonblocking"))
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        for n in (16, 4096, MB, 64 * MB):
+            assert trusting.name(collective, n) == "native"
+        assert modelled.name(collective, 16) != "native", "the model alone predicts a schedule faster"
+    interruptible = Tuner(one_node, FAST_LINKS, natives=("native_nonblocking",), trust_native=True)
+    assert interruptible.name("all_reduce", MB) == "native_nonblocking"
+
+
+def test_unmeasured_auto_takes_a_plan_only_where_it_is_predicted_at_least_twice_as_fast():
+    topo = Topology.regular(16, 4)
+    tuner = Tuner(topo, FAST_LINKS, trust_native=True)
+    for n in (4096, MB, 64 * MB):
+        times = tuner.predictions("all_gather", n)
+        plan = min((p for p in ("hierarchical", "ho_ring") if p in times), key=times.get)
+        expected = plan if times[plan] <= 0.5 * times["native"] else "native"
+        assert tuner.name("all_gather", n) == expected
+
+
+def measured_profile(topo: Topology, klass: str, fastest: str) -> Profile:
+    """FAST_LINKS calibrated for all-reduce of `klass` so that `fastest` measured 4x
+    faster than every other candidate at every size."""
+    names = ("ring", "recursive_doubling", "rabenseifner", "native")
+    sizes = (16, 4096, MB)
+    figures = {("all_reduce", klass, n): [(s, 1e-3 / (4 if n == fastest else 1)) for s in sizes] for n in names}
+    return calibrated(FAST_LINKS, topo, figures, "a test")
+
+
+def test_measured_auto_takes_what_was_measured_fastest_per_reduction_class():
+    topo = Topology.regular(4, 4)
+    prof = measured_profile(topo, "half", "rabenseifner")
+    tuner = Tuner(topo, prof, trust_native=True)
+    assert tuner.measured("all_reduce", torch.bfloat16) and tuner.measured("all_reduce", torch.float16)
+    assert not tuner.measured("all_reduce", torch.float32), "fp32 was not measured: its own class"
+    for n in (16, 4096, MB, 64 * MB):   # held beyond the largest size measured
+        assert tuner.name("all_reduce", n, torch.bfloat16) == "rabenseifner"
+        assert tuner.name("all_reduce", n, torch.float32) == "native"
+    full = measured_profile(topo, "full", "recursive_doubling")
+    fallback = Tuner(topo, full, trust_native=True)
+    assert fallback.name("all_reduce", 4096, torch.bfloat16) == "recursive_doubling", "half falls back to full"
+
+
+def test_a_calibration_per_class_round_trips_through_the_file_form_and_older_files_read_as_full():
+    topo = Topology.regular(4, 4)
+    prof = calibrated(measured_profile(topo, "half", "ring"), topo,
+                      {("all_reduce", "full", "ring"): [(16, 1e-5)]}, "a test")
+    again = Profile.from_dict(json.loads(json.dumps(prof.to_dict())))
+    assert again.calibration == prof.calibration and {k for _, k, _, _ in again.calibration} == {"full", "half"}
+    old = prof.to_dict()
+    old["calibration"] = {"source": "an older file", "ratios": {"all_gather": {"ring": [[16, 2.0]]}}}
+    assert Profile.from_dict(old).calibration == (("all_gather", "full", "ring", ((16, 2.0),)),)
+    with pytest.raises(ValueError, match="calibration class 'quarter' is not one of"):
+        Profile(**{**prof.__dict__, "calibration": (("all_gather", "quarter", "ring", ((16, 1.0),)),)})
+
+
+# ----------------------------------------------------------------- on several ranks
+
+@pytest.mark.mpi
+def test_ranks_measure_once_share_rank_0s_figures_and_redo_a_corrupt_entry(tmp_path):
+    """3 ranks, each with its own cache directory (as on nodes without a shared file
+    system): the first communicator measures, a second reads rank 0's file, a corrupt file
+    is measured again; every rank holds the same figures and makes the same choices; the
+    collectives stay exact throughout (tests/pccl/workers/run_self_calibration.py)."""
+    report_path = tmp_path / "report.json"
+    run = mpiexec(3, "-m tests.pccl.workers.run_self_calibration", str(tmp_path), str(report_path), timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    first, second, corrupt, tiny, interruptible = (report[k] for k in
+                                                    ("first", "second", "corrupt", "tiny", "interruptible"))
+    assert first["agree"] and second["agree"] and corrupt["agree"], "every rank the same figures and choices"
+    assert first["exact"] and second["exact"] and corrupt["exact"]
+    assert set(first["measured_now"]) == {"all_reduce/half", "all_gather"}
+    assert first["files"] == [1, 0, 0], "rank 0 alone writes the cache"
+    assert second["measured_now"] == [] and second["figures"] == first["figures"], "read, not measured again"
+    assert set(corrupt["measured_now"]) == {"all_reduce/half", "all_gather"} and "unreadable" in corrupt["warning"]
+    assert corrupt["valid_after"]
+    assert all(len(points) == 1 for points in tiny["figures"]["all_reduce/full"].values()), \
+        "a budget spent by the first size ends the measurement there, on every rank"
+    names = set(interruptible["figures"]["all_reduce/full"])
+    assert "native_nonblocking" in names and "native" not in names, "an interruptible communicator never blocks"
+    assert interruptible["path"] != first["path"]
+    assert math.isfinite(sum(first["seconds"].values()))

@@ -1,0 +1,72 @@
+"""The self-calibration on several ranks (tests/pccl/test_self_calibration.py):
+
+    mpiexec -n 3 python -m tests.pccl.workers.run_self_calibration DIR REPORT
+
+Each rank caches in DIR/rank-R (no shared file system). In turn: a first communicator
+measures all-gather and bf16 all-reduce at their first auto call; a second reads rank 0's
+file; rank 0's file is corrupted and a third measures again; a tiny budget stops after the
+first size; an interruptible communicator has a key (and candidates) of its own. Rank 0
+writes what each step saw to REPORT."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from mpi4py import MPI
+
+import pccl
+from pccl.tuning import self_calibration as sc
+
+root, report_path = Path(sys.argv[1]), Path(sys.argv[2])
+world = MPI.COMM_WORLD
+rank, p = world.rank, world.size
+torch.set_num_threads(1)
+os.environ.update(PCCL_SELF_CALIBRATION="1", PCCL_CACHE_DIR=str(root / f"rank-{rank}"), PCCL_CALIBRATION_BUDGET="0.05")
+SIZES = (4, 64, 1024, 1 << 14, 1 << 18, 1 << 22, 1 << 26)
+
+
+def step(comm_options: dict, dtype=torch.bfloat16) -> dict:
+    """A new communicator's first auto calls (an all-gather, an all-reduce of `dtype`),
+    checked against the exact sums, and what its self-calibration holds."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        comm = pccl.init(**comm_options)
+        x = (torch.arange(1000) % 7 + rank).to(dtype)   # small integers: exact sums in every dtype
+        comm.all_reduce(x)
+        expected = ((torch.arange(1000) % 7) * p + p * (p - 1) // 2).float()
+        gathered = torch.empty(4 * p)
+        comm.all_gather(gathered, torch.full((4,), float(rank)))
+    own = comm.self_calibration
+    exact = torch.equal(x.float(), expected) and torch.equal(gathered, torch.arange(p).repeat_interleave(4).float())
+    choices = [comm.resolve(c, "auto", n, dtype=d) for c in ("all_gather", "all_reduce") for n in SIZES
+               for d in (torch.float32, torch.bfloat16)]
+    mine = json.dumps([own.measured, [str(c) for c in choices], sorted(map(str, comm.profile.calibration))],
+                      sort_keys=True)
+    agree = len(set(world.allgather(mine))) == 1 and world.allreduce(int(exact), op=MPI.MIN) == 1
+    files = world.gather(len(list((root / f"rank-{rank}").rglob("*.json"))), root=0)
+    out = {"agree": agree, "exact": bool(world.allreduce(int(exact), op=MPI.MIN)), "figures": own.measured,
+           "measured_now": sorted(own.seconds), "seconds": own.seconds, "path": str(own.path), "files": files,
+           "warning": " ".join(str(w.message) for w in caught if issubclass(w.category, RuntimeWarning))}
+    if rank == 0:
+        out["valid_after"] = sc.read(own.path, own.key)[1] is None
+    comm.close()
+    return out
+
+
+report = {"first": step({})}
+report["second"] = step({})
+if rank == 0:
+    Path(report["first"]["path"]).write_bytes(b"\x00 not json")
+world.Barrier()
+report["corrupt"] = step({})
+os.environ["PCCL_CALIBRATION_BUDGET"] = "1e-9"
+os.environ["PCCL_CACHE_DIR"] = str(root / f"tiny-{rank}")
+report["tiny"] = step({}, dtype=torch.float32)
+os.environ["PCCL_CACHE_DIR"] = str(root / f"rank-{rank}")
+report["interruptible"] = step({"interruptible": True}, dtype=torch.float32)
+if rank == 0:
+    report_path.write_text(json.dumps(report))
