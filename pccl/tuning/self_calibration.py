@@ -42,6 +42,7 @@ import json
 import os
 import platform
 import statistics
+import threading
 import time
 import warnings
 from importlib import metadata
@@ -61,6 +62,7 @@ LOOP_BYTES = 64 << 10   # a round's loop: calls of small buffers up to this many
 MAX_ITERS = 8
 GROWTH = 2.2            # a size's time over the previous one's once a loop is one call (twice the bytes, and some)
 DTYPE_OF = {"full": torch.float32, "half": torch.bfloat16}   # what each reduction class is measured with
+_FILES = threading.Lock()   # the engine's two lanes may store one shape's entries at once
 
 
 def enabled(env=os.environ) -> bool:
@@ -286,8 +288,9 @@ class SelfCalibration:
     def _store(self, entry: str) -> None:
         """Rank 0: merge `entry` into the file (another run may have added others)."""
         try:
-            on_disk, refused = read(self.path, self.key)
-            write(self.path, self.key, {**(on_disk if refused is None else {}), entry: self.measured[entry]})
+            with _FILES:
+                on_disk, refused = read(self.path, self.key)
+                write(self.path, self.key, {**(on_disk if refused is None else {}), entry: self.measured[entry]})
         except OSError as e:
             warnings.warn(f"pccl: cannot write the calibration cache {self.path} ({e}); this run keeps its "
                           "measurement, the next measures again", RuntimeWarning, stacklevel=4)
