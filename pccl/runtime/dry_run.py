@@ -30,9 +30,10 @@ DEVICES = ("cpu", "cuda", "meta")
 
 
 class DryRunCommunicator(Communicator):
-    def __init__(self, topology: Topology, profile: Profile, rank: int = 0, *,
+    def __init__(self, topology: Topology, profile: Profile, rank: int = 0, *, trust_native: bool = False,
                  _root: Optional[tuple[Topology, tuple]] = None):
-        """Rank `rank` of a world shaped as `topology`, predicting with `profile`."""
+        """Rank `rank` of a world shaped as `topology`, predicting with `profile`;
+        trust_native: decide as a communicator with no profile chosen does (Tuner)."""
         if not isinstance(topology, Topology):
             raise TypeError(f"topology must be a pccl.Topology, got {type(topology).__name__}")
         if not isinstance(profile, Profile):
@@ -47,7 +48,8 @@ class DryRunCommunicator(Communicator):
         self.group = self.mpi_comm = None
         self.devices = DEVICES
         # Every other field as a real communicator's (no collective call: topology and profile are given).
-        self._set_up(topology, profile, {"intra": "dry-run", "inter": "dry-run"}, plan_devices=DEVICES)
+        self._set_up(topology, profile, {"intra": "dry-run", "inter": "dry-run"}, plan_devices=DEVICES,
+                     trust_native=trust_native)
         # (the world's topology, this communicator's partition of it); None: the world itself
         self._root = _root
         self.calls: list[tuple[str, object, int, float]] = []   # (collective, algorithm, bytes, seconds)
@@ -73,7 +75,7 @@ class DryRunCommunicator(Communicator):
         world, parents = self._root if self._root is not None else (self.topology, (tuple(range(self.size)),))
         partition = tuple(tuple(parent[i] for i in g) for parent in parents for g in groups)
         return DryRunCommunicator(self.topology.restrict(members), self.profile, members.index(self.rank),
-                                  _root=(world, partition))
+                                  trust_native=self.trust_native, _root=(world, partition))
 
     def predict(self, collective: str, algorithm, nbytes: int) -> float:
         """Seconds the cost model predicts for this call (`algorithm` resolved)."""
