@@ -134,7 +134,6 @@ std::string MpiComm::waited_peers() const {
 // at most kMaxNap on a wait that was already longer than `spin`.
 bool MpiComm::poll(const std::function<bool()>& test, std::chrono::microseconds spin) const {
   using clock = std::chrono::steady_clock;
-  const auto kSpin = spin;
   constexpr auto kMaxNap = std::chrono::microseconds(100);
   const auto start = clock::now();
   const auto deadline = start + std::chrono::duration<double>(timeout_s_);
@@ -143,7 +142,7 @@ bool MpiComm::poll(const std::function<bool()>& test, std::chrono::microseconds 
     if (test()) return true;
     const auto now = clock::now();
     if (now > deadline) return false;
-    if (now - start < kSpin) {
+    if (now - start < spin) {
       sched_yield();
     } else {
       std::this_thread::sleep_for(nap);

@@ -32,8 +32,6 @@ from pccl.plans import NAMED, compresses_consistently, three_level
 from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
 from pccl.tuning import self_calibration
 from pccl.tuning.calibrate import calibrate, calibrated
-from pccl.tuning.self_calibration import DTYPE_OF
-from pccl.tuning.self_calibration import measure as time_candidates_of
 from pccl.util.args import at_least
 from pccl.util.files import write_atomic
 from pccl.util.sizes import parse_size
@@ -598,7 +596,8 @@ def time_candidates(comm: pccl.Communicator, maxbytes: int) -> dict:
     return {(collective, klass, name): points
             for collective in COLLECTIVES
             for klass in (("full",) if collective == "all_gather" else REDUCTION_CLASSES)
-            for name, points in time_candidates_of(comm, collective, DTYPE_OF[klass], math.inf, maxbytes).items()}
+            for name, points in self_calibration.measure(comm, collective, self_calibration.DTYPE_OF[klass], math.inf,
+                                                         maxbytes).items()}
 
 
 def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:

@@ -45,6 +45,7 @@ import statistics
 import threading
 import time
 import warnings
+from functools import cached_property
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
@@ -242,17 +243,24 @@ class SelfCalibration:
         self.on = enabled()
         self.budget = budget()
         self.base = comm.profile          # what the measured ratios are taken against
-        self.key = key_of(comm)
-        self.path = path_of(self.key)
         self.measured: Optional[dict] = None   # {entry: {candidate: points}}, once read
         self.seconds: dict[str, float] = {}    # entry -> seconds this process spent measuring it
+
+    @cached_property
+    def key(self) -> dict:   # at first need: a communicator that never measures pays nothing
+        return key_of(self.comm)
+
+    @cached_property
+    def path(self) -> Path:
+        return path_of(self.key)
 
     def ensure(self, collective: str, dtype: torch.dtype) -> None:
         """Make sure auto's choices for `collective` of `dtype` rest on a measurement: the
         cache's, or one made now (collective: every rank reaches it at the same call)."""
         if not self.on:
             return
-        entry = entry_key(collective, reduction_class(dtype))
+        klass = "full" if collective == "all_gather" else reduction_class(dtype)
+        entry = entry_key(collective, klass)
         if self.measured is not None and entry in self.measured:
             return
         self.comm.drain()
@@ -261,7 +269,6 @@ class SelfCalibration:
             self._apply()
         if self._current(entry, collective):
             return
-        klass = "full" if collective == "all_gather" else reduction_class(dtype)
         start = time.perf_counter()
         self.measured[entry] = measure(self.comm, collective, DTYPE_OF[klass], self.budget)
         self.seconds[entry] = time.perf_counter() - start
