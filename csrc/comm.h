@@ -94,10 +94,8 @@ class MpiComm {
   void mark_touched(const char* source);  // the pending receives' blocks now hold their values in buf
   void post(bool is_send, char* ptr, int64_t bytes, int peer);
   void wait_all(int64_t step);
-  // A schedule's step spins 50 us: its messages are in flight, MPI moves them without us. A
-  // nonblocking collective advances only inside MPI_Test (MPICH), so it spins longer.
-  static constexpr std::chrono::microseconds kStepSpin{50}, kCollectiveSpin{2000};
-  bool poll(const std::function<bool()>& test, std::chrono::microseconds spin = kStepSpin) const;
+  // Polls `test` until it reports done; false once the timeout has passed (see comm.cpp).
+  bool poll(const std::function<bool()>& test) const;
   std::string timed_out(const std::string& what);  // marks the communicator broken; the Timeout's text
   // A native collective: call(type, op, request) starts it (request non-null: nonblocking).
   using NativeCall = std::function<int(MPI_Datatype, MPI_Op, MPI_Request*)>;

@@ -101,7 +101,7 @@ void MpiComm::native(const char* what, DType dtype, Op op, bool polled, const Na
     int finished = 0;
     check(MPI_Test(&request, &finished, MPI_STATUS_IGNORE), "MPI_Test");
     return finished != 0;
-  }, kCollectiveSpin);
+  });
   if (!done) throw Timeout(timed_out(std::string("in ") + what));
 }
 

@@ -14,7 +14,7 @@ from pccl.core.errors import CollectiveTimeout, waited_peers
 from pccl.executors.base import ScheduleExecutor
 
 TAG = 7002
-SPIN, NAP, MAX_NAP = 50e-6, 1e-6, 100e-6   # seconds: yield first, then naps doubling to the cap
+SPIN, NAP, MAX_NAP = 0.1, 1e-6, 100e-6   # seconds: yield first, then naps doubling to the cap (as csrc/comm.cpp)
 
 
 def as_bytes(t: torch.Tensor):
@@ -40,8 +40,9 @@ class MpiPythonExecutor(ScheduleExecutor):
         reqs += [self.comm.Isend([as_bytes(t), MPI.BYTE], dest=peer, tag=TAG) for peer, t in sends]
         start = time.monotonic()
         deadline, nap = start + self.timeout, NAP
-        # Poll, so a missing peer times out; yield for SPIN, then nap between polls (as
-        # csrc/comm.cpp's wait_all), leaving the core to computing threads.
+        # Poll, so a missing peer times out; yield between polls for SPIN (MPI moves bytes
+        # between ranks of a node only while they poll), then nap (a straggler: leave the
+        # core to computing threads), as csrc/comm.cpp's poll.
         while not MPI.Request.Testall(reqs):
             now = time.monotonic()
             if now > deadline:

@@ -55,7 +55,7 @@ import torch
 from pccl.core.dtypes import reduction_class
 from pccl.util.files import write_atomic
 
-FORMAT = 1              # what is measured and how: an entry of another format is measured again
+FORMAT = 2              # what is measured and how: an entry of another format is measured again (2: waits spin)
 BUDGET = 0.4            # seconds per collective and reduction class (PCCL_CALIBRATION_BUDGET)
 MAX_BYTES = 64 << 20    # the largest size measured, budget permitting
 ROUNDS = 3
