@@ -29,7 +29,7 @@ from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DATATYPES, OPS, REDUCTION_CLASSES
 from pccl.plans import NAMED, compresses_consistently, three_level
-from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
+from pccl.tools.cli import comma_list, size_arg, size_sweep, time_calls
 from pccl.tuning import self_calibration
 from pccl.tuning.calibrate import calibrate, calibrated
 from pccl.util.args import at_least
@@ -212,26 +212,31 @@ def errors(case: Case, call: Callable[[], None], world: MPI.Comm) -> tuple[float
     return largest / scale if scale else largest, (squares / reference) ** 0.5 if reference else squares ** 0.5
 
 
-def measure(case: Case, comm: pccl.Communicator, executor: str, algorithm: str,
-            args: argparse.Namespace, world: MPI.Comm, compression: str = "none") -> Row:
-    """Time (and optionally check) one algorithm of one executor on one case; a lossy
+def measure(case: Case, todo: list[tuple[str, pccl.Communicator, str, str]], args: argparse.Namespace,
+            world: MPI.Comm) -> list[Row]:
+    """A row for each (executor label, communicator, algorithm, compression) of `todo` on one
+    case: timed with their repeats taking turns (time_calls), then checked if asked; a lossy
     codec's row gets its error against the exact result instead of a count of wrong elements."""
-    call = case.call(comm, algorithm, compression)
+    calls = [case.call(comm, algorithm, compression) for _, comm, algorithm, compression in todo]
     case.fill()
-    if algorithm == "auto":
-        call()   # a first call may measure auto's candidates (the self-calibration): not timed
-    seconds = time_per_call(call, args.iters, args.warmup_iters, args.repeats, world, case.synchronize)
-    wrong, error = None, (None, None)
-    if compression != "none":
-        error = errors(case, call, world)
-    elif args.check:
-        wrong = check(case, call, world)
-    algbw, busbw = bandwidths(case.collective, case.nbytes, seconds, case.ranks)
-    # auto's pick for these buffers' device (the plans only where their levels carry it)
-    tuner = comm.tuner_for(case.device)
-    picked = tuner.name(case.collective, case.nbytes, case.dtype) if algorithm == "auto" else algorithm
-    return Row(case.collective, case.nbytes, case.count, args.datatype, args.op, executor, algorithm,
-               picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error, case.device)
+    for (_, _, algorithm, _), call in zip(todo, calls):
+        if algorithm == "auto":
+            call()   # a first call may measure auto's candidates (the self-calibration): not timed
+    times = time_calls(calls, args.iters, args.warmup_iters, args.repeats, world, case.synchronize)
+    rows = []
+    for (executor, comm, algorithm, compression), call, seconds in zip(todo, calls, times):
+        wrong, error = None, (None, None)
+        if compression != "none":
+            error = errors(case, call, world)
+        elif args.check:
+            wrong = check(case, call, world)
+        algbw, busbw = bandwidths(case.collective, case.nbytes, seconds, case.ranks)
+        # auto's pick for these buffers' device (the plans only where their levels carry it)
+        tuner = comm.tuner_for(case.device)
+        picked = tuner.name(case.collective, case.nbytes, case.dtype) if algorithm == "auto" else algorithm
+        rows.append(Row(case.collective, case.nbytes, case.count, args.datatype, args.op, executor, algorithm,
+                        picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error, case.device))
+    return rows
 
 
 # ------------------------------------------------------------------ variants
@@ -561,7 +566,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("--executors", type=comma_list(EXECUTORS), default=None,
         help="default: cpp,python,gloo on cpu, cpp,nccl on cuda; rows an executor cannot run on the device's "
              "buffers are skipped, with the reason")
-    add("--repeats", type=at_least(1), default=1, help="timed loops; the median is reported")
+    add("--repeats", type=at_least(1), default=1,
+        help="timed loops per row, the rows of a size taking turns; the median is reported")
     add("--compression", type=codec_list, default=[],
         help="codecs (int8, bf16, fp16, zfp:RATE) to add rows for: each algorithm (not native) again with "
              "compression, with its max and RMS error against the exact result")
@@ -655,9 +661,9 @@ def main(argv: Optional[list[str]] = None) -> None:
             note(f"# skipped {', '.join(labels)}: {why}")
         for nbytes in sizes:
             case = Case(collective, nbytes, dtype, args.op, world.rank, ranks, args.device)
-            for executor, comm, algorithm, name in todo:
-                rows.append(measure(case, comm, executor, algorithm, args, world, name))
-                say(format_row(rows[-1]))
+            for row in measure(case, todo, args, world):
+                rows.append(row)
+                say(format_row(row))
     for collective in args.collectives:
         mine = [r for r in rows if r.collective == collective]
         say("#\n" + summary(collective, mine))

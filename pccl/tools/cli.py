@@ -34,21 +34,32 @@ def size_sweep(minbytes: int, maxbytes: int, factor: int, ranks: int, element_si
 def time_per_call(call: Callable[[], None], iters: int, warmup: int, repeats: int, world: MPI.Comm,
                   synchronize: Callable[[], None] = lambda: None) -> float:
     """Seconds per call: the slowest rank's mean over `iters` timed calls, median over
-    `repeats` timed loops. `synchronize` waits for a device's queued work (GPU buffers:
-    the clock starts once earlier work is done and stops once the loop's is, so a loop
-    times the collectives, not only their launch)."""
-    for _ in range(warmup):
-        call()
-    samples = []
-    for _ in range(repeats):
-        synchronize()
-        world.Barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            call()
-        synchronize()
-        samples.append(world.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX))
-    return statistics.median(samples)
+    `repeats` timed loops, after `warmup` calls. `synchronize` waits for a device's queued
+    work (GPU buffers: the clock starts once earlier work is done and stops once the loop's
+    is, so a loop times the collectives, not only their launch)."""
+    return time_calls([call], iters, warmup, repeats, world, synchronize)[0]
+
+
+def time_calls(calls: list[Callable[[], None]], iters: int, warmup: int, repeats: int, world: MPI.Comm,
+               synchronize: Callable[[], None] = lambda: None) -> list[float]:
+    """time_per_call of each of `calls`, their repeats taking turns (every call's loop once,
+    then every call's again): a burst of other work slows one loop of each, which the median
+    drops, instead of every loop of one, so calls compared in one run are timed alike. A
+    call's later loops start with one untimed call: switching from another call costs
+    something (caches, MPI's state) that a loop of one call does not pay."""
+    samples: list[list[float]] = [[] for _ in calls]
+    for r in range(repeats):
+        for call, mine in zip(calls, samples):
+            for _ in range(warmup if r == 0 else min(1, len(calls) - 1)):
+                call()
+            synchronize()
+            world.Barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                call()
+            synchronize()
+            mine.append(world.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX))
+    return [statistics.median(s) for s in samples]
 
 
 def size_arg(text: str) -> int:

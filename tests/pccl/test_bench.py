@@ -7,6 +7,7 @@ import torch
 
 from pccl.algorithms import NATIVES, algorithms_for
 from pccl.core.dtypes import DATATYPES
+from pccl.tools import cli
 from pccl.tools.bench import Case, bandwidths, bus_factor, value_modulus
 from pccl.tools.cli import round_size, size_sweep
 from pccl.util.sizes import parse_size
@@ -288,21 +289,37 @@ def test_cpu_header_is_unchanged_and_the_gpu_header_names_the_device_and_the_mpi
     assert "MPI: no GPU kernels" in bench.device_header(replace(ONE_GPU_TWO_RANKS, kernels=False))
 
 
+class RecordingWorld:
+    def __init__(self, events):
+        self.events = events
+
+    def Barrier(self):
+        self.events.append("barrier")
+
+    def allreduce(self, value, op):
+        self.events.append("allreduce")
+        return value
+
+
 def test_gpu_timing_waits_for_the_device_around_the_timed_loop_only():
     events = []
-
-    class World:
-        def Barrier(self):
-            events.append("barrier")
-
-        def allreduce(self, value, op):
-            events.append("allreduce")
-            return value
-    seconds = bench.time_per_call(lambda: events.append("call"), iters=3, warmup=2, repeats=2, world=World(),
-                                  synchronize=lambda: events.append("sync"))
+    seconds = cli.time_per_call(lambda: events.append("call"), iters=3, warmup=2, repeats=2,
+                                world=RecordingWorld(events), synchronize=lambda: events.append("sync"))
     loop = ["sync", "barrier", "call", "call", "call", "sync", "allreduce"]
-    assert events == ["call", "call"] + loop + loop
+    assert events == ["call", "call"] + loop + loop   # one call: no switch to pay for between its loops
     assert seconds >= 0
+
+
+def test_the_rows_of_a_size_take_turns_and_each_later_loop_follows_an_untimed_call():
+    events = []
+    times = cli.time_calls([lambda: events.append("a"), lambda: events.append("b")], iters=2, warmup=3, repeats=2,
+                           world=RecordingWorld(events), synchronize=lambda: events.append("sync"))
+
+    def loop(call):
+        return ["sync", "barrier", call, call, "sync", "allreduce"]
+    assert events == (["a"] * 3 + loop("a") + ["b"] * 3 + loop("b")     # the first turn warms each up
+                      + ["a"] + loop("a") + ["b"] + loop("b"))          # later turns: one untimed call each
+    assert len(times) == 2 and min(times) >= 0
 
 
 def test_gpu_outputs_are_checked_on_the_host_against_the_same_reference():
