@@ -12,8 +12,11 @@ the transport's own collective (pccl.tuning.selection, trust_native).
 Each size: every candidate is warmed up once, then timed in ROUNDS rounds (the order
 rotating between rounds, so no candidate always follows the same one), each an untimed
 call (switching from another candidate costs something a training loop, which repeats
-one, does not pay) and a timed loop of at least two calls; a round's time is the slowest
-rank's, a candidate's the median of its rounds. The
+one, does not pay; from SWITCH_BYTES on the buffers outgrow the caches a switch leaves
+cold, and the call is left out) and a timed loop of calls, LOOP_BYTES in all, or one
+call of larger buffers; a round's time is the slowest rank's, a candidate's the median
+of its rounds. Large sizes thus cost 4 calls per candidate, not 10: the budget reaches
+twice as far, where the classes differ most (MPI's bf16 all-reduce). The
 next size is measured only if the budget still holds about twice the last one's time.
 
 Agreement: rank 0 reads the cache and shares what it found; the times are all-reduced
@@ -55,12 +58,13 @@ import torch
 from pccl.core.dtypes import reduction_class
 from pccl.util.files import write_atomic
 
-FORMAT = 2              # what is measured and how: an entry of another format is measured again (2: waits spin)
+FORMAT = 3   # what is measured and how: an entry of another format is measured again (3: waits spin, lean large sizes)
 BUDGET = 0.4            # seconds per collective and reduction class (PCCL_CALIBRATION_BUDGET)
 MAX_BYTES = 64 << 20    # the largest size measured, budget permitting
 ROUNDS = 3
 LOOP_BYTES = 64 << 10   # a round's loop: calls of small buffers up to this many bytes in all
 MAX_ITERS = 8
+SWITCH_BYTES = 1 << 20  # from here on no untimed call before a round's loop (see above)
 GROWTH = 2.2            # a size's time over the previous one's once a loop is one call (twice the bytes, and some)
 DTYPE_OF = {"full": torch.float32, "half": torch.bfloat16}   # what each reduction class is measured with
 _FILES = threading.Lock()   # the engine's two lanes may store one shape's entries at once
@@ -191,13 +195,14 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
             break
         start = time.perf_counter()
         call = calls(comm, collective, nbytes // element, dtype)
-        iters = max(2, min(MAX_ITERS, LOOP_BYTES // nbytes))
+        iters = max(1, min(MAX_ITERS, LOOP_BYTES // nbytes))
         for name in names:
             call(name)
         rounds = torch.zeros(ROUNDS, len(names) + 1, dtype=torch.float64)
         for r in range(ROUNDS):
             for i in [(j + r) % len(names) for j in range(len(names))]:
-                call(names[i])   # the switch from another candidate is not its cost: a loop repeats one
+                if nbytes < SWITCH_BYTES:
+                    call(names[i])   # the switch from another candidate is not its cost: a loop repeats one
                 began = time.perf_counter()
                 for _ in range(iters):
                     call(names[i])
