@@ -90,10 +90,12 @@ class PlanExecutor:
         comm = self.levels[phase.level]
         out, inp = view(phase.output), view(phase.input)
         compression = codecs.get(phase.level) or "none"
+        # a plan's "native" is the level transport's own collective in the form the level
+        # runs it: on an interruptible communicator one that times out, never MPI's blocking one
+        algorithm = comm.own_native if phase.algorithm == "native" else phase.algorithm
         if phase.collective == "all_gather":
-            return comm.all_gather(out, inp, algorithm=phase.algorithm, async_op=async_op, compression=compression)
-        return comm.reduce_scatter(out, inp, op=op, algorithm=phase.algorithm, async_op=async_op,
-                                   compression=compression)
+            return comm.all_gather(out, inp, algorithm=algorithm, async_op=async_op, compression=compression)
+        return comm.reduce_scatter(out, inp, op=op, algorithm=algorithm, async_op=async_op, compression=compression)
 
     def _start(self, phase: Phase, view: Callable[[Ref], torch.Tensor], op: str,
                like: torch.Tensor, codecs: dict) -> Callable[[], None]:

@@ -139,8 +139,9 @@ class Communicator:
         be interrupted (a peer that dies there ends the job through the watchdog), but their
         nonblocking forms ("native_nonblocking", polled like pccl's schedules), so that
         every collective auto runs times out with a CollectiveTimeout naming what it waited
-        for, as the training engine promises; an explicit algorithm="native" still runs the
-        blocking ones."""
+        for, as the training engine promises; so do the plans' "native" phases on its level
+        communicators (own_native); an explicit algorithm="native" still runs the blocking
+        ones."""
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
@@ -226,13 +227,19 @@ class Communicator:
         """Decide auto's choices with `profile` from now on (every rank alike)."""
         self.profile = profile
         self._calls.clear()   # calls resolved before decided with the profile before
-        natives = ("native",) if self.transport != "mpi" else \
-            ("native_nonblocking",) if self.interruptible else NATIVES
+        natives = NATIVES if self.transport == "mpi" and not self.interruptible else (self.own_native,)
         self.tuner = Tuner(self.topology, profile, with_plans=self._can_build_levels(), natives=natives,
                            trust_native=self.trust_native)
         # auto where plans cannot run
         self._flat_tuner = Tuner(self.topology, profile, with_plans=False, natives=natives,
                                  trust_native=self.trust_native)
+
+    @property
+    def own_native(self) -> str:
+        """The transport's own collective as this communicator runs it where nobody named a
+        form (auto, a plan's "native" phases): MPI's nonblocking one on an interruptible MPI
+        communicator, which times out like a schedule, else "native"."""
+        return "native_nonblocking" if self.transport == "mpi" and self.interruptible else "native"
 
     def _can_build_levels(self) -> bool:
         """torch.distributed level groups (gloo, NCCL) can only be made from a communicator

@@ -6,7 +6,9 @@ the failing call took) to OUT/rank-R.json before the error leaves the process.
     python -m tests.faults.collective_worker --executor cpp --place plan-inter --out DIR
 
 Places: flat (a flat ring all-gather), plan-intra / plan-inter (a two-level plan, the
-victim dying as its intra-node or inter-node phase starts), lane (an async all-gather on
+victim dying as its intra-node or inter-node phase starts), plan-native (the plan with its
+default intra-node level, "native", on an interruptible communicator such as the
+engine's: MPI_Iallgather, polled; the victim dies as its intra-node phase starts), lane (an async all-gather on
 the communicator's worker thread while the caller computes), native (the transport's own
 collective: MPI_Allgather, or gloo's), native_nonblocking (MPI_Iallgather, polled).
 Executors: cpp, python (MPI), torch (gloo, brought up through MPI under mpiexec or from
@@ -26,12 +28,13 @@ import pccl
 from pccl.executors.plan import PlanExecutor
 from pccl.plans import Hierarchical
 
-PLACES = ("flat", "plan-intra", "plan-inter", "lane", "native", "native_nonblocking")
+PLACES = ("flat", "plan-intra", "plan-inter", "plan-native", "lane", "native", "native_nonblocking")
 EXECUTORS = ("cpp", "python", "torch")
 CALLS, VICTIM_CALL = 6, 3
 # The plan's levels run rings, so that a missing peer surfaces as pccl's own timeout (the
-# default intra level, "native", is the native place's case).
+# default intra level, "native", is plan-native's case).
 PLAN = Hierarchical(inter="ring", intra="ring")
+PLAN_NATIVE = Hierarchical(inter="ring")
 
 
 def die() -> None:
@@ -64,12 +67,13 @@ def main() -> None:
     if a.executor == "torch":
         comm = pccl.init("gloo", timeout=a.timeout, ranks_per_node=2)
     else:
-        comm = pccl.init("mpi", executor=a.executor, timeout=a.timeout, ranks_per_node=2)
+        comm = pccl.init("mpi", executor=a.executor, timeout=a.timeout, ranks_per_node=2,
+                         interruptible=a.place == "plan-native")
     rank = comm.rank
     if a.place.startswith("plan-"):
-        die_in_level(a.place.removeprefix("plan-"), rank, a.victim)
-    algorithm = {"flat": "ring", "lane": "ring", "native": "native",
-                 "native_nonblocking": "native_nonblocking"}.get(a.place, PLAN)
+        die_in_level("intra" if a.place == "plan-native" else a.place.removeprefix("plan-"), rank, a.victim)
+    algorithm = {"flat": "ring", "lane": "ring", "native": "native", "native_nonblocking": "native_nonblocking",
+                 "plan-native": PLAN_NATIVE}.get(a.place, PLAN)
     x = torch.full((4096,), float(rank))
     out = torch.empty(4096 * comm.size)
     work = torch.randn(256, 256)

@@ -176,7 +176,8 @@ def unmount(path: Path) -> None:
 
 PLACES = ("flat", "plan-intra", "plan-inter", "lane")
 COLLECTIVES = [(place, executor, UNNOTICED) for executor in ("cpp", "python", "torch") for place in PLACES] + \
-    [("native", "cpp", UNNOTICED), ("native_nonblocking", "cpp", UNNOTICED), ("native", "torch", UNNOTICED),
+    [("native", "cpp", UNNOTICED), ("native_nonblocking", "cpp", UNNOTICED), ("plan-native", "cpp", UNNOTICED),
+     ("native", "torch", UNNOTICED),
      ("flat", "cpp", "mpiexec"), ("plan-inter", "torch", "torchrun")]
 TABLE_HEAD = ("| fault | place | executor | launcher | outcome | seconds | exit |\n"
               "|---|---|---|---|---|---|---|")

@@ -42,7 +42,8 @@ def test_a_killed_rank_ends_the_job_naming_the_collective_and_the_peer(place, ex
         assert "during all-gather (" in r["message"], r["message"]   # the collective, named
         assert r["seconds"] <= suite.timeout_of(how) + suite.SLACK, r
         if place.startswith("plan-"):
-            assert re.search(r"the (intra|inter)-node level's all-gather \(ring", r["message"]), r["message"]
+            algorithm = "(ring|native_nonblocking)" if place == "plan-native" else "ring"
+            assert re.search(rf"the (intra|inter)-node level's all-gather \({algorithm}", r["message"]), r["message"]
     if how == "mpiexec-unnoticed":
         if place == "native" and executor == "cpp":
             # MPI's own blocking collective cannot be cancelled: the watchdog names it and aborts.
@@ -53,6 +54,12 @@ def test_a_killed_rank_ends_the_job_naming_the_collective_and_the_peer(place, ex
             # MPI's nonblocking collective, polled: the survivor times out naming MPI's call.
             assert all("in MPI_Iallgather" in r["message"] and "during all-gather (native_nonblocking" in r["message"]
                        for r in o.reports), [r["message"] for r in o.reports]
+        elif place == "plan-native":
+            # the plan's native intra-node phase on an interruptible communicator: MPI's
+            # nonblocking form, never the blocking call that only the watchdog could end
+            assert "did not complete within the timeout" not in o.output, o.output[-3000:]
+            assert any("in MPI_Iallgather" in r["message"] and "intra-node level's all-gather (native_nonblocking"
+                       in r["message"] for r in o.reports), [r["message"] for r in o.reports]
         elif place != "native":
             # Some survivor waited on the dead rank itself (others wait on ranks that wait on it).
             assert any(waits_on(r["message"], VICTIM) for r in o.reports), [r["message"] for r in o.reports]

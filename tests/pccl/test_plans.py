@@ -9,7 +9,7 @@ from pccl.algorithms import schedule
 from pccl.analysis.verify import ScheduleError, verify_plan, verify_plans
 from pccl.core.dtypes import reduce_
 from pccl.core.topology import Topology, TopologyError
-from pccl.executors.plan import identity, permute_
+from pccl.executors.plan import PlanExecutor, identity, permute_
 from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase, Ref
 from pccl.ir.schedule import Kind
 from pccl.plans import Hierarchical, HORing, ThreeLevel, build
@@ -467,3 +467,38 @@ def test_three_level_phases_run_the_least_data_between_groups():
         ("global", 1, 4), ("group", 4, 12), ("intra", 12, 24)]
     flat = Topology.regular(24, 2, 1)
     assert build(ThreeLevel(), "all_gather", flat, 5).steps == build(Hierarchical(), "all_gather", flat, 5).steps
+
+
+class RecordingLevel:
+    """A plan level's communicator stand-in (MPI: it blocks the caller) that records the
+    algorithm each phase asked for; `own_native` as an interruptible MPI level's."""
+
+    def __init__(self, own_native, log):
+        self.own_native, self.log = own_native, log
+
+    def queues_on_device(self, device):
+        return False
+
+    def all_gather(self, output, input, algorithm, async_op, compression):
+        self.log.append(("all_gather", algorithm))
+
+    def reduce_scatter(self, output, input, op, algorithm, async_op, compression):
+        self.log.append(("reduce_scatter", algorithm))
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
+def test_a_plans_native_phases_run_the_levels_own_native(collective):
+    """A dead peer must raise CollectiveTimeout on the engine's (interruptible) communicators:
+    the hierarchical plan's intra-node "native" runs MPI's nonblocking form there, never
+    the blocking one; named algorithms run as named."""
+    logs = {"intra": [], "inter": []}
+    levels = {"intra": RecordingLevel("native_nonblocking", logs["intra"]),
+              "inter": RecordingLevel("native_nonblocking", logs["inter"])}
+    plan = build(Hierarchical(), collective, Topology.regular(4, 2), 0)
+    n = 3
+    buffers = ({"input": torch.ones(n), "output": torch.empty(4 * n)} if collective == "all_gather" else
+               {"input": torch.ones(4 * n), "output": torch.empty(n)})
+    PlanExecutor(levels).run(plan, buffers, n, "sum")
+    assert logs["intra"] == [(collective, "native_nonblocking")]
+    inter = "recursive_doubling" if collective == "all_gather" else "recursive_halving"
+    assert logs["inter"] == [(collective, inter)]

@@ -152,3 +152,11 @@ def test_an_interruptible_communicator_never_lets_auto_run_mpis_own_collectives(
     c.all_reduce(t, algorithm="native")
     assert torch.equal(t, torch.ones(4))
     assert "native" in pccl.Communicator(MPI.COMM_SELF).tuner.candidates("all_gather")
+
+
+def test_the_own_native_of_an_interruptible_mpi_communicator_is_the_one_that_times_out():
+    """What a plan's "native" phases run on each level communicator (pccl.executors.plan)."""
+    c = pccl.Communicator(MPI.COMM_SELF, interruptible=True)
+    assert c.own_native == "native_nonblocking" and c.split([[0]]).own_native == "native_nonblocking"
+    assert c.tuner.candidates("all_gather").count("native_nonblocking") == 1
+    assert pccl.Communicator(MPI.COMM_SELF).own_native == "native"
