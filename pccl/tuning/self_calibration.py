@@ -3,7 +3,7 @@
 An MPI communicator whose profile nobody chose (no profile argument, no PCCL_PROFILE)
 measures, at its first auto call of a collective and reduction class on host buffers, every
 candidate of auto (the schedules, MPI's own collectives in both forms, the plans) at sizes
-from 4 B up, doubling, until BUDGET seconds are spent, and keeps the figures in a cache
+from 4 B up (x4 to 64 KiB, then doubling) until BUDGET seconds are spent, and keeps the figures in a cache
 file that every later run of the same shape reads instead. The tuner then predicts exactly
 what was measured at those sizes (Profile.calibration), interpolates between them, and
 holds the largest size's ratios beyond it. Until then, and where this is off, auto runs
@@ -58,7 +58,7 @@ import torch
 from pccl.core.dtypes import reduction_class
 from pccl.util.files import write_atomic
 
-FORMAT = 3   # what is measured and how: an entry of another format is measured again (3: waits spin, lean large sizes)
+FORMAT = 4   # what is measured and how: an entry of another format is measured again (4: sizes x4 to 64 KiB)
 BUDGET = 0.4            # seconds per collective and reduction class (PCCL_CALIBRATION_BUDGET)
 MAX_BYTES = 64 << 20    # the largest size measured, budget permitting
 ROUNDS = 3
@@ -168,7 +168,9 @@ def write(path: Path, key: dict, measured: dict) -> None:
 
 
 def sizes_of(collective: str, ranks: int, element_size: int, largest: int = MAX_BYTES) -> list[int]:
-    """Buffer sizes from 4 B up, doubling, each rounded up to whole elements per rank."""
+    """Buffer sizes from 4 B up, each rounded up to whole elements per rank: x4 below
+    LOOP_BYTES (latency-bound sizes, each about as costly to measure as the next: on 8
+    ranks of 2 cores half the budget went there) and doubling above, where choices flip."""
     unit = element_size * (1 if collective == "all_reduce" else ranks)
     out: list[int] = []
     nbytes = 4
@@ -176,7 +178,7 @@ def sizes_of(collective: str, ranks: int, element_size: int, largest: int = MAX_
         rounded = -(-nbytes // unit) * unit
         if rounded not in out and rounded <= largest:
             out.append(rounded)
-        nbytes *= 2
+        nbytes *= 4 if nbytes < LOOP_BYTES else 2
     return out
 
 

@@ -74,10 +74,11 @@ def test_a_corrupt_or_stale_entry_is_refused_with_the_reason_never_raised(tmp_pa
     assert measured == {} and why in refused
 
 
-def test_sizes_double_from_4_bytes_in_whole_blocks_per_rank():
-    assert sc.sizes_of("all_reduce", 4, 4, 64) == [4, 8, 16, 32, 64]
-    assert sc.sizes_of("all_gather", 3, 4, 100) == [12, 24, 36, 72]   # multiples of 3 ranks x 4 B
-    assert sc.sizes_of("reduce_scatter", 4, 2, 64) == [8, 16, 32, 64]
+def test_sizes_grow_from_4_bytes_x4_then_doubling_in_whole_blocks_per_rank():
+    assert sc.sizes_of("all_reduce", 4, 4, 1 << 20) == [4 << (2 * k) for k in range(8)] + [128 << 10, 256 << 10,
+                                                                                           512 << 10, 1 << 20]
+    assert sc.sizes_of("all_gather", 3, 4, 100) == [12, 24, 72]   # multiples of 3 ranks x 4 B
+    assert sc.sizes_of("reduce_scatter", 4, 2, 64) == [8, 16, 64]
     assert sc.entry_key("all_gather", "half") == "all_gather"   # it reduces nothing: one entry serves both
     assert sc.entry_parts(sc.entry_key("all_reduce", "half")) == ("all_reduce", "half")
 
