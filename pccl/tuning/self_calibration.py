@@ -3,11 +3,12 @@
 An MPI communicator whose profile nobody chose (no profile argument, no PCCL_PROFILE)
 measures, at its first auto call of a collective and reduction class on host buffers, every
 candidate of auto (the schedules, MPI's own collectives in both forms, the plans) at sizes
-from 4 B up (x4 to 64 KiB, then doubling) until BUDGET seconds are spent, and keeps the figures in a cache
-file that every later run of the same shape reads instead. The tuner then predicts exactly
-what was measured at those sizes (Profile.calibration), interpolates between them, and
-holds the largest size's ratios beyond it. Until then, and where this is off, auto runs
-the transport's own collective (pccl.tuning.selection, trust_native).
+from 4 B up (x4 to 64 KiB, then doubling) until BUDGET seconds are spent, and keeps the
+figures in a cache file that every later run of the same shape reads instead. The tuner
+then predicts exactly what was measured at those sizes (Profile.calibration),
+interpolates between them, and holds the largest size's ratios beyond it. Until then, and
+where this is off, auto runs the transport's own collective (pccl.tuning.selection,
+trust_native).
 
 Each size: every candidate is warmed up once, then timed in ROUNDS rounds (the order
 rotating between rounds, so no candidate always follows the same one), each an untimed

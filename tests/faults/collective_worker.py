@@ -8,9 +8,10 @@ the failing call took) to OUT/rank-R.json before the error leaves the process.
 Places: flat (a flat ring all-gather), plan-intra / plan-inter (a two-level plan, the
 victim dying as its intra-node or inter-node phase starts), plan-native (the plan with its
 default intra-node level, "native", on an interruptible communicator such as the
-engine's: MPI_Iallgather, polled; the victim dies as its intra-node phase starts), lane (an async all-gather on
-the communicator's worker thread while the caller computes), native (the transport's own
-collective: MPI_Allgather, or gloo's), native_nonblocking (MPI_Iallgather, polled).
+engine's: MPI_Iallgather, polled; the victim dies as its intra-node phase starts), lane
+(an async all-gather on the communicator's worker thread while the caller computes),
+native (the transport's own collective: MPI_Allgather, or gloo's), native_nonblocking
+(MPI_Iallgather, polled).
 Executors: cpp, python (MPI), torch (gloo, brought up through MPI under mpiexec or from
 torchrun's environment)."""
 from __future__ import annotations
