@@ -614,8 +614,8 @@ def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:
     profile = calibrate(world, topology, args.profile_name)
     profile = calibrated(profile, topology, time_candidates(comm, args.maxbytes),
                          f"pccl-bench --calibrate, {topology.describe()}: every candidate of auto through the "
-                         f"Communicator ({comm.executor} executor) from 4 B to {args.maxbytes} B doubling, of "
-                         f"float32 and bfloat16, the slowest rank's time per call, median of "
+                         f"Communicator ({comm.executor} executor) from 4 B to {args.maxbytes} B (x4 to 64 KiB, then "
+                         f"doubling), of float32 and bfloat16, the slowest rank's time per call, median of "
                          f"{self_calibration.ROUNDS} rounds")
     if world.rank == 0:
         profile.save(args.calibrate)
