@@ -392,14 +392,16 @@ class Communicator:
         transports.check_level_devices(device, self.level_transports, self.plan_devices)
         return spec
 
-    def measure_auto(self, collective: str, dtype: torch.dtype, device: str = "cpu") -> None:
-        """Make sure auto's choice for `collective` of `dtype` on `device` tensors rests on
-        a measurement, where this communicator measures itself (the self-calibration:
-        MPI, host buffers, no profile chosen); a no-op elsewhere and once measured. A
-        call with algorithm="auto" does this itself; a caller that resolves auto first
-        (resolve never communicates) calls it before. Collective: every rank at the same
-        point of its sequence of calls."""
-        if self.self_calibration is not None and device == "cpu":
+    def measure_auto(self, collective: str, algorithm, dtype: torch.dtype, device: str = "cpu",
+                     compression=None) -> None:
+        """Before resolving `algorithm` for `collective` of `dtype` on `device` tensors
+        (`compression` as resolve takes it): where that is an uncompressed auto, make sure
+        its choice rests on a measurement, where this communicator measures itself (the
+        self-calibration: MPI, host buffers, no profile chosen); a no-op elsewhere and once
+        measured. A call does this itself; a caller that resolves first (resolve never
+        communicates) calls it before. Collective: every rank at the same point of its
+        sequence of calls."""
+        if algorithm == "auto" and not compression and self.self_calibration is not None and device == "cpu":
             self.self_calibration.ensure(collective, dtype)
 
     def tuner_for(self, device: str) -> Tuner:
@@ -491,8 +493,7 @@ class Communicator:
         """Resolve a validated call: native(*buffers), scheduled(schedule, executor, codec,
         *buffers) or planned(plan, plan executor, *buffers) is what it runs."""
         nbytes = like.numel() * like.element_size()
-        if algorithm == "auto" and not codecs:
-            self.measure_auto(collective, like.dtype, like.device.type)
+        self.measure_auto(collective, algorithm, like.dtype, like.device.type, codecs)
         algorithm = self.resolve(collective, algorithm, nbytes, like.device.type, codecs, like.dtype)
         if not isinstance(algorithm, str):
             plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec

@@ -98,8 +98,8 @@ class Tuner:
         (NATIVES; the first is the one kept where others are not clearly faster);
         trust_native: the profile describes no machine in particular, so that a collective
         it has no calibration of runs natives[0] (see the module's text)."""
-        if any(n not in NATIVES for n in natives):
-            raise ValueError(f"natives must be taken from {NATIVES}, got {natives!r}")
+        if not natives or any(n not in NATIVES for n in natives):
+            raise ValueError(f"natives must be one or more of {NATIVES}, got {natives!r}")
         self.topology, self.profile, self.with_plans = topology, profile, with_plans
         self.natives, self.trust_native = tuple(natives), trust_native
         self._decisions: dict[tuple, object] = {}
@@ -154,14 +154,14 @@ class Tuner:
         unmeasured (measured()), native unless a plan is at most GAIN_UNMEASURED of it."""
         def fastest(edge):
             times = self.predictions(collective, edge, dtype)
-            native = self.natives[0] if self.natives else None
-            if native is not None and not self.measured(collective, dtype):
+            native = self.natives[0]
+            if not self.measured(collective, dtype):
                 times = {n: t for n, t in times.items() if n == native or n in PLAN_NAMES}
                 gain = GAIN_UNMEASURED
             else:
                 gain = GAIN_OVER_NATIVE
             best = min(times, key=times.get)
-            return native if native is not None and times[best] > gain * times[native] else best
+            return native if times[best] > gain * times[native] else best
         return self._forced(collective) or self._decided((collective, reduction_class(dtype)), nbytes, fastest)
 
     def choose(self, collective: str, nbytes: int, dtype: torch.dtype = torch.float32):

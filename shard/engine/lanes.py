@@ -189,9 +189,9 @@ class Lane:
         """One collective on the `level` communicator, which has more than one rank (the
         callers leave out those of one)."""
         comm, members = self.comms[level]
-        if self._algorithm(collective) == "auto" and not codec:
-            comm.measure_auto(collective, full.dtype, full.device.type)   # before resolving: a first call measures
-        algorithm = comm.resolve(collective, self._algorithm(collective), full.numel() * full.element_size(),
+        algorithm = self._algorithm(collective)
+        comm.measure_auto(collective, algorithm, full.dtype, full.device.type, codec)   # auto's first call measures
+        algorithm = comm.resolve(collective, algorithm, full.numel() * full.element_size(),
                                  full.device.type, codec, full.dtype)
         if getattr(self._running, "sent", None) is not None:
             self._running.sent[0] = True

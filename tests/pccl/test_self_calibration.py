@@ -111,6 +111,9 @@ def test_unmeasured_auto_runs_the_transports_own_collective_on_one_node():
         assert modelled.name(collective, 16) != "native", "the model alone predicts a schedule faster"
     interruptible = Tuner(one_node, FAST_LINKS, natives=("native_nonblocking",), trust_native=True)
     assert interruptible.name("all_reduce", MB) == "native_nonblocking"
+    for bad in ((), ("gloo",)):   # every communicator has a form of its transport's own collective
+        with pytest.raises(ValueError, match="natives must be one or more of"):
+            Tuner(one_node, FAST_LINKS, natives=bad)
 
 
 def test_unmeasured_auto_takes_a_plan_only_where_it_is_predicted_at_least_twice_as_fast():
