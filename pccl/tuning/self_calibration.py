@@ -12,19 +12,24 @@ trust_native).
 
 Each size: every candidate is warmed up once, then timed in ROUNDS rounds (the order
 rotating between rounds, so no candidate always follows the same one), each an untimed
-call (switching from another candidate costs something a training loop, which repeats
-one, does not pay; from SWITCH_BYTES on the buffers outgrow the caches a switch leaves
-cold, and the call is left out) and a timed loop of calls, LOOP_BYTES in all, or one
-call of larger buffers; a round's time is the slowest rank's, a candidate's the median
-of its rounds. Large sizes thus cost 4 calls per candidate, not 10: the budget reaches
-twice as far, where the classes differ most (MPI's bf16 all-reduce). The
-next size is measured only if the budget still holds about twice the last one's time.
+call (switching from another candidate costs something a training loop, which repeats one,
+does not pay; from SWITCH_BYTES on the buffers outgrow the caches a switch leaves cold,
+and the call is left out), a barrier, and a timed loop of calls, LOOP_BYTES in all (1 to
+MAX_ITERS calls); a round's time is the slowest rank's, a candidate's the median of its
+rounds. The barrier (recursive doubling: the ranks leave it about together) matters:
+without it a loop of few calls timed the ranks' skew too, and the calibration's pick was
+within 5% of the bench's fastest at 61% of sizes, with it 82% (4 ranks of 2 cores). The
+next size is measured only if its projected time fits what is left of the budget: the
+candidates' summed median time per call, extrapolated along the line through the last two
+sizes, times the calls it makes, and MARGIN; from the medians, not the clock, so that a
+stall of one call (a first use's setup, a descheduled rank) costs its time but does not
+end the calibration early.
 
 Agreement: rank 0 reads the cache and shares what it found; the times are all-reduced
 (max), so every rank holds the same figures, stops at the same size and makes the same
-choices. This runs through the communicator's own ring schedule, which times out as
-every schedule does (a blocking MPI call would hang an interruptible communicator). Rank
-0 writes the file, atomically.
+choices. This and the barriers run through the communicator's own schedules, which time
+out as every schedule does (a blocking MPI call would hang an interruptible communicator).
+Rank 0 writes the file, atomically.
 
 The cache: PCCL_CACHE_DIR (default $XDG_CACHE_HOME/pccl, else ~/.cache/pccl), file
 calibration/<hash of the key>.json. The key holds what determines the answer: the node type
@@ -59,14 +64,15 @@ import torch
 from pccl.core.dtypes import reduction_class
 from pccl.util.files import write_atomic
 
-FORMAT = 4   # what is measured and how: an entry of another format is measured again (4: sizes x4 to 64 KiB)
+FORMAT = 5   # what is measured and how: an entry of another format is measured again (5: a barrier before each loop)
 BUDGET = 0.4            # seconds per collective and reduction class (PCCL_CALIBRATION_BUDGET)
 MAX_BYTES = 64 << 20    # the largest size measured, budget permitting
 ROUNDS = 3
-LOOP_BYTES = 64 << 10   # a round's loop: calls of small buffers up to this many bytes in all
+DOUBLING_BYTES = 64 << 10   # sizes grow x4 below this, then double
+LOOP_BYTES = 1 << 20    # a round's loop: calls of buffers up to this many bytes in all
 MAX_ITERS = 8
 SWITCH_BYTES = 1 << 20  # from here on no untimed call before a round's loop (see above)
-GROWTH = 2.2            # a size's time over the previous one's once a loop is one call (twice the bytes, and some)
+MARGIN = 1.3            # a size's time over its calls' (barriers, Python, the shared figures), and some
 DTYPE_OF = {"full": torch.float32, "half": torch.bfloat16}   # what each reduction class is measured with
 _FILES = threading.Lock()   # the engine's two lanes may store one shape's entries at once
 
@@ -170,7 +176,7 @@ def write(path: Path, key: dict, measured: dict) -> None:
 
 def sizes_of(collective: str, ranks: int, element_size: int, largest: int = MAX_BYTES) -> list[int]:
     """Buffer sizes from 4 B up, each rounded up to whole elements per rank: x4 below
-    LOOP_BYTES (latency-bound sizes, each about as costly to measure as the next: on 8
+    DOUBLING_BYTES (latency-bound sizes, each about as costly to measure as the next: on 8
     ranks of 2 cores half the budget went there) and doubling above, where choices flip."""
     unit = element_size * (1 if collective == "all_reduce" else ranks)
     out: list[int] = []
@@ -179,8 +185,29 @@ def sizes_of(collective: str, ranks: int, element_size: int, largest: int = MAX_
         rounded = -(-nbytes // unit) * unit
         if rounded not in out and rounded <= largest:
             out.append(rounded)
-        nbytes *= 4 if nbytes < LOOP_BYTES else 2
+        nbytes *= 4 if nbytes < DOUBLING_BYTES else 2
     return out
+
+
+def loop_length(nbytes: int) -> int:
+    """Timed calls in a round's loop of `nbytes` buffers: LOOP_BYTES in all, 1 to MAX_ITERS."""
+    return max(1, min(MAX_ITERS, LOOP_BYTES // nbytes))
+
+
+def calls_per_candidate(nbytes: int) -> int:
+    """A candidate's calls at `nbytes`: its warm-up and, each round, its loop and (below
+    SWITCH_BYTES) the untimed call before it."""
+    return 1 + ROUNDS * (loop_length(nbytes) + (nbytes < SWITCH_BYTES))
+
+
+def projected(sizes: list[int], per_call: list[float], nbytes: int) -> float:
+    """Seconds that measuring `nbytes` will take: its calls times the candidates' summed
+    time per call (`per_call` at the sizes measured), extrapolated along the line through
+    the last two sizes (a latency and a bandwidth term), and MARGIN for the rest. From the
+    medians, not the clock: a stall of one call (a first use's setup, a descheduled rank)
+    costs its time but does not end the calibration early."""
+    slope = max(0.0, (per_call[-1] - per_call[-2]) / (sizes[-1] - sizes[-2])) if len(sizes) > 1 else 0.0
+    return MARGIN * (per_call[-1] + slope * (nbytes - sizes[-1])) * calls_per_candidate(nbytes)
 
 
 def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
@@ -191,14 +218,16 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
     names = comm.tuner_for("cpu").candidates(collective)
     element = torch.empty((), dtype=dtype).element_size()
     out: dict = {name: [] for name in names}
-    spent = last = 0.0
+    together = torch.zeros(1, dtype=torch.int32)
+    spent = 0.0
+    sizes: list[int] = []
+    per_call: list[float] = []   # the candidates' summed median time per call, at each of sizes
     for nbytes in sizes_of(collective, comm.size, element, largest):
-        # up to LOOP_BYTES / 2 a round's loop holds fewer calls as they grow: about the same time
-        if spent + (GROWTH if 2 * nbytes > LOOP_BYTES else 1.0) * last > seconds:
+        if sizes and spent + projected(sizes, per_call, nbytes) > seconds:
             break
         start = time.perf_counter()
         call = calls(comm, collective, nbytes // element, dtype)
-        iters = max(1, min(MAX_ITERS, LOOP_BYTES // nbytes))
+        iters = loop_length(nbytes)
         for name in names:
             call(name)
         rounds = torch.zeros(ROUNDS, len(names) + 1, dtype=torch.float64)
@@ -206,16 +235,21 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
             for i in [(j + r) % len(names) for j in range(len(names))]:
                 if nbytes < SWITCH_BYTES:
                     call(names[i])   # the switch from another candidate is not its cost: a loop repeats one
+                # a barrier: every rank starts the loop at once, so that a short loop times the
+                # call, not the ranks' skew (recursive doubling: they leave it about together)
+                comm.all_reduce(together, algorithm="recursive_doubling")
                 began = time.perf_counter()
                 for _ in range(iters):
                     call(names[i])
                 rounds[r, i] = (time.perf_counter() - began) / iters
         rounds[:, -1] = time.perf_counter() - start
         comm.all_reduce(rounds, op="max", algorithm="ring")   # every rank the same figures
-        for i, name in enumerate(names):
-            out[name].append([nbytes, statistics.median(rounds[:, i].tolist())])
-        last = float(rounds[0, -1])
-        spent += last
+        medians = [statistics.median(rounds[:, i].tolist()) for i in range(len(names))]
+        for name, median in zip(names, medians):
+            out[name].append([nbytes, median])
+        sizes.append(nbytes)
+        per_call.append(sum(medians))
+        spent += float(rounds[0, -1])
     return out
 
 
