@@ -14,16 +14,19 @@ Each size: every candidate is warmed up once, then timed in ROUNDS rounds (the o
 rotating between rounds, so no candidate always follows the same one), each an untimed
 call (switching from another candidate costs something a training loop, which repeats one,
 does not pay; from SWITCH_BYTES on the buffers outgrow the caches a switch leaves cold,
-and the call is left out), a barrier, and a timed loop of calls, LOOP_BYTES in all (1 to
-MAX_ITERS calls); a round's time is the slowest rank's, a candidate's the median of its
-rounds. The barrier (recursive doubling: the ranks leave it about together) matters:
-without it a loop of few calls timed the ranks' skew too, and the calibration's pick was
-within 5% of the bench's fastest at 61% of sizes, with it 82% (4 ranks of 2 cores). The
-next size is measured only if its projected time fits what is left of the budget: the
-candidates' summed median time per call, extrapolated along the line through the last two
-sizes, times the calls it makes, and MARGIN; from the medians, not the clock, so that a
-stall of one call (a first use's setup, a descheduled rank) costs its time but does not
-end the calibration early.
+and the call is left out), a barrier, and a timed loop of calls, about LOOP_SECONDS long
+(1 to MAX_ITERS calls, from the size before); a round's time is the slowest rank's, a
+candidate's the median of its rounds. The barrier (recursive doubling: the ranks leave it
+about together) matters: without it a loop of few calls timed the ranks' skew too, and the
+calibration's pick was within 5% of the bench's fastest at 61% of sizes, with it 82% (4
+ranks of 2 cores). The next size is measured only if its projected time fits what is left
+of the budget: the candidates' summed median time per call, extrapolated along the line
+through the last two sizes, times the calls it makes, and MARGIN; from the medians, not
+the clock, so that a stall of one call (a descheduled rank) costs its time but does not
+end the calibration early. A size's warm-up is charged at most its calls' expected time:
+the first call at a new size can pay a setup (MPICH's first large messages and collectives
+took 0.1-0.3 s on 4-8 ranks of 2 cores) that a run pays at its first such call anyway, and
+the calibration takes that much longer than its budget.
 
 Agreement: rank 0 reads the cache and shares what it found; the times are all-reduced
 (max), so every rank holds the same figures, stops at the same size and makes the same
@@ -40,9 +43,9 @@ lack a candidate auto now has, is measured again and rewritten, with a warning; 
 that cannot be written keeps the figures for this run only, with a warning.
 
 PCCL_SELF_CALIBRATION=0 turns it off; PCCL_CALIBRATION_BUDGET is the budget in seconds per
-collective and class (default 0.4: at most 2 s per communicator shape for the five it can
-need, all-gather, and reduce-scatter and all-reduce of each class; all-gather reduces
-nothing, so one measurement serves both classes).
+collective and class (default 0.4: 2 s per communicator shape for the five it can need,
+all-gather, and reduce-scatter and all-reduce of each class, and first uses' setups;
+all-gather reduces nothing, so one measurement serves both classes).
 """
 from __future__ import annotations
 
@@ -69,7 +72,7 @@ BUDGET = 0.4            # seconds per collective and reduction class (PCCL_CALIB
 MAX_BYTES = 64 << 20    # the largest size measured, budget permitting
 ROUNDS = 3
 DOUBLING_BYTES = 64 << 10   # sizes grow x4 below this, then double
-LOOP_BYTES = 1 << 20    # a round's loop: calls of buffers up to this many bytes in all
+LOOP_SECONDS = 400e-6   # a round's loop: about this long (from the size before), 1 to MAX_ITERS calls
 MAX_ITERS = 8
 SWITCH_BYTES = 1 << 20  # from here on no untimed call before a round's loop (see above)
 MARGIN = 1.3            # a size's time over its calls' (barriers, Python, the shared figures), and some
@@ -189,25 +192,23 @@ def sizes_of(collective: str, ranks: int, element_size: int, largest: int = MAX_
     return out
 
 
-def loop_length(nbytes: int) -> int:
-    """Timed calls in a round's loop of `nbytes` buffers: LOOP_BYTES in all, 1 to MAX_ITERS."""
-    return max(1, min(MAX_ITERS, LOOP_BYTES // nbytes))
-
-
-def calls_per_candidate(nbytes: int) -> int:
-    """A candidate's calls at `nbytes`: its warm-up and, each round, its loop and (below
-    SWITCH_BYTES) the untimed call before it."""
-    return 1 + ROUNDS * (loop_length(nbytes) + (nbytes < SWITCH_BYTES))
-
-
-def projected(sizes: list[int], per_call: list[float], nbytes: int) -> float:
-    """Seconds that measuring `nbytes` will take: its calls times the candidates' summed
-    time per call (`per_call` at the sizes measured), extrapolated along the line through
-    the last two sizes (a latency and a bandwidth term), and MARGIN for the rest. From the
-    medians, not the clock: a stall of one call (a first use's setup, a descheduled rank)
-    costs its time but does not end the calibration early."""
+def summed_per_call(sizes: list[int], per_call: list[float], nbytes: int) -> float:
+    """The candidates' summed time per call at `nbytes`, from `per_call` at the sizes
+    measured: along the line through the last two (a latency and a bandwidth term), never
+    below the last."""
     slope = max(0.0, (per_call[-1] - per_call[-2]) / (sizes[-1] - sizes[-2])) if len(sizes) > 1 else 0.0
-    return MARGIN * (per_call[-1] + slope * (nbytes - sizes[-1])) * calls_per_candidate(nbytes)
+    return per_call[-1] + slope * (nbytes - sizes[-1])
+
+
+def loop_length(seconds_per_call: float) -> int:
+    """Timed calls in a round's loop: LOOP_SECONDS of them, 1 to MAX_ITERS."""
+    return max(1, min(MAX_ITERS, round(LOOP_SECONDS / seconds_per_call)))
+
+
+def calls_per_candidate(nbytes: int, iters: int) -> int:
+    """A candidate's calls at `nbytes` with loops of `iters`: its warm-up and, each round,
+    its loop and (below SWITCH_BYTES) the untimed call before it."""
+    return 1 + ROUNDS * (iters + (nbytes < SWITCH_BYTES))
 
 
 def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
@@ -223,14 +224,19 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
     sizes: list[int] = []
     per_call: list[float] = []   # the candidates' summed median time per call, at each of sizes
     for nbytes in sizes_of(collective, comm.size, element, largest):
-        if sizes and spent + projected(sizes, per_call, nbytes) > seconds:
-            break
+        iters = MAX_ITERS
+        if sizes:
+            # from the medians, not the clock (see above)
+            summed = summed_per_call(sizes, per_call, nbytes)
+            iters = loop_length(summed / len(names))
+            if spent + MARGIN * summed * calls_per_candidate(nbytes, iters) > seconds:
+                break
         start = time.perf_counter()
         call = calls(comm, collective, nbytes // element, dtype)
-        iters = loop_length(nbytes)
         for name in names:
             call(name)
-        rounds = torch.zeros(ROUNDS, len(names) + 1, dtype=torch.float64)
+        warmed = time.perf_counter()
+        rounds = torch.zeros(ROUNDS, len(names) + 2, dtype=torch.float64)
         for r in range(ROUNDS):
             for i in [(j + r) % len(names) for j in range(len(names))]:
                 if nbytes < SWITCH_BYTES:
@@ -242,14 +248,17 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
                 for _ in range(iters):
                     call(names[i])
                 rounds[r, i] = (time.perf_counter() - began) / iters
-        rounds[:, -1] = time.perf_counter() - start
+        rounds[:, -2:] = torch.tensor([warmed - start, time.perf_counter() - warmed], dtype=torch.float64)
         comm.all_reduce(rounds, op="max", algorithm="ring")   # every rank the same figures
         medians = [statistics.median(rounds[:, i].tolist()) for i in range(len(names))]
         for name, median in zip(names, medians):
             out[name].append([nbytes, median])
         sizes.append(nbytes)
         per_call.append(sum(medians))
-        spent += float(rounds[0, -1])
+        warm_up, timed = rounds[0, -2:].tolist()
+        # a first use's setup (MPI mapping buffers for a new size: 0.1-0.3 s on 2 cores), which
+        # a run pays at its first such call anyway, is not charged: the warm-up costs its calls
+        spent += timed + min(warm_up, MARGIN * per_call[-1])
     return out
 
 
