@@ -18,15 +18,15 @@ and the call is left out), a barrier, and a timed loop of calls, about LOOP_SECO
 (1 to MAX_ITERS calls, from the size before); a round's time is the slowest rank's, a
 candidate's the median of its rounds. The barrier (recursive doubling: the ranks leave it
 about together) matters: without it a loop of few calls timed the ranks' skew too, and the
-calibration's pick was within 5% of the bench's fastest at 61% of sizes, with it 82% (4
-ranks of 2 cores). The next size is measured only if its projected time fits what is left
-of the budget: the candidates' summed median time per call, extrapolated along the line
-through the last two sizes, times the calls it makes, and MARGIN; from the medians, not
-the clock, so that a stall of one call (a descheduled rank) costs its time but does not
-end the calibration early. A size's warm-up is charged at most its calls' expected time:
-the first call at a new size can pay a setup (MPICH's first large messages and collectives
-took 0.1-0.3 s on 4-8 ranks of 2 cores) that a run pays at its first such call anyway, and
-the calibration takes that much longer than its budget.
+calibration's pick was within 5% of the bench's fastest at 61% of sizes, with it 74-84% (4
+ranks of 2 cores, batches of 4 launches). The next size is measured only if its projected
+time fits what is left of the budget: the candidates' summed median time per call,
+extrapolated along the line through the last two sizes, times the calls it makes, and
+MARGIN; from the medians, not the clock, so that a stall of one call (a descheduled rank)
+costs its time but does not end the calibration early. A size's warm-up is charged at most
+its calls' expected time: the first call at a new size can pay a setup (MPICH's first
+large messages and collectives took 0.1-0.3 s on 4-8 ranks of 2 cores) that a run pays at
+its first such call anyway, and the calibration takes that much longer than its budget.
 
 Agreement: rank 0 reads the cache and shares what it found; the times are all-reduced
 (max), so every rank holds the same figures, stops at the same size and makes the same
@@ -256,8 +256,8 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
         sizes.append(nbytes)
         per_call.append(sum(medians))
         warm_up, timed = rounds[0, -2:].tolist()
-        # a first use's setup (MPI mapping buffers for a new size: 0.1-0.3 s on 2 cores), which
-        # a run pays at its first such call anyway, is not charged: the warm-up costs its calls
+        # a first use's setup (MPICH's first large calls stalled 0.1-0.3 s on 2 cores), which a
+        # run pays at its first such call anyway, is not charged: the warm-up costs its calls
         spent += timed + min(warm_up, MARGIN * per_call[-1])
     return out
 
