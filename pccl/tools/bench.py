@@ -616,7 +616,8 @@ def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:
                          f"pccl-bench --calibrate, {topology.describe()}: every candidate of auto through the "
                          f"Communicator ({comm.executor} executor) from 4 B to {args.maxbytes} B (x4 to 64 KiB, then "
                          f"doubling), of float32 and bfloat16, the slowest rank's time per call, median of "
-                         f"{self_calibration.ROUNDS} rounds")
+                         f"{self_calibration.SHORT_ROUNDS} rounds below {self_calibration.DOUBLING_BYTES} B, "
+                         f"{self_calibration.ROUNDS} from there")
     if world.rank == 0:
         profile.save(args.calibrate)
         print(json.dumps(profile.to_dict(), indent=1))

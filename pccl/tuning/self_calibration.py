@@ -10,23 +10,27 @@ interpolates between them, and holds the largest size's ratios beyond it. Until 
 where this is off, auto runs the transport's own collective (pccl.tuning.selection,
 trust_native).
 
-Each size: every candidate is warmed up once, then timed in ROUNDS rounds (the order
-rotating between rounds, so no candidate always follows the same one), each an untimed
-call (switching from another candidate costs something a training loop, which repeats one,
-does not pay; from SWITCH_BYTES on the buffers outgrow the caches a switch leaves cold,
-and the call is left out), a barrier, and a timed loop of calls, about LOOP_SECONDS long
-(1 to MAX_ITERS calls, from the size before); a round's time is the slowest rank's, a
-candidate's the median of its rounds. The barrier (recursive doubling: the ranks leave it
-about together) matters: without it a loop of few calls timed the ranks' skew too, and the
-calibration's pick was within 5% of the bench's fastest at 61% of sizes, with it 74-84% (4
-ranks of 2 cores, batches of 4 launches). The next size is measured only if its projected
-time fits what is left of the budget: the candidates' summed median time per call,
-extrapolated along the line through the last two sizes, times the calls it makes, and
-MARGIN; from the medians, not the clock, so that a stall of one call (a descheduled rank)
-costs its time but does not end the calibration early. A size's warm-up is charged at most
-its calls' expected time: the first call at a new size can pay a setup (MPICH's first
-large messages and collectives took 0.1-0.3 s on 4-8 ranks of 2 cores) that a run pays at
-its first such call anyway, and the calibration takes that much longer than its budget.
+Each size: every candidate is warmed up once, then timed in ROUNDS rounds, SHORT_ROUNDS
+below DOUBLING_BYTES (the order rotating between rounds, so no candidate always follows
+the same one), each an untimed call (switching from another candidate costs something a
+training loop, which repeats one, does not pay; from SWITCH_BYTES on the buffers outgrow
+the caches a switch leaves cold, and the call is left out), a barrier, and a timed loop of
+calls, about LOOP_SECONDS long (1 to MAX_ITERS calls, from the size before); a round's
+time is the slowest rank's, a candidate's the median of its rounds. The barrier (recursive
+doubling: the ranks leave it about together) matters: without it a loop of few calls timed
+the ranks' skew too, and the calibration's pick was within 5% of the bench's fastest at
+61% of sizes, with it 74-84% (4 ranks of 2 cores, batches of 4 launches). Below
+DOUBLING_BYTES a round lasts tens of microseconds, and one descheduled rank makes it an
+outlier: the median of 5 rounds there took the pick within 5% at 88-95% of those sizes, of
+3 rounds at 79-80% (the same launches, 4-5 each), for a few milliseconds more. The next
+size is measured only if its projected time fits what is left of the budget: the
+candidates' summed median time per call, extrapolated along the line through the last two
+sizes, times the calls it makes, and MARGIN; from the medians, not the clock, so that a
+stall of one call (a descheduled rank) costs its time but does not end the calibration
+early. A size's warm-up is charged at most its calls' expected time: the first call at a
+new size can pay a setup (MPICH's first large messages and collectives took 0.1-0.3 s on
+4-8 ranks of 2 cores) that a run pays at its first such call anyway, and the calibration
+takes that much longer than its budget.
 
 Agreement: rank 0 reads the cache and shares what it found; the times are all-reduced
 (max), so every rank holds the same figures, stops at the same size and makes the same
@@ -67,10 +71,11 @@ import torch
 from pccl.core.dtypes import reduction_class
 from pccl.util.files import write_atomic
 
-FORMAT = 5   # what is measured and how: an entry of another format is measured again (5: a barrier before each loop)
+FORMAT = 6   # what is measured and how: an entry of another format is measured again (6: 5 rounds below 64 KiB)
 BUDGET = 0.4            # seconds per collective and reduction class (PCCL_CALIBRATION_BUDGET)
 MAX_BYTES = 64 << 20    # the largest size measured, budget permitting
 ROUNDS = 3
+SHORT_ROUNDS = 5        # rounds below DOUBLING_BYTES, where a round is tens of microseconds (see above)
 DOUBLING_BYTES = 64 << 10   # sizes grow x4 below this, then double
 LOOP_SECONDS = 400e-6   # a round's loop: about this long (from the size before), 1 to MAX_ITERS calls
 MAX_ITERS = 8
@@ -205,10 +210,15 @@ def loop_length(seconds_per_call: float) -> int:
     return max(1, min(MAX_ITERS, round(LOOP_SECONDS / seconds_per_call)))
 
 
+def rounds_at(nbytes: int) -> int:
+    """Timed rounds at `nbytes`: SHORT_ROUNDS where calls are short, ROUNDS above."""
+    return SHORT_ROUNDS if nbytes < DOUBLING_BYTES else ROUNDS
+
+
 def calls_per_candidate(nbytes: int, iters: int) -> int:
     """A candidate's calls at `nbytes` with loops of `iters`: its warm-up and, each round,
     its loop and (below SWITCH_BYTES) the untimed call before it."""
-    return 1 + ROUNDS * (iters + (nbytes < SWITCH_BYTES))
+    return 1 + rounds_at(nbytes) * (iters + (nbytes < SWITCH_BYTES))
 
 
 def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
@@ -236,8 +246,8 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
         for name in names:
             call(name)
         warmed = time.perf_counter()
-        rounds = torch.zeros(ROUNDS, len(names) + 2, dtype=torch.float64)
-        for r in range(ROUNDS):
+        rounds = torch.zeros(rounds_at(nbytes), len(names) + 2, dtype=torch.float64)
+        for r in range(len(rounds)):
             for i in [(j + r) % len(names) for j in range(len(names))]:
                 if nbytes < SWITCH_BYTES:
                     call(names[i])   # the switch from another candidate is not its cost: a loop repeats one

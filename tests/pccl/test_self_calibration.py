@@ -95,8 +95,13 @@ def test_a_size_is_projected_along_the_line_through_the_last_two_and_never_below
 def test_a_loop_lasts_about_loop_seconds_and_large_sizes_skip_the_untimed_call():
     assert sc.loop_length(1e-6) == sc.MAX_ITERS and sc.loop_length(1.0) == 1
     assert sc.loop_length(sc.LOOP_SECONDS / 2) == 2
-    assert sc.calls_per_candidate(16, 8) == 1 + sc.ROUNDS * 9
+    assert sc.calls_per_candidate(16, 8) == 1 + sc.SHORT_ROUNDS * 9
     assert sc.calls_per_candidate(64 * MB, 1) == 1 + sc.ROUNDS   # no untimed switch call
+
+
+def test_short_calls_take_more_rounds():
+    assert sc.SHORT_ROUNDS > sc.ROUNDS
+    assert sc.rounds_at(sc.DOUBLING_BYTES - 1) == sc.SHORT_ROUNDS and sc.rounds_at(sc.DOUBLING_BYTES) == sc.ROUNDS
 
 
 class FakeClockComm:
