@@ -99,9 +99,16 @@ def test_a_loop_lasts_about_loop_seconds_and_large_sizes_skip_the_untimed_call()
     assert sc.calls_per_candidate(64 * MB, 1) == 1 + sc.ROUNDS   # no untimed switch call
 
 
-def test_short_calls_take_more_rounds():
+def test_short_calls_take_more_rounds(monkeypatch):
     assert sc.SHORT_ROUNDS > sc.ROUNDS
     assert sc.rounds_at(sc.DOUBLING_BYTES - 1) == sc.SHORT_ROUNDS and sc.rounds_at(sc.DOUBLING_BYTES) == sc.ROUNDS
+    # measure() makes those calls: 10 us a call on a fake clock, loops of MAX_ITERS, 5 candidates
+    comm = FakeClockComm(lambda n: 1e-5)
+    monkeypatch.setattr(sc.time, "perf_counter", comm.clock)
+    sc.measure(comm, "all_gather", torch.float32, 1.0, largest=sc.DOUBLING_BYTES)
+    short = len(sc.sizes_of("all_gather", 1, 4, sc.DOUBLING_BYTES - 1))
+    calls = 5 * (short * (1 + sc.SHORT_ROUNDS * (sc.MAX_ITERS + 1)) + (1 + sc.ROUNDS * (sc.MAX_ITERS + 1)))
+    assert comm.now == pytest.approx(calls * 1e-5)
 
 
 class FakeClockComm:
