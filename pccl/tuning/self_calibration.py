@@ -22,7 +22,7 @@ the ranks' skew too, and the calibration's pick was within 5% of the bench's fas
 61% of sizes, with it 74-84% (4 ranks of 2 cores, batches of 4 launches). Below
 DOUBLING_BYTES a round lasts tens of microseconds, and one descheduled rank makes it an
 outlier: the median of 5 rounds there took the pick within 5% at 88-95% of those sizes, of
-3 rounds at 79-80% (interleaved batches of 4-6 launches), for a few milliseconds more. The
+3 rounds at 77-80% (interleaved batches of 4-6 launches), for a few milliseconds more. The
 next size is measured only if its projected time fits what is left of the budget: the
 candidates' summed median time per call, extrapolated along the line through the last two
 sizes, times the calls it makes, and MARGIN; from the medians, not the clock, so that a
