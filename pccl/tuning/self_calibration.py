@@ -20,17 +20,18 @@ time is the slowest rank's, a candidate's the median of its rounds. The barrier 
 doubling: the ranks leave it about together) matters: without it a loop of few calls timed
 the ranks' skew too, and the calibration's pick was within 5% of the bench's fastest at
 61% of sizes, with it 74-84% (4 ranks of 2 cores, batches of 4 launches). Below
-DOUBLING_BYTES a round lasts tens of microseconds, and one descheduled rank makes it an
-outlier: the median of 5 rounds there took the pick within 5% at 88-95% of those sizes, of
-3 rounds at 77-80% (interleaved batches of 4-6 launches), for a few milliseconds more. The
-next size is measured only if its projected time fits what is left of the budget: the
-candidates' summed median time per call, extrapolated along the line through the last two
-sizes, times the calls it makes, and MARGIN; from the medians, not the clock, so that a
-stall of one call (a descheduled rank) costs its time but does not end the calibration
-early. A size's warm-up is charged at most its calls' expected time: the first call at a
-new size can pay a setup (MPICH's first large messages and collectives took 0.1-0.3 s on
-4-8 ranks of 2 cores) that a run pays at its first such call anyway, and the calibration
-takes that much longer than its budget.
+DOUBLING_BYTES a round is a few calls of tens of microseconds (0.1-0.3 ms on 4 ranks of 2
+cores), and one descheduled rank makes it an outlier: the median of 5 rounds there took
+the pick within 5% at 88-95% of those sizes, of 3 rounds at 77-80% (interleaved batches of
+4-6 launches), for a few milliseconds more. The next size is measured only if its
+projected time fits what is left of the budget: the candidates' summed median time per
+call, extrapolated along the line through the last two sizes, times the calls it makes,
+and MARGIN; from the medians, not the clock, so that a stall of one call (a descheduled
+rank) costs its time but does not end the calibration early. A size's warm-up is charged
+at most its calls' expected time: the first call at a new size can pay a setup (MPICH's
+first large messages and collectives took 0.1-0.3 s on 4-8 ranks of 2 cores) that a run
+pays at its first such call anyway, and the calibration takes that much longer than its
+budget.
 
 Agreement: rank 0 reads the cache and shares what it found; the times are all-reduced
 (max), so every rank holds the same figures, stops at the same size and makes the same
@@ -75,7 +76,7 @@ FORMAT = 6   # what is measured and how: an entry of another format is measured 
 BUDGET = 0.4            # seconds per collective and reduction class (PCCL_CALIBRATION_BUDGET)
 MAX_BYTES = 64 << 20    # the largest size measured, budget permitting
 ROUNDS = 3
-SHORT_ROUNDS = 5        # rounds below DOUBLING_BYTES, where a round is tens of microseconds (see above)
+SHORT_ROUNDS = 5        # rounds below DOUBLING_BYTES, where a round lasts 0.1-0.3 ms (see above)
 DOUBLING_BYTES = 64 << 10   # sizes grow x4 below this, then double
 LOOP_SECONDS = 400e-6   # a round's loop: about this long (from the size before), 1 to MAX_ITERS calls
 MAX_ITERS = 8
