@@ -14,7 +14,8 @@ so the difference between consecutive rows is what that layer adds:
   call(native)   Communicator.all_reduce(algorithm="native")
   call(auto)     Communicator.all_reduce(algorithm="auto") (resolved once, like the others)
 
-Microseconds per call: the slowest rank's mean over --calls, median over --repeats.
+Microseconds per call: the slowest rank's mean over --calls, median over --repeats; the
+rows take turns, so a burst of other work slows one repeat of each row, not one row.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from mpi4py import MPI
 
 import pccl
 from pccl.algorithms import schedule
-from pccl.tools.cli import time_per_call
+from pccl.tools.cli import time_calls
 from pccl.util.args import at_least
 
 
@@ -56,8 +57,8 @@ def main(argv=None) -> None:
         "call(native)": lambda: comm.all_reduce(tensor, algorithm="native"),
         "call(auto)": lambda: comm.all_reduce(tensor),
     }
-    times = {name: 1e6 * time_per_call(call, args.calls, max(10, args.calls // 10), args.repeats, world)
-             for name, call in rows.items()}
+    seconds = time_calls(list(rows.values()), args.calls, max(10, args.calls // 10), args.repeats, world)
+    times = {name: 1e6 * s for name, s in zip(rows, seconds)}
     if world.rank == 0:
         if args.json:
             print(json.dumps({"ranks": world.size, "bytes": args.bytes, "executor": args.executor,
