@@ -3,8 +3,9 @@
 - a torch.profiler trace of one training step of gpt_125m (ZeRO-3, bf16) on all local GPUs
   over NCCL, and on 2 ranks over MPI (sharing one GPU where there is one), exported as a
   Chrome trace (tmp dir, and $PCCL_GPU_TRACE_DIR when set): at least one communication
-  kernel (NCCL's, or pccl's reduction kernels) runs while a compute kernel runs on the
-  training loop's stream;
+  kernel (NCCL's, pccl's reduction kernels, or over MPI a staging copy between the GPU and
+  pinned host memory on a lane's stream) runs while a compute kernel runs on the training
+  loop's stream;
 - the MFU of gpt_1p3b on one GPU (bf16, sequences of 2048) from the model's FLOPs per token
   and shard.planning.throughput's peak, printed and written to mfu.json (same places); a
   measurement, so only its sanity is asserted (0 < MFU < 1).
@@ -57,6 +58,29 @@ def test_trace_analysis_finds_communication_under_compute():
     assert summary["comm_kernels"] == 2 and summary["overlapping_pairs"] == 0
 
 
+
+def copy(name: str, start: float, dur: float, stream: int) -> dict:
+    return {**kernel(name, start, dur, stream), "cat": "gpu_memcpy"}
+
+
+def test_trace_analysis_counts_staging_copies_off_the_compute_stream():
+    """Over MPI without GPU-aware transport, what communication puts on the GPU is its
+    staging copies on the lane's stream (and, for reductions of schedules, pccl's kernels;
+    MPI's own collectives reduce on the host): those under compute overlap it. A copy on
+    the compute stream (a loss read back) and a device-to-device copy are not communication."""
+    trace = {"traceEvents": [
+        kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 100.0, 50.0, 7),
+        copy("Memcpy DtoH (Device -> Pinned)", 120.0, 10.0, 20),
+        copy("Memcpy HtoD (Pinned -> Device)", 160.0, 10.0, 20),      # after the gemm: no overlap
+        copy("Memcpy DtoH (Device -> Pageable)", 140.0, 5.0, 7),        # the loop's own, on its stream
+        copy("Memcpy DtoD (Device -> Device)", 110.0, 5.0, 20),
+    ]}
+    summary = overlap_summary(trace)
+    assert summary["kernels"] == 1 and summary["compute_kernels"] == 1 and summary["compute_stream"] == "(0, 7)"
+    assert summary["comm_kernels"] == 2 and summary["comm_streams"] == ["(0, 20)"]
+    assert summary["overlapping_pairs"] == 1 and summary["overlap_us"] == pytest.approx(10.0)
+    assert summary["example"]["comm"] == "Memcpy DtoH (Device -> Pinned)"
+
 def launched(tmp_path_factory, scenario: str, reason, ranks: int, timeout: float):
     """The worker's `scenario` on `ranks` ranks (skipped where `reason` says why it cannot
     run here): its directory and its report."""
@@ -89,7 +113,8 @@ def test_profiled_step_overlaps_communication_with_compute(tmp_path_factory, sce
                                             "comm_us", "example")}, indent=1))
     if first["kernels"] == 0:
         pytest.skip("torch.profiler recorded no GPU kernels here (is CUPTI missing?), so overlap cannot be seen")
-    assert first["comm_kernels"] > 0, f"no NCCL or pccl kernel in rank 0's trace: {first}"
+    assert first["comm_kernels"] > 0, \
+        f"no communication on the GPU (NCCL or pccl kernels, staging copies) in rank 0's trace: {first}"
     assert first["compute_kernels"] > 0, f"no compute kernel in rank 0's trace: {first}"
     assert first["overlapping_pairs"] > 0, f"no communication kernel ran under compute on rank 0: {first}"
 

@@ -4,8 +4,9 @@ Usage: mpiexec -n P python -m tests.shard.workers.run_gpu_training SCENARIO DIR 
   trace  P >= 2 GPUs over NCCL: gpt_125m (ZeRO-3, bf16), two warm-up steps, then one step
          under torch.profiler; each rank writes DIR/trace-rank{r}.json (Chrome trace) and
          the report holds every rank's overlap of communication and compute kernels
-  trace-mpi  the same over the MPI transport, where ranks may share one GPU (pccl's
-         reduction kernels are then the communication kernels)
+  trace-mpi  the same over the MPI transport, where ranks may share one GPU (the
+         communication on the GPU is then the staging copies between it and pinned host
+         memory on the lanes' streams, and pccl's reduction kernels)
   mfu    one GPU: gpt_1p3b (ZeRO-3 on one rank, bf16, sequences of 2048), tokens/s after
          warm-up, model TFLOP/s and MFU from the model's FLOPs per token and
          shard.planning.throughput's peak; also written to DIR/mfu.json
@@ -23,6 +24,10 @@ from pathlib import Path
 # Kernel names of communication: NCCL's (ncclDevKernel_*, ncclKernel_*) and pccl's own
 # reduction and scaling kernels (csrc/gpu/reduce.cu, namespace pccl::gpu).
 COMM_MARKERS = ("nccl", "pccl::gpu::")
+# Copies between the GPU and host memory ("Memcpy DtoH (Device -> Pinned)"): over MPI without
+# GPU-aware transport, the staging of messages; communication where they run off the
+# training loop's stream (its own copies, such as a loss read back, run on it).
+HOST_COPY_MARKERS = ("dtoh", "htod")
 
 
 def is_comm(name: str) -> bool:
@@ -30,32 +35,43 @@ def is_comm(name: str) -> bool:
     return any(marker in lower for marker in COMM_MARKERS)
 
 
+def is_host_copy(event: dict) -> bool:
+    return event["kind"] == "gpu_memcpy" and any(m in event["name"].lower() for m in HOST_COPY_MARKERS)
+
+
 def kernels(trace: dict) -> list[dict]:
-    """The GPU kernels of a Chrome trace as torch.profiler exports it: complete events
-    ("ph": "X") of category "kernel", each with start and end (microseconds), stream and device."""
+    """The GPU kernels and copies of a Chrome trace as torch.profiler exports it: complete
+    events ("ph": "X") of category "kernel" or "gpu_memcpy", each with its kind (the
+    category), start and end (microseconds), stream and device."""
     out = []
     for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "kernel":
+        kind = str(e.get("cat", "")).lower()
+        if e.get("ph") != "X" or kind not in ("kernel", "gpu_memcpy"):
             continue
         args = e.get("args") or {}
         start = float(e["ts"])
-        out.append({"name": str(e.get("name", "")), "start": start, "end": start + float(e.get("dur", 0.0)),
+        out.append({"name": str(e.get("name", "")), "kind": kind, "start": start,
+                    "end": start + float(e.get("dur", 0.0)),
                     "stream": (args.get("device", e.get("pid")), args.get("stream", e.get("tid")))})
     return out
 
 
 def overlap_summary(trace: dict) -> dict:
-    """How communication kernels overlap compute. The compute stream is the stream that
-    ran the most time of kernels that are not communication (the training loop's); every
-    communication kernel on another stream is intersected with that stream's kernels."""
+    """How communication overlaps compute. The compute stream is the stream that ran the
+    most time of kernels that are not communication (the training loop's); communication
+    is NCCL's and pccl's kernels, and copies between the GPU and host memory on other
+    streams (MPI's staging); each on another stream than compute is intersected with
+    that stream's kernels."""
     found = kernels(trace)
-    comm = [k for k in found if is_comm(k["name"])]
     busy: dict = defaultdict(float)
     for k in found:
-        if not is_comm(k["name"]):
+        if k["kind"] == "kernel" and not is_comm(k["name"]):
             busy[k["stream"]] += k["end"] - k["start"]
     main = max(busy, key=busy.get) if busy else None
-    compute = sorted((k for k in found if k["stream"] == main and not is_comm(k["name"])), key=lambda k: k["start"])
+    comm = [k for k in found if (k["kind"] == "kernel" and is_comm(k["name"]))
+            or (is_host_copy(k) and k["stream"] != main)]
+    compute = sorted((k for k in found if k["kind"] == "kernel" and k["stream"] == main and not is_comm(k["name"])),
+                     key=lambda k: k["start"])
     pairs, overlapped, example = 0, 0.0, None
     for c in comm:
         if c["stream"] == main:
@@ -69,7 +85,8 @@ def overlap_summary(trace: dict) -> dict:
                 overlapped += both
                 if example is None:
                     example = {"comm": c["name"][:200], "compute": k["name"][:200], "overlap_us": both}
-    return {"kernels": len(found), "comm_kernels": len(comm), "comm_us": sum(c["end"] - c["start"] for c in comm),
+    return {"kernels": sum(k["kind"] == "kernel" for k in found), "comm_kernels": len(comm),
+            "comm_us": sum(c["end"] - c["start"] for c in comm),
             "compute_kernels": len(compute), "compute_stream": str(main),
             "comm_streams": sorted({str(c["stream"]) for c in comm}), "overlapping_pairs": pairs,
             "overlap_us": overlapped, "example": example}
