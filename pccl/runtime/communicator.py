@@ -26,6 +26,7 @@ from pccl.runtime.work import SerialQueue, Work
 from pccl.tuning.profiles import Profile, from_environment
 from pccl.tuning.profiles import load as load_profile
 from pccl.tuning.selection import Tuner
+from pccl.tuning.self_calibration import DEVICES as MEASURED
 from pccl.tuning.self_calibration import SelfCalibration
 from pccl.util.sizes import size_label
 
@@ -218,21 +219,30 @@ class Communicator:
         self.plan_devices = plan_devices
         self.interruptible = interruptible
         self.trust_native = trust_native
-        self.self_calibration: Optional[SelfCalibration] = None   # MPI, with no profile chosen
+        self.self_calibration: Optional[SelfCalibration] = None   # MPI, with no profile chosen: host buffers'
+        self._device_calibrations: dict[str, SelfCalibration] = {}   # and each GPU type's, at first need
         self.use_profile(profile)
         self._plans: Optional[PlanExecutor] = None
         self._compressed = None   # the executor of compressed schedules, where it is not _executor
 
-    def use_profile(self, profile: Profile) -> None:
-        """Decide auto's choices with `profile` from now on (every rank alike)."""
-        self.profile = profile
+    def use_profile(self, profile: Profile, device: Optional[str] = None) -> None:
+        """Decide auto's choices with `profile` from now on (every rank alike): for the
+        buffers of every device, or of `device` only ("cpu": host buffers; the
+        self-calibration measures each device type apart). `profile`, `tuner`: the host
+        buffers'; `given_profile`: what devices without a profile of their own decide with."""
         self._calls.clear()   # calls resolved before decided with the profile before
         natives = NATIVES if self.transport == "mpi" and not self.interruptible else (self.own_native,)
-        self.tuner = Tuner(self.topology, profile, with_plans=self._can_build_levels(), natives=natives,
-                           trust_native=self.trust_native)
-        # auto where plans cannot run
-        self._flat_tuner = Tuner(self.topology, profile, with_plans=False, natives=natives,
-                                 trust_native=self.trust_native)
+        tuners = (Tuner(self.topology, profile, with_plans=self._can_build_levels(), natives=natives,
+                        trust_native=self.trust_native),
+                  # auto where plans cannot run
+                  Tuner(self.topology, profile, with_plans=False, natives=natives, trust_native=self.trust_native))
+        if device is None:
+            self.given_profile, self._given_tuners, self._device_tuners = profile, tuners, {}
+        if device in (None, "cpu"):
+            self.profile = profile
+            self.tuner, self._flat_tuner = tuners
+        else:
+            self._device_tuners[device] = tuners
 
     @property
     def own_native(self) -> str:
@@ -397,16 +407,31 @@ class Communicator:
         """Before resolving `algorithm` for `collective` of `dtype` on `device` tensors
         (`compression` as resolve takes it): where that is an uncompressed auto, make sure
         its choice rests on a measurement, where this communicator measures itself (the
-        self-calibration: MPI, host buffers, no profile chosen); a no-op elsewhere and once
-        measured. A call does this itself; a caller that resolves first (resolve never
+        self-calibration: MPI, no profile chosen; host and GPU buffers apart); a no-op
+        elsewhere and once measured. A call does this itself; a caller that resolves first (resolve never
         communicates) calls it before. Collective: every rank at the same point of its
         sequence of calls."""
-        if algorithm == "auto" and not compression and self.self_calibration is not None and device == "cpu":
-            self.self_calibration.ensure(collective, dtype)
+        if algorithm == "auto" and not compression and self.self_calibration is not None and device in MEASURED:
+            self.calibration_for(device).ensure(collective, dtype)
+
+    def calibration_for(self, device: str) -> SelfCalibration:
+        """The self-calibration of `device` buffers ("cpu" or "cuda"), where this
+        communicator measures itself (self_calibration is not None)."""
+        if device == "cpu":
+            return self.self_calibration
+        if device not in self._device_calibrations:
+            self._device_calibrations[device] = SelfCalibration(self, device)
+        return self._device_calibrations[device]
 
     def tuner_for(self, device: str) -> Tuner:
-        """The tuner for `device` tensors: with the plans where they can carry them."""
-        return self.tuner if device in self.plan_devices else self._flat_tuner
+        """The tuner for `device` tensors, with the plans where they can carry them: the
+        host's, a GPU type's own where it has a profile of its own (its self-calibration),
+        else the profile the communicator was given."""
+        if device == "cpu":
+            tuners = (self.tuner, self._flat_tuner)
+        else:
+            tuners = self._device_tuners.get(device, self._given_tuners)
+        return tuners[0] if device in self.plan_devices else tuners[1]
 
     def _check_executor(self, executor: str) -> str:
         valid = EXECUTORS[self.transport]

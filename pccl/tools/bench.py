@@ -502,15 +502,18 @@ def compression_summary(collective: str, rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def calibration_note(executor: str, comm: pccl.Communicator) -> str:
-    """What auto's choices rested on: the self-calibration's figures (measured in this run,
-    with the seconds each took, or read from its cache), a chosen profile, or neither."""
-    own = comm.self_calibration
+def calibration_note(executor: str, comm: pccl.Communicator, device: str = "cpu") -> str:
+    """What auto's choices for `device` buffers rested on: the self-calibration's figures
+    (measured in this run, with the seconds each took, or read from its cache), a chosen
+    profile, or neither."""
+    own = comm.calibration_for(device) if comm.self_calibration is not None else None
     if own is None:
         return f"# auto ({executor}): " + ("unmeasured, no self-calibration on this transport: the transport's own "
                                           "collective" if comm.trust_native else f"profile {comm.profile.name!r}")
     if not own.on:
         return f"# auto ({executor}): no self-calibration (PCCL_SELF_CALIBRATION=0): the transport's own collective"
+    if own.measured is None:
+        return f"# auto ({executor}): no auto call on {device} buffers ran, so none was measured or read"
     spent = ", ".join(f"{entry} {seconds:.2f} s" for entry, seconds in own.seconds.items())
     held = ", ".join(own.measured or {}) or "none"
     return (f"# auto ({executor}): self-calibration {own.path}; figures for {held}; measured in this run: "
@@ -672,7 +675,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         if args.compression:
             say("#\n" + compression_summary(collective, mine))
     for executor, comm in comms.items():
-        say(calibration_note(executor, comm))
+        say(calibration_note(executor, comm, args.device))
     if world.rank == 0 and args.json:
         write_json(rows, args.json)
 

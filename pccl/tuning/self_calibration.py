@@ -1,14 +1,22 @@
 """Self-calibration: algorithm="auto" measured on the machine it runs on, with no user action.
 
 An MPI communicator whose profile nobody chose (no profile argument, no PCCL_PROFILE)
-measures, at its first auto call of a collective and reduction class on host buffers, every
-candidate of auto (the schedules, MPI's own collectives in both forms, the plans) at sizes
-from 4 B up (x4 to 64 KiB, then doubling) until BUDGET seconds are spent, and keeps the
-figures in a cache file that every later run of the same shape reads instead. The tuner
-then predicts exactly what was measured at those sizes (Profile.calibration),
-interpolates between them, and holds the largest size's ratios beyond it. Until then, and
-where this is off, auto runs the transport's own collective (pccl.tuning.selection,
-trust_native).
+measures, at its first auto call of a collective and reduction class on buffers of a
+device type (host memory, or GPUs), every candidate of auto for that device's buffers (the
+schedules, MPI's own collectives in both forms, the plans where their levels carry it) at
+sizes from 4 B up (x4 to 64 KiB, then doubling) until BUDGET seconds are spent, and keeps
+the figures in a cache file that every later run of the same shape reads instead. The
+tuner of that device's buffers then predicts exactly what was measured at those sizes
+(Profile.calibration), interpolates between them, and holds the largest size's ratios
+beyond it. Until then, and where this is off, auto runs the transport's own collective
+(pccl.tuning.selection, trust_native).
+
+Each device type is measured apart, and the host's figures never decide for GPU buffers:
+over MPI a GPU's messages are staged through pinned host memory or handed to a GPU-aware
+library, and either changes every candidate's cost (on one H100 shared by 2 ranks, staged,
+MPI's own 64 MB reduce-scatter took 37 ms, the pairwise schedule 8.7 ms; at 64 B MPI's
+all-gather took 0.25 ms, every schedule 0.5-0.7 ms). On GPUs each timed loop ends with the
+device synchronized, so a loop times the collectives' work, not only their launch.
 
 Each size: every candidate is warmed up once, then timed in ROUNDS rounds, SHORT_ROUNDS
 below DOUBLING_BYTES (the order rotating between rounds, so no candidate always follows
@@ -42,7 +50,9 @@ Rank 0 writes the file, atomically.
 The cache: PCCL_CACHE_DIR (default $XDG_CACHE_HOME/pccl, else ~/.cache/pccl), file
 calibration/<hash of the key>.json. The key holds what determines the answer: the node type
 (CPU model, cores, machine), the MPI library and version, the transport and executor, the
-world shape (ranks, ranks per node, nodes, NICs per node), pccl's version and FORMAT. An
+world shape (ranks, ranks per node, nodes, NICs per node), pccl's version and FORMAT, and
+for GPU buffers the GPU (its name, the GPUs a rank sees) and how MPI moves its memory
+(GPU-aware, or staged through host memory). An
 entry that is not valid JSON, whose key is not this one, whose figures are malformed or
 lack a candidate auto now has, is measured again and rewritten, with a warning; a cache
 that cannot be written keeps the figures for this run only, with a warning.
@@ -82,6 +92,7 @@ LOOP_SECONDS = 400e-6   # a round's loop: about this long (from the size before)
 MAX_ITERS = 8
 SWITCH_BYTES = 1 << 20  # from here on no untimed call before a round's loop (see above)
 MARGIN = 1.3            # a size's time over its calls' (barriers, Python, the shared figures), and some
+DEVICES = ("cpu", "cuda")   # the buffers measured, each device type apart (cuda: CUDA and HIP)
 DTYPE_OF = {"full": torch.float32, "half": torch.bfloat16}   # what each reduction class is measured with
 _FILES = threading.Lock()   # the engine's two lanes may store one shape's entries at once
 
@@ -126,15 +137,26 @@ def node_type() -> str:
     return f"{model or 'unknown CPU'}, {os.cpu_count()} cores, {platform.machine()}"
 
 
-def key_of(comm) -> dict:
-    """What the calibration of `comm`'s shape (a pccl.Communicator over MPI) depends on."""
+def gpu_type(device: str) -> dict:
+    """The GPUs of `device` buffers ("cuda": CUDA or HIP) as a calibration depends on them:
+    the model, how many a rank sees, and how MPI moves their memory."""
+    from pccl.executors.mpi_cpp import gpu_aware_mpi  # the native module: only for GPU buffers
+
+    return {"type": device, "gpu": torch.cuda.get_device_name(), "visible": torch.cuda.device_count(),
+            "mpi": "GPU-aware" if gpu_aware_mpi() else "staged"}
+
+
+def key_of(comm, device: str = "cpu") -> dict:
+    """What the calibration of `comm`'s shape (a pccl.Communicator over MPI) on `device`
+    buffers depends on (host buffers: no device field, as before GPUs were measured)."""
     from mpi4py import MPI
 
     t = comm.topology
-    return {"format": FORMAT, "pccl": metadata.version("pccl"), "node": node_type(),
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(), "transport": comm.transport,
-            "executor": comm.executor, "ranks": t.size, "nodes": [len(n) for n in t.nodes],
-            "nics_per_node": t.nics_per_node, "interruptible": comm.interruptible}
+    key = {"format": FORMAT, "pccl": metadata.version("pccl"), "node": node_type(),
+           "mpi": MPI.Get_library_version().splitlines()[0].strip(), "transport": comm.transport,
+           "executor": comm.executor, "ranks": t.size, "nodes": [len(n) for n in t.nodes],
+           "nics_per_node": t.nics_per_node, "interruptible": comm.interruptible}
+    return key if device == "cpu" else {**key, "device": gpu_type(device)}
 
 
 def path_of(key: dict, env=os.environ) -> Path:
@@ -223,11 +245,13 @@ def calls_per_candidate(nbytes: int, iters: int) -> int:
 
 
 def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
-            largest: int = MAX_BYTES) -> dict:
-    """{candidate: [[bytes, seconds per call], ...]}: every candidate of auto for host
-    buffers timed through `comm` from 4 B up until `seconds` are spent (the slowest rank's
-    clock, so that every rank stops at the same size). Collective over `comm`."""
-    names = comm.tuner_for("cpu").candidates(collective)
+            largest: int = MAX_BYTES, device: str = "cpu") -> dict:
+    """{candidate: [[bytes, seconds per call], ...]}: every candidate of auto for `device`
+    buffers ("cpu", or "cuda": the current GPU's) timed through `comm` from 4 B up until
+    `seconds` are spent (the slowest rank's clock, so that every rank stops at the same
+    size). Collective over `comm`."""
+    names = comm.tuner_for(device).candidates(collective)
+    finish = torch.cuda.synchronize if device == "cuda" else lambda: None   # a loop times the work
     element = torch.empty((), dtype=dtype).element_size()
     out: dict = {name: [] for name in names}
     together = torch.zeros(1, dtype=torch.int32)
@@ -243,9 +267,10 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
             if spent + MARGIN * summed * calls_per_candidate(nbytes, iters) > seconds:
                 break
         start = time.perf_counter()
-        call = calls(comm, collective, nbytes // element, dtype)
+        call = calls(comm, collective, nbytes // element, dtype, device)
         for name in names:
             call(name)
+        finish()
         warmed = time.perf_counter()
         rounds = torch.zeros(rounds_at(nbytes), len(names) + 2, dtype=torch.float64)
         for r in range(len(rounds)):
@@ -258,6 +283,7 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
                 began = time.perf_counter()
                 for _ in range(iters):
                     call(names[i])
+                finish()
                 rounds[r, i] = (time.perf_counter() - began) / iters
         rounds[:, -2:] = torch.tensor([warmed - start, time.perf_counter() - warmed], dtype=torch.float64)
         comm.all_reduce(rounds, op="max", algorithm="ring")   # every rank the same figures
@@ -273,12 +299,14 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
     return out
 
 
-def calls(comm, collective: str, count: int, dtype: torch.dtype):
-    """call(name): `collective` of `count` elements in all, with algorithm `name`."""
+def calls(comm, collective: str, count: int, dtype: torch.dtype, device: str = "cpu"):
+    """call(name): `collective` of `count` elements in all of `device` buffers, with
+    algorithm `name`."""
     if collective == "all_reduce":
-        tensor = torch.ones(count, dtype=dtype)
+        tensor = torch.ones(count, dtype=dtype, device=device)
         return lambda name: comm.all_reduce(tensor, algorithm=name)
-    full, block = torch.ones(count, dtype=dtype), torch.ones(count // comm.size, dtype=dtype)
+    full = torch.ones(count, dtype=dtype, device=device)
+    block = torch.ones(count // comm.size, dtype=dtype, device=device)
     if collective == "all_gather":
         return lambda name: comm.all_gather(full, block, algorithm=name)
     return lambda name: comm.reduce_scatter(block, full, algorithm=name)
@@ -297,20 +325,22 @@ def share(comm, payload: Optional[bytes]) -> bytes:
 
 
 class SelfCalibration:
-    """The calibration of one communicator's shape: read from the cache at first need,
-    measured where missing, and applied to the communicator's profile."""
+    """The calibration of one communicator's shape on one device type's buffers ("cpu",
+    "cuda"): read from the cache at first need, measured where missing, and applied to the
+    communicator's profile for those buffers."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, device: str = "cpu"):
         self.comm = comm
+        self.device = device
         self.on = enabled()
         self.budget = budget()
-        self.base = comm.profile          # what the measured ratios are taken against
+        self.base = comm.given_profile    # what the measured ratios are taken against
         self.measured: Optional[dict] = None   # {entry: {candidate: points}}, once read
         self.seconds: dict[str, float] = {}    # entry -> seconds this process spent measuring it
 
     @cached_property
     def key(self) -> dict:   # at first need: a communicator that never measures pays nothing
-        return key_of(self.comm)
+        return key_of(self.comm, self.device)
 
     @cached_property
     def path(self) -> Path:
@@ -332,7 +362,7 @@ class SelfCalibration:
         if self._current(entry, collective):
             return
         start = time.perf_counter()
-        self.measured[entry] = measure(self.comm, collective, DTYPE_OF[klass], self.budget)
+        self.measured[entry] = measure(self.comm, collective, DTYPE_OF[klass], self.budget, device=self.device)
         self.seconds[entry] = time.perf_counter() - start
         if self.comm.rank == 0:
             self._store(entry)
@@ -340,7 +370,7 @@ class SelfCalibration:
 
     def _current(self, entry: str, collective: str) -> bool:
         """Whether the cache's figures for `entry` cover every candidate auto has now."""
-        names = set(self.comm.tuner_for("cpu").candidates(collective))
+        names = set(self.comm.tuner_for(self.device).candidates(collective))
         return entry in self.measured and names <= set(self.measured[entry])
 
     def _agreed_cache(self) -> dict:
@@ -374,7 +404,7 @@ class SelfCalibration:
                    for name, points in by_name.items()}
         if figures:
             self.comm.use_profile(calibrated(self.base, self.comm.topology, figures,
-                                             f"self-calibration, {self.path}"))
+                                             f"self-calibration, {self.path}"), self.device)
 
 
 def entry_parts(entry: str) -> tuple[str, str]:

@@ -242,6 +242,66 @@ def test_a_calibration_per_class_round_trips_through_the_file_form_and_older_fil
         Profile(**{**prof.__dict__, "calibration": (("all_gather", "quarter", "ring", ((16, 1.0),)),)})
 
 
+
+# ----------------------------------------------------------------- GPU buffers, apart
+
+STAND_IN_GPU = {"type": "cuda", "gpu": "Stand-in GPU", "visible": 1, "mpi": "staged"}
+
+
+def test_gpu_buffers_have_a_key_and_file_of_their_own(monkeypatch):
+    """The host's key is what it was before GPUs were measured (older caches still read);
+    a GPU's adds the GPU and how MPI moves its memory, so neither reads the other's figures."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(sc, "gpu_type", lambda device: {**STAND_IN_GPU, "type": device})
+    comm = SimpleNamespace(topology=Topology.regular(4, 4), transport="mpi", executor="cpp", interruptible=False)
+    host, gpu = sc.key_of(comm), sc.key_of(comm, "cuda")
+    assert "device" not in host and gpu == {**host, "device": STAND_IN_GPU}
+    assert sc.path_of(host) != sc.path_of(gpu)
+    assert sc.path_of(gpu) != sc.path_of({**host, "device": {**STAND_IN_GPU, "mpi": "GPU-aware"}})
+
+
+def test_on_a_gpu_each_timed_loop_ends_with_the_device_synchronized(monkeypatch):
+    """A GPU collective may return before its kernels ran: the loop's time includes the
+    synchronize that waits for them (here 50 us on the fake clock, after loops of calls
+    that take 10 us to issue), once after each size's warm-up and after every loop."""
+    comm = FakeClockComm(lambda n: 1e-5)
+    monkeypatch.setattr(sc.time, "perf_counter", comm.clock)
+    host_calls = sc.calls
+    monkeypatch.setattr(sc, "calls", lambda comm, collective, count, dtype, device: host_calls(comm, collective,
+                                                                                              count, dtype))
+    synced = []
+
+    def synchronize():
+        synced.append(comm.now)
+        comm.now += 5e-5
+    monkeypatch.setattr(sc.torch.cuda, "synchronize", synchronize)
+    measured = sc.measure(comm, "all_gather", torch.float32, 1.0, largest=64, device="cuda")
+    sizes = sc.sizes_of("all_gather", 1, 4, 64)
+    assert len(synced) == len(sizes) * (1 + 5 * sc.SHORT_ROUNDS)   # 5 candidates
+    assert all(t == pytest.approx(1e-5 + 5e-5 / sc.MAX_ITERS) for _, t in measured["ring"])
+
+
+def test_a_gpus_profile_decides_for_its_buffers_only_and_the_hosts_never_for_a_gpus():
+    """Host figures measured that MPI's own all-reduce is fastest; the GPU's (staged through
+    host memory) that Rabenseifner's is: each device's buffers get their own choice, and a
+    device never measured decides as the communicator was made (here: trusting native)."""
+    from pccl.runtime.dry_run import DryRunCommunicator
+
+    topo = Topology.regular(4, 4)
+    comm = DryRunCommunicator(topo, FAST_LINKS, trust_native=True)
+    given = comm.tuner_for("cuda")
+    comm.use_profile(measured_profile(topo, "full", "ring"), "cpu")
+    assert comm.tuner_for("cpu").name("all_reduce", MB) == "ring"
+    assert comm.tuner_for("cuda") is given and given.name("all_reduce", MB) == "native", "host figures stay the host's"
+    comm.use_profile(measured_profile(topo, "full", "rabenseifner"), "cuda")
+    assert comm.tuner_for("cuda").name("all_reduce", MB) == "rabenseifner"
+    assert comm.tuner_for("cpu").name("all_reduce", MB) == "ring" and comm.tuner_for("meta") is given
+    assert comm.resolve("all_reduce", "auto", MB, "cuda") == "rabenseifner"
+    assert comm.resolve("all_reduce", "auto", MB) == "ring"
+    comm.use_profile(FAST_LINKS)   # a profile for every device: the devices' own are dropped
+    assert comm.tuner_for("cuda").name("all_reduce", MB) == "native" == comm.tuner_for("cpu").name("all_reduce", MB)
+
 # ----------------------------------------------------------------- on several ranks
 
 @pytest.mark.mpi
@@ -249,7 +309,8 @@ def test_ranks_measure_once_share_rank_0s_figures_and_redo_a_corrupt_entry(tmp_p
     """3 ranks, each with its own cache directory (as on nodes without a shared file
     system): the first communicator measures, a second reads rank 0's file, a corrupt file
     is measured again; every rank holds the same figures and makes the same choices; the
-    collectives stay exact throughout (tests/pccl/workers/run_self_calibration.py)."""
+    collectives stay exact throughout; GPU buffers (a stand-in GPU) are measured apart and
+    read back (tests/pccl/workers/run_self_calibration.py)."""
     report_path = tmp_path / "report.json"
     run = mpiexec(3, "-m tests.pccl.workers.run_self_calibration", str(tmp_path), str(report_path), timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -269,3 +330,9 @@ def test_ranks_measure_once_share_rank_0s_figures_and_redo_a_corrupt_entry(tmp_p
     assert "native_nonblocking" in names and "native" not in names, "an interruptible communicator never blocks"
     assert interruptible["path"] != first["path"]
     assert math.isfinite(sum(first["seconds"].values()))
+    gpu = report["gpu"]
+    assert gpu["first"]["agree"] and gpu["second"]["agree"]
+    assert gpu["first"]["measured_now"] == ["all_reduce/full"] and gpu["first"]["synchronized"] > 0
+    assert gpu["first"]["device"]["gpu"] == "Stand-in GPU" and gpu["first"]["path"] != first["path"]
+    assert gpu["first"]["host"] is None, "GPU buffers' first call measures them alone, not the host's"
+    assert gpu["second"]["measured_now"] == [] and gpu["second"]["figures"] == gpu["first"]["figures"]

@@ -5,8 +5,10 @@
 Each rank caches in DIR/rank-R (no shared file system). In turn: a first communicator
 measures all-gather and bf16 all-reduce at their first auto call; a second reads rank 0's
 file; rank 0's file is corrupted and a third measures again; a tiny budget stops after the
-first size; an interruptible communicator has a key (and candidates) of its own. Rank 0
-writes what each step saw to REPORT."""
+first size; an interruptible communicator has a key (and candidates) of its own; GPU
+buffers, on a stand-in GPU (torch.cuda's answers stood in, host tensors for the device's),
+are measured apart, into a file of their own, and read back by the next communicator.
+Rank 0 writes what each step saw to REPORT."""
 from __future__ import annotations
 
 import json
@@ -68,5 +70,31 @@ os.environ["PCCL_CACHE_DIR"] = str(root / f"tiny-{rank}")
 report["tiny"] = step({}, dtype=torch.float32)
 os.environ["PCCL_CACHE_DIR"] = str(root / f"rank-{rank}")
 report["interruptible"] = step({"interruptible": True}, dtype=torch.float32)
+
+
+def on_stand_in_gpu() -> dict:
+    """Two communicators' first auto all-reduce of GPU buffers: the first measures them
+    (with synchronized loops), the second reads its file; neither touches the host's."""
+    sc.gpu_type = lambda device: {"type": device, "gpu": "Stand-in GPU", "visible": 1, "mpi": "staged"}
+    host_calls = sc.calls
+    sc.calls = lambda comm, collective, count, dtype, device="cpu": host_calls(comm, collective, count, dtype)
+    synced = [0]
+    torch.cuda.synchronize = lambda: synced.__setitem__(0, synced[0] + 1)
+    os.environ["PCCL_CACHE_DIR"] = str(root / f"gpu-{rank}")
+    out = {}
+    for name in ("first", "second"):
+        comm = pccl.init()
+        comm.measure_auto("all_reduce", "auto", torch.float32, "cuda")
+        gpu = comm.calibration_for("cuda")
+        choices = [str(comm.resolve("all_reduce", "auto", n, "cuda")) for n in SIZES]
+        mine = json.dumps([gpu.measured, choices], sort_keys=True)
+        out[name] = {"agree": len(set(world.allgather(mine))) == 1, "measured_now": sorted(gpu.seconds),
+                     "figures": gpu.measured, "path": str(gpu.path), "host": comm.self_calibration.measured,
+                     "device": gpu.key.get("device"), "synchronized": world.allreduce(synced[0], op=MPI.MIN)}
+        comm.close()
+    return out
+
+
+report["gpu"] = on_stand_in_gpu()
 if rank == 0:
     report_path.write_text(json.dumps(report))
