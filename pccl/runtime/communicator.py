@@ -423,6 +423,15 @@ class Communicator:
             self._device_calibrations[device] = SelfCalibration(self, device)
         return self._device_calibrations[device]
 
+    def gpu_type(self, device: str) -> dict:
+        """What the self-calibration of `device` buffers ("cuda": CUDA or HIP) depends on
+        beyond the host: the GPU's model, how many a rank sees, and how MPI moves their
+        memory (GPU-aware, or staged through pinned host memory)."""
+        from pccl.executors.mpi_cpp import gpu_aware_mpi
+
+        return {"type": device, "gpu": torch.cuda.get_device_name(), "visible": torch.cuda.device_count(),
+                "mpi": "GPU-aware" if gpu_aware_mpi() else "staged"}
+
     def tuner_for(self, device: str) -> Tuner:
         """The tuner for `device` tensors, with the plans where they can carry them: the
         host's, a GPU type's own where it has a profile of its own (its self-calibration),

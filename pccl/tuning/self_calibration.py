@@ -137,18 +137,10 @@ def node_type() -> str:
     return f"{model or 'unknown CPU'}, {os.cpu_count()} cores, {platform.machine()}"
 
 
-def gpu_type(device: str) -> dict:
-    """The GPUs of `device` buffers ("cuda": CUDA or HIP) as a calibration depends on them:
-    the model, how many a rank sees, and how MPI moves their memory."""
-    from pccl.executors.mpi_cpp import gpu_aware_mpi  # the native module: only for GPU buffers
-
-    return {"type": device, "gpu": torch.cuda.get_device_name(), "visible": torch.cuda.device_count(),
-            "mpi": "GPU-aware" if gpu_aware_mpi() else "staged"}
-
-
 def key_of(comm, device: str = "cpu") -> dict:
     """What the calibration of `comm`'s shape (a pccl.Communicator over MPI) on `device`
-    buffers depends on (host buffers: no device field, as before GPUs were measured)."""
+    buffers depends on (host buffers: no device field, as before GPUs were measured; GPU
+    buffers: the GPU and how MPI moves its memory, Communicator.gpu_type)."""
     from mpi4py import MPI
 
     t = comm.topology
@@ -156,7 +148,7 @@ def key_of(comm, device: str = "cpu") -> dict:
            "mpi": MPI.Get_library_version().splitlines()[0].strip(), "transport": comm.transport,
            "executor": comm.executor, "ranks": t.size, "nodes": [len(n) for n in t.nodes],
            "nics_per_node": t.nics_per_node, "interruptible": comm.interruptible}
-    return key if device == "cpu" else {**key, "device": gpu_type(device)}
+    return key if device == "cpu" else {**key, "device": comm.gpu_type(device)}
 
 
 def path_of(key: dict, env=os.environ) -> Path:

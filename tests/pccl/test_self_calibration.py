@@ -248,13 +248,13 @@ def test_a_calibration_per_class_round_trips_through_the_file_form_and_older_fil
 STAND_IN_GPU = {"type": "cuda", "gpu": "Stand-in GPU", "visible": 1, "mpi": "staged"}
 
 
-def test_gpu_buffers_have_a_key_and_file_of_their_own(monkeypatch):
+def test_gpu_buffers_have_a_key_and_file_of_their_own():
     """The host's key is what it was before GPUs were measured (older caches still read);
     a GPU's adds the GPU and how MPI moves its memory, so neither reads the other's figures."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(sc, "gpu_type", lambda device: {**STAND_IN_GPU, "type": device})
-    comm = SimpleNamespace(topology=Topology.regular(4, 4), transport="mpi", executor="cpp", interruptible=False)
+    comm = SimpleNamespace(topology=Topology.regular(4, 4), transport="mpi", executor="cpp", interruptible=False,
+                           gpu_type=lambda device: {**STAND_IN_GPU, "type": device})
     host, gpu = sc.key_of(comm), sc.key_of(comm, "cuda")
     assert "device" not in host and gpu == {**host, "device": STAND_IN_GPU}
     assert sc.path_of(host) != sc.path_of(gpu)

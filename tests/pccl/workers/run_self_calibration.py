@@ -75,7 +75,8 @@ report["interruptible"] = step({"interruptible": True}, dtype=torch.float32)
 def on_stand_in_gpu() -> dict:
     """Two communicators' first auto all-reduce of GPU buffers: the first measures them
     (with synchronized loops), the second reads its file; neither touches the host's."""
-    sc.gpu_type = lambda device: {"type": device, "gpu": "Stand-in GPU", "visible": 1, "mpi": "staged"}
+    pccl.Communicator.gpu_type = lambda self, device: {"type": device, "gpu": "Stand-in GPU", "visible": 1,
+                                                       "mpi": "staged"}
     host_calls = sc.calls
     sc.calls = lambda comm, collective, count, dtype, device="cpu": host_calls(comm, collective, count, dtype)
     synced = [0]
