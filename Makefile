@@ -88,12 +88,13 @@ lint: build
 
 # The single-process tests run side by side, one per core; the multi-rank tests after them, one
 # launch at a time: each already runs more ranks than this machine has cores, and some count
-# seconds (timeouts, stragglers). Both parts run; the target fails if either does.
+# seconds (timeouts, stragglers). Both parts run; the target fails if either does. The
+# multi-rank part, most of the suite's time, lists its slowest tests.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 SUITE_FILES ?= tests
 SUITE = status=0; \
 	$(PYTEST) -n auto -m "not mpi and $(1)" $(SUITE_FILES) || status=$$?; \
-	$(PYTEST) -m "mpi and $(1)" $(SUITE_FILES) || status=$$?; \
+	$(PYTEST) --durations=15 -m "mpi and $(1)" $(SUITE_FILES) || status=$$?; \
 	exit $$status
 
 test: lint
