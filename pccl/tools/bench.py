@@ -515,7 +515,7 @@ def calibration_note(executor: str, comm: pccl.Communicator, device: str = "cpu"
     if own.measured is None:
         return f"# auto ({executor}): no auto call on {device} buffers ran, so none was measured or read"
     spent = ", ".join(f"{entry} {seconds:.2f} s" for entry, seconds in own.seconds.items())
-    held = ", ".join(own.measured or {}) or "none"
+    held = ", ".join(own.measured) or "none"
     return (f"# auto ({executor}): self-calibration {own.path}; figures for {held}; measured in this run: "
             f"{spent or 'none (read from the cache)'}"
             + (f", {sum(own.seconds.values()):.2f} s in all" if own.seconds else ""))

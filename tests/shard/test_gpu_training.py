@@ -58,7 +58,6 @@ def test_trace_analysis_finds_communication_under_compute():
     assert summary["comm_kernels"] == 2 and summary["overlapping_pairs"] == 0
 
 
-
 def copy(name: str, start: float, dur: float, stream: int) -> dict:
     return {**kernel(name, start, dur, stream), "cat": "gpu_memcpy"}
 
@@ -80,6 +79,7 @@ def test_trace_analysis_counts_staging_copies_off_the_compute_stream():
     assert summary["comm_kernels"] == 2 and summary["comm_streams"] == ["(0, 20)"]
     assert summary["overlapping_pairs"] == 1 and summary["overlap_us"] == pytest.approx(10.0)
     assert summary["example"]["comm"] == "Memcpy DtoH (Device -> Pinned)"
+
 
 def launched(tmp_path_factory, scenario: str, reason, ranks: int, timeout: float):
     """The worker's `scenario` on `ranks` ranks (skipped where `reason` says why it cannot

@@ -35,6 +35,10 @@ def is_comm(name: str) -> bool:
     return any(marker in lower for marker in COMM_MARKERS)
 
 
+def is_compute(event: dict) -> bool:
+    return event["kind"] == "kernel" and not is_comm(event["name"])
+
+
 def is_host_copy(event: dict) -> bool:
     return event["kind"] == "gpu_memcpy" and any(m in event["name"].lower() for m in HOST_COPY_MARKERS)
 
@@ -64,14 +68,12 @@ def overlap_summary(trace: dict) -> dict:
     that stream's kernels."""
     found = kernels(trace)
     busy: dict = defaultdict(float)
-    for k in found:
-        if k["kind"] == "kernel" and not is_comm(k["name"]):
-            busy[k["stream"]] += k["end"] - k["start"]
+    for k in filter(is_compute, found):
+        busy[k["stream"]] += k["end"] - k["start"]
     main = max(busy, key=busy.get) if busy else None
     comm = [k for k in found if (k["kind"] == "kernel" and is_comm(k["name"]))
             or (is_host_copy(k) and k["stream"] != main)]
-    compute = sorted((k for k in found if k["kind"] == "kernel" and k["stream"] == main and not is_comm(k["name"])),
-                     key=lambda k: k["start"])
+    compute = sorted((k for k in filter(is_compute, found) if k["stream"] == main), key=lambda k: k["start"])
     pairs, overlapped, example = 0, 0.0, None
     for c in comm:
         if c["stream"] == main:
