@@ -24,6 +24,7 @@ timed steps.
             compute on and the replay one to communicate on; the loop needs both at once, and
             on fewer cores compute and communication take turns, so step - compute mixes the
             two (on 2 cores and 4 ranks the formula gave -776% to 197%).
+            "nothing sent": no collective to hide (one rank, say).
             "noise": the noise is half of alone or more.
             "step < compute" / "step > compute + alone": outside the possible range by more
             than the noise. A share within the noise of 0 or 100% shows as that bound.
@@ -262,6 +263,8 @@ def hidden_share(row: dict, compute: dict, cores: int) -> tuple[float | None, fl
     """(share, its uncertainty, "") or (None, None, why it is not measured); see the docstring."""
     if cores < CORES_PER_RANK * row["ranks"]:
         return None, None, "cores shared"
+    if not row["sent_bytes"]:
+        return None, None, "nothing sent"
     alone, extra = row["comm_alone_s"], row["step_s"] - compute["step_s"]
     noise = mad(row["step_times_s"]) + mad(compute["step_times_s"]) + mad(row["replays_s"])
     if 2 * noise >= alone:
@@ -343,7 +346,8 @@ def main(argv=None) -> None:
             print(json.dumps(row), flush=True)
         return
     runs, cores = configurations(args), available_cores()
-    print(f"shard-bench: {len(runs) * args.launches} launches of {args.ranks} ranks in groups of {args.group}, "
+    ranks = f"{args.ranks} rank{'s' * (args.ranks > 1)}"
+    print(f"shard-bench: {len(runs) * args.launches} launches of {ranks} in groups of {args.group}, "
           f"{args.warmup} warm-up and {args.steps} timed steps each"
           + (f", {args.launches} per row (the median shown)" if args.launches > 1 else "")
           + "; progress on stderr", flush=True)

@@ -43,6 +43,12 @@ def test_hidden_is_not_measured_on_shared_cores():
     assert eb.hidden_share(row(SPREAD), COMPUTE, cores=7) == (None, None, "cores shared")
 
 
+def test_hidden_is_not_measured_without_communication():
+    # one rank, or a world of single-rank scopes: the replay times nothing
+    assert eb.hidden_share(row(SPREAD, replays=(1e-6, 1e-6, 1e-6), sent_bytes=0), COMPUTE, cores=8) == \
+        (None, None, "nothing sent")
+
+
 def test_hidden_is_not_measured_when_the_noise_is_half_of_communication_alone():
     # noise 0.05 + 0.02 (the replays: 0.10, 0.12, 0.14) = 0.07 s; alone 0.12 s < 2 x 0.07
     assert eb.hidden_share(row(SPREAD, replays=(0.10, 0.12, 0.14)), COMPUTE, cores=16) == \
