@@ -27,7 +27,7 @@ from pccl.tuning.profiles import Profile, from_environment
 from pccl.tuning.profiles import load as load_profile
 from pccl.tuning.selection import Tuner
 from pccl.tuning.self_calibration import DEVICES as MEASURED
-from pccl.tuning.self_calibration import SelfCalibration
+from pccl.tuning.self_calibration import SelfCalibration, measures
 from pccl.util.sizes import size_label
 
 DEFAULT_TIMEOUT = float(os.environ.get("PCCL_TIMEOUT", 300.0))
@@ -134,8 +134,8 @@ class Communicator:
         machine profile algorithm="auto" predicts with: a pccl.tuning.profiles.Profile, a built-in
         name or a file (default: PCCL_PROFILE, else "generic", which describes no machine:
         then auto runs the transport's own collective until a measurement says otherwise,
-        and MPI communicators measure at first use, pccl.tuning.self_calibration); rank 0's
-        is used by all.
+        and communicators of two ranks or more over MPI or gloo measure at first use,
+        pccl.tuning.self_calibration); rank 0's is used by all.
         interruptible: auto never takes the MPI library's blocking collectives, which cannot
         be interrupted (a peer that dies there ends the job through the watchdog), but their
         nonblocking forms ("native_nonblocking", polled like pccl's schedules), so that
@@ -195,7 +195,7 @@ class Communicator:
         plan_devices = tuple(d for d in level_devices[0] if d in level_devices[1])
         profile, chosen = (profile, True) if isinstance(profile, Profile) else self._agreed_profile(profile)
         self._set_up(topology, profile, level_transports, plan_devices, interruptible, trust_native=not chosen)
-        if not chosen and self.transport == "mpi":
+        if not chosen and measures(self):
             self.self_calibration = SelfCalibration(self)
         if self.tuner.plans_apply and any(map(transports.uses_torch, self.level_transports.values())):
             # torch.distributed groups must be created in one global order on every rank:
@@ -219,7 +219,7 @@ class Communicator:
         self.plan_devices = plan_devices
         self.interruptible = interruptible
         self.trust_native = trust_native
-        self.self_calibration: Optional[SelfCalibration] = None   # MPI, with no profile chosen: host buffers'
+        self.self_calibration: Optional[SelfCalibration] = None   # where it measures (measures()): host buffers'
         self._device_calibrations: dict[str, SelfCalibration] = {}   # and each GPU type's, at first need
         self.use_profile(profile)
         self._plans: Optional[PlanExecutor] = None
@@ -407,7 +407,8 @@ class Communicator:
         """Before resolving `algorithm` for `collective` of `dtype` on `device` tensors
         (`compression` as resolve takes it): where that is an uncompressed auto, make sure
         its choice rests on a measurement, where this communicator measures itself (the
-        self-calibration: MPI, no profile chosen; host and GPU buffers apart); a no-op
+        self-calibration: no profile chosen, two ranks or more over MPI or gloo; host and
+        GPU buffers apart); a no-op
         elsewhere and once measured. A call does this itself; a caller that resolves first
         (resolve never communicates) calls it before. Collective: every rank at the same
         point of its sequence of calls."""

@@ -31,7 +31,8 @@ from pccl.core.dtypes import DATATYPES, OPS, REDUCTION_CLASSES
 from pccl.plans import NAMED, compresses_consistently, three_level
 from pccl.tools.cli import comma_list, size_arg, size_sweep, time_calls
 from pccl.tuning import self_calibration
-from pccl.tuning.calibrate import calibrate, calibrated
+from pccl.tuning.calibrate import calibrate
+from pccl.tuning.cost_model import calibrated
 from pccl.util.args import at_least
 from pccl.util.files import write_atomic
 from pccl.util.sizes import parse_size
@@ -502,25 +503,6 @@ def compression_summary(collective: str, rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def calibration_note(executor: str, comm: pccl.Communicator, device: str = "cpu") -> str:
-    """What auto's choices for `device` buffers rested on: the self-calibration's figures
-    (measured in this run, with the seconds each took, or read from its cache), a chosen
-    profile, or neither."""
-    own = comm.calibration_for(device) if comm.self_calibration is not None else None
-    if own is None:
-        return f"# auto ({executor}): " + ("unmeasured, no self-calibration on this transport: the transport's own "
-                                          "collective" if comm.trust_native else f"profile {comm.profile.name!r}")
-    if not own.on:
-        return f"# auto ({executor}): no self-calibration (PCCL_SELF_CALIBRATION=0): the transport's own collective"
-    if own.measured is None:
-        return f"# auto ({executor}): no auto call on {device} buffers ran, so none was measured or read"
-    spent = ", ".join(f"{entry} {seconds:.2f} s" for entry, seconds in own.seconds.items())
-    held = ", ".join(own.measured) or "none"
-    return (f"# auto ({executor}): self-calibration {own.path}; figures for {held}; measured in this run: "
-            f"{spent or 'none (read from the cache)'}"
-            + (f", {sum(own.seconds.values()):.2f} s in all" if own.seconds else ""))
-
-
 def write_json(rows: list[Row], path: str) -> None:
     text = json.dumps([asdict(row) for row in rows], indent=1)
     if path == "-":
@@ -675,7 +657,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         if args.compression:
             say("#\n" + compression_summary(collective, mine))
     for executor, comm in comms.items():
-        say(calibration_note(executor, comm, args.device))
+        say(f"# auto ({executor}): {self_calibration.basis(comm, args.device)}")
     if world.rank == 0 and args.json:
         write_json(rows, args.json)
 

@@ -17,12 +17,12 @@ repeated, its median taken; alpha and 1/bandwidth come from one-way time against
 Then pccl-bench times every algorithm auto chooses among, the MPI library's own
 collectives too, through the Communicator (the fixed cost of a call included) as the
 self-calibration does (pccl.tuning.self_calibration.measure) but with no time budget, per
-reduction class, and `calibrated` keeps each one's measured/predicted ratio in the profile
-(Profile.calibration), so that auto's predictions equal what was measured at those sizes.
+reduction class, and cost_model.calibrated keeps each one's measured/predicted ratio in the
+profile (Profile.calibration), so that auto's predictions equal what was measured at those
+sizes.
 """
 from __future__ import annotations
 
-import dataclasses
 import socket
 import statistics
 import time
@@ -32,10 +32,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from pccl import plans
 from pccl.compression.codecs import CodecError, codec
 from pccl.core.topology import Topology
-from pccl.tuning import cost_model
 from pccl.tuning.profiles import CodecRate, Link, Profile
 
 SIZES = tuple(1 << k for k in range(10, 25, 2))   # 1 KiB .. 16 MiB
@@ -200,19 +198,3 @@ def calibrate(comm: MPI.Comm, topology: Topology, name: str) -> Profile:
                  "copy": f"{where}: torch copy_ of {LOCAL_BYTES} B on every rank at once",
                  "native": native_source},
         native_algorithms=tuple((c, tuple(tuple(band) for band in bands)) for c, bands in natives.items()))
-
-
-def calibrated(profile: Profile, topology: Topology, measured: dict, where: str) -> Profile:
-    """`profile` with the calibration of the collectives `measured` on `topology`:
-    {(collective, reduction class, algorithm name): [(bytes, seconds), ...]}; each point
-    keeps measured / predicted, the prediction made without a calibration. Entries of
-    `profile`'s own calibration that `measured` does not replace are kept."""
-    plain = dataclasses.replace(profile, calibration=())
-    calibration = {(c, k, name): points for c, k, name, points in profile.calibration}
-    for (collective, klass, name), points in measured.items():
-        calibration[(collective, klass, name)] = tuple(
-            (int(n), seconds / cost_model.predict(collective, plans.NAMED.get(name, name), topology, plain, n))
-            for n, seconds in points)
-    sources = {**profile.sources, "calibration": where}
-    return dataclasses.replace(profile, calibration=tuple((*key, points) for key, points in calibration.items()),
-                               sources=sources)

@@ -38,6 +38,8 @@ tests hold the classes to.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Union
@@ -468,3 +470,27 @@ def _partition_counts(collective: str, algorithm: str, topology: Topology, group
     if sorted(r for g in groups for r in g) != list(range(topology.size)) or len({len(g) for g in groups}) != 1:
         raise ValueError(f"groups must be equal-sized and hold each rank 0..{topology.size - 1} once")
     return group_counts(collective, algorithm, topology, groups, 1.0, natives, exact=exact)
+
+
+def calibrated(profile: Profile, topology: Topology, measured: dict, where: str) -> Profile:
+    """`profile` with the calibration of the collectives `measured` on `topology`:
+    {(collective, reduction class, algorithm name): [(bytes, seconds), ...]}; each point
+    keeps measured / predicted, the prediction made without a calibration. Entries of
+    `profile`'s own calibration that `measured` does not replace are kept.
+
+    A ratio needs two positive, finite times: a point without them (a world of one rank,
+    which the model predicts moves nothing in no time; a time that is not one) says nothing
+    about the model's error and is left out, and an algorithm left with no point keeps its
+    uncalibrated prediction."""
+    plain = dataclasses.replace(profile, calibration=())
+    calibration = {(c, k, name): points for c, k, name, points in profile.calibration}
+    for (collective, klass, name), points in measured.items():
+        sizes = np.array([n for n, _ in points], float)
+        predicted = predict(collective, plans.NAMED.get(name, name), topology, plain, sizes)
+        ratios = tuple((int(n), float(m / p)) for (n, m), p in zip(points, predicted)
+                       if 0 < m < math.inf and 0 < p < math.inf)
+        if ratios:
+            calibration[(collective, klass, name)] = ratios
+    sources = {**profile.sources, "calibration": where}
+    return dataclasses.replace(profile, calibration=tuple((*key, points) for key, points in calibration.items()),
+                               sources=sources)

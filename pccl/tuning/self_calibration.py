@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -80,6 +81,7 @@ from typing import Optional
 import torch
 
 from pccl.core.dtypes import reduction_class
+from pccl.tuning.cost_model import calibrated
 from pccl.util.files import write_atomic
 
 FORMAT = 6   # what is measured and how: an entry of another format is measured again (6: 5 rounds below 64 KiB)
@@ -95,6 +97,7 @@ MARGIN = 1.3            # a size's time over its calls' (barriers, Python, the s
 DEVICES = ("cpu", "cuda")   # the buffers measured, each device type apart (cuda: CUDA and HIP)
 DTYPE_OF = {"full": torch.float32, "half": torch.bfloat16}   # what each reduction class is measured with
 _FILES = threading.Lock()   # the engine's two lanes may store one shape's entries at once
+_LEDGER: dict[Path, float] = {}   # every cache file this process decided with -> seconds it measured into it
 
 
 def enabled(env=os.environ) -> bool:
@@ -137,16 +140,33 @@ def node_type() -> str:
     return f"{model or 'unknown CPU'}, {os.cpu_count()} cores, {platform.machine()}"
 
 
-def key_of(comm, device: str = "cpu") -> dict:
-    """What the calibration of `comm`'s shape (a pccl.Communicator over MPI) on `device`
-    buffers depends on (host buffers: no device field, as before GPUs were measured; GPU
-    buffers: the GPU and how MPI moves its memory, Communicator.gpu_type)."""
-    from mpi4py import MPI
+def measures(comm) -> bool:
+    """Whether `comm` (a pccl.Communicator whose profile nobody chose) measures itself: one
+    of two ranks or more (a world of one moves no bytes: each collective is a local copy,
+    with nothing to measure and nothing for the cost model to predict) over a transport
+    whose buffers the measurement can share its figures through (MPI; gloo, which carries
+    host memory; not NCCL, whose GPU-only groups auto leaves to NCCL's own tuning)."""
+    return comm.size > 1 and (comm.transport == "mpi" or comm.backend == "gloo")
 
+
+def library_of(comm) -> dict:
+    """The communication library a communicator's figures depend on: the MPI library's
+    version (the key's field as it was before other transports measured), or torch's and
+    its backend's."""
+    if comm.transport == "mpi":
+        from mpi4py import MPI
+
+        return {"mpi": MPI.Get_library_version().splitlines()[0].strip()}
+    return {"torch": torch.__version__, "backend": comm.backend}
+
+
+def key_of(comm, device: str = "cpu") -> dict:
+    """What the calibration of `comm`'s shape (a pccl.Communicator) on `device` buffers
+    depends on (host buffers: no device field, as before GPUs were measured; GPU buffers:
+    the GPU and how MPI moves its memory, Communicator.gpu_type)."""
     t = comm.topology
-    key = {"format": FORMAT, "pccl": metadata.version("pccl"), "node": node_type(),
-           "mpi": MPI.Get_library_version().splitlines()[0].strip(), "transport": comm.transport,
-           "executor": comm.executor, "ranks": t.size, "nodes": [len(n) for n in t.nodes],
+    key = {"format": FORMAT, "pccl": metadata.version("pccl"), "node": node_type(), **library_of(comm),
+           "transport": comm.transport, "executor": comm.executor, "ranks": t.size, "nodes": [len(n) for n in t.nodes],
            "nics_per_node": t.nics_per_node, "interruptible": comm.interruptible}
     return key if device == "cpu" else {**key, "device": comm.gpu_type(device)}
 
@@ -172,6 +192,8 @@ def read(path: Path, key: dict) -> tuple[dict, Optional[str]]:
         return {}, f"unreadable ({type(e).__name__}: {e})"
     if not isinstance(data, dict) or data.get("key") != key:
         return {}, "made for another key (another version of pccl or of its format)"
+    if not (isinstance(key.get("ranks"), int) and key["ranks"] > 1):
+        return {}, "degenerate: a world of one rank has nothing to measure"
     measured = data.get("measured")
     if not isinstance(measured, dict) or not all(map(valid_entry, measured.values())):
         return {}, "malformed figures"
@@ -179,16 +201,18 @@ def read(path: Path, key: dict) -> tuple[dict, Optional[str]]:
 
 
 def valid_entry(entry) -> bool:
-    """{candidate: [[bytes, seconds], ...]}, sizes ascending, times positive."""
+    """What measure() writes: {candidate: [[bytes, seconds], ...]}, every candidate at the
+    same sizes, ascending, and every time a positive, finite number of seconds."""
     def valid_points(points) -> bool:
         if not isinstance(points, list) or not points:
             return False
         if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and p[0] > 0
-                   and isinstance(p[1], (int, float)) and p[1] > 0 for p in points):
+                   and isinstance(p[1], (int, float)) and 0 < p[1] < math.inf for p in points):
             return False
         return [p[0] for p in points] == sorted({p[0] for p in points})
     return isinstance(entry, dict) and bool(entry) and all(
-        isinstance(name, str) and valid_points(points) for name, points in entry.items())
+        isinstance(name, str) and valid_points(points) for name, points in entry.items()) and len(
+        {tuple(p[0] for p in points) for points in entry.values()}) == 1
 
 
 def write(path: Path, key: dict, measured: dict) -> None:
@@ -351,11 +375,13 @@ class SelfCalibration:
         if self.measured is None:
             self.measured = self._agreed_cache()
             self._apply()
+            _account(self.path, 0.0)
         if self._current(entry, collective):
             return
         start = time.perf_counter()
         self.measured[entry] = measure(self.comm, collective, DTYPE_OF[klass], self.budget, device=self.device)
         self.seconds[entry] = time.perf_counter() - start
+        _account(self.path, self.seconds[entry])
         if self.comm.rank == 0:
             self._store(entry)
         self._apply()
@@ -388,8 +414,6 @@ class SelfCalibration:
 
     def _apply(self) -> None:
         """The communicator decides with the base profile calibrated by every figure held."""
-        from pccl.tuning.calibrate import calibrated
-
         figures = {(collective, klass, name): [tuple(p) for p in points]
                    for entry, by_name in self.measured.items()
                    for collective, klass in [entry_parts(entry)]
@@ -397,6 +421,39 @@ class SelfCalibration:
         if figures:
             self.comm.use_profile(calibrated(self.base, self.comm.topology, figures,
                                              f"self-calibration, {self.path}"), self.device)
+
+
+def _account(path: Path, seconds: float) -> None:
+    with _FILES:
+        _LEDGER[path] = _LEDGER.get(path, 0.0) + seconds
+
+
+def ledger() -> dict[Path, float]:
+    """{cache file: seconds}: the calibration of every communicator shape this process's
+    auto decided with, and the seconds it spent measuring into it (0: read from the cache)."""
+    with _FILES:
+        return dict(_LEDGER)
+
+
+def basis(comm, device: str = "cpu") -> str:
+    """What auto's choices for `device` buffers of `comm` (a pccl.Communicator) rest on,
+    in words: its self-calibration's figures (measured in this run, with the seconds each
+    took, or read from the cache), a chosen profile, or neither and why."""
+    own = comm.calibration_for(device) if comm.self_calibration is not None else None
+    if own is None:
+        if not comm.trust_native:
+            return f"profile {comm.profile.name!r}"
+        why = "one rank, nothing to measure" if comm.size == 1 else "no self-calibration on this transport"
+        return f"unmeasured ({why}): the transport's own collective"
+    if not own.on:
+        return "no self-calibration (PCCL_SELF_CALIBRATION=0): the transport's own collective"
+    if own.measured is None:
+        return f"no auto call on {device} buffers ran, so none was measured or read"
+    spent = ", ".join(f"{entry} {seconds:.2f} s" for entry, seconds in own.seconds.items())
+    held = ", ".join(own.measured) or "none"
+    return (f"self-calibration {own.path}; figures for {held}; measured in this run: "
+            f"{spent or 'none (read from the cache)'}"
+            + (f", {sum(own.seconds.values()):.2f} s in all" if own.seconds else ""))
 
 
 def entry_parts(entry: str) -> tuple[str, str]:

@@ -162,14 +162,15 @@ def test_a_calibration_scales_each_algorithms_prediction_by_its_measured_ratio()
     assert cost_model.predict("all_gather", "bruck", topo, calibrated, 64) == \
         cost_model.predict("all_gather", "bruck", topo, PROFILE, 64)     # no calibration: unscaled
     assert Profile.from_dict(json.loads(json.dumps(calibrated.to_dict()))).calibration == calibrated.calibration
-    with pytest.raises(ValueError, match="sizes ascending and ratios > 0"):
-        make_profile(calibration=(("all_gather", "full", "ring", ((64, 1.0), (4, 2.0))),))
+    for points in (((64, 1.0), (4, 2.0)), ((4, math.inf),), ((4, 0.0),), ((4, math.nan),)):
+        with pytest.raises(ValueError, match="sizes ascending and finite ratios > 0"):
+            make_profile(calibration=(("all_gather", "full", "ring", points),))
 
 
 def test_auto_takes_the_native_collective_where_it_was_measured_faster():
     """The calibration ratio of native at a size is what `calibrated` keeps from a
     measurement: auto's prediction of native there equals the measured time."""
-    from pccl.tuning.calibrate import calibrated
+    from pccl.tuning.cost_model import calibrated
 
     topo = Topology.regular(4, 4)
     sizes = [4, 1024, 64 * MB]
@@ -185,6 +186,38 @@ def test_auto_takes_the_native_collective_where_it_was_measured_faster():
     assert tuner.name("all_gather", 1024) == "native"
     assert tuner.name("all_gather", 64 * MB) != "native"
     assert profile.sources["calibration"] == "a test"
+
+
+@pytest.mark.parametrize("size,per_node", [(1, 1), (2, 1), (2, 2), (3, 3), (6, 3), (8, 4), (16, 4)])
+def test_a_calibration_never_divides_by_a_prediction_of_no_time(size, per_node):
+    """Every candidate auto has, on worlds of one rank up: a ratio is kept only where the
+    measured and the predicted time are positive and finite. A world of one rank moves
+    nothing (predicted 0 s): none of its figures calibrates anything, and its profile is
+    the uncalibrated one (the self-calibration of one rank used to divide by that 0)."""
+    from pccl.tuning.cost_model import calibrated
+
+    topo = Topology.regular(size, per_node)
+    sizes = [4, 64, 4096, MB, 64 * MB]
+    measured = {}
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        for name in Tuner(topo, PROFILE, natives=("native", "native_nonblocking")).candidates(collective):
+            measured[(collective, "full", name)] = [(n, 1e-4) for n in sizes]
+            measured[(collective, "half", name)] = [(4, 0.0), (64, -1.0), (4096, math.nan), (MB, math.inf),
+                                                    (64 * MB, 2e-3)]
+    profile = calibrated(PROFILE, topo, measured, "a test")
+    if size == 1:
+        assert profile.calibration == (), "one rank: nothing to calibrate"
+        return
+    kept = {(c, k, name): points for c, k, name, points in profile.calibration}
+    assert kept.keys() == measured.keys()
+    for (collective, klass, name), points in kept.items():
+        assert all(0 < r < math.inf for _, r in points)
+        if klass == "half":
+            assert [n for n, _ in points] == [64 * MB], "only the one valid time makes a ratio"
+        else:
+            assert [n for n, _ in points] == sizes
+            # the ratio is measured / predicted: the calibrated prediction is the measurement
+            close(cost_model.predict(collective, plans.NAMED.get(name, name), topo, profile, MB), 1e-4)
 
 
 def test_sizes_vectorize():

@@ -11,7 +11,7 @@ import torch
 
 from pccl.core.topology import Topology
 from pccl.tuning import self_calibration as sc
-from pccl.tuning.calibrate import calibrated
+from pccl.tuning.cost_model import calibrated
 from pccl.tuning.profiles import Link, Profile
 from pccl.tuning.selection import Tuner
 from tests.support.mpirun import mpiexec
@@ -66,12 +66,37 @@ def test_a_failed_write_leaves_the_previous_entry_whole(tmp_path, monkeypatch):
     (json.dumps({"key": KEY, "measured": {"all_gather": {"ring": []}}}).encode(), "malformed"),
     (json.dumps({"key": KEY, "measured": [1, 2]}).encode(), "malformed"),
     (json.dumps([KEY]).encode(), "another key"),
+    (json.dumps({"key": KEY, "measured": {"all_gather": {"ring": [[16, float("inf")]]}}}).encode(), "malformed"),
+    (json.dumps({"key": KEY, "measured": {"all_gather": {"ring": [[16, float("nan")]]}}}).encode(), "malformed"),
+    (json.dumps({"key": KEY, "measured": {"all_gather": {"ring": [[16, 0]]}}}).encode(), "malformed"),
+    (json.dumps({"key": KEY, "measured": {"all_gather": {"ring": [[16, 1e-5]], "native": [[32, 1e-5]]}}}).encode(),
+     "malformed"),   # not what measure() writes: every candidate at the same sizes
 ])
 def test_a_corrupt_or_stale_entry_is_refused_with_the_reason_never_raised(tmp_path, content, why):
     path = tmp_path / "x.json"
     path.write_bytes(content)
     measured, refused = sc.read(path, KEY)
     assert measured == {} and why in refused
+
+
+def test_the_world_1_file_an_older_pccl_wrote_is_refused_as_degenerate(tmp_path):
+    """What a one-rank run of 5b5c60c left in ~/.cache/pccl: positive times that measure
+    no communication (the cost model predicts 0 s for them)."""
+    key = {**KEY, "ranks": 1, "nodes": [1]}
+    path = tmp_path / "x.json"
+    sc.write(path, key, {"all_reduce/full": {"ring": [[4, 2.7e-6]], "native_nonblocking": [[4, 2.9e-6]]}})
+    measured, refused = sc.read(path, key)
+    assert measured == {} and "degenerate: a world of one rank" in refused
+
+
+def test_a_communicator_measures_itself_where_it_has_peers_and_a_host_transport():
+    from types import SimpleNamespace
+
+    def comm(size, transport, backend):
+        return SimpleNamespace(size=size, transport=transport, backend=backend)
+    assert sc.measures(comm(2, "mpi", "mpi")) and sc.measures(comm(3, "torch", "gloo"))
+    assert not sc.measures(comm(1, "mpi", "mpi")) and not sc.measures(comm(1, "torch", "gloo"))
+    assert not sc.measures(comm(2, "torch", "nccl")), "NCCL's groups carry GPU buffers only"
 
 
 def test_sizes_grow_from_4_bytes_x4_then_doubling_in_whole_blocks_per_rank():
@@ -302,13 +327,51 @@ def test_a_gpus_profile_decides_for_its_buffers_only_and_the_hosts_never_for_a_g
     comm.use_profile(FAST_LINKS)   # a profile for every device: the devices' own are dropped
     assert comm.tuner_for("cuda").name("all_reduce", MB) == "native" == comm.tuner_for("cpu").name("all_reduce", MB)
 
+# ----------------------------------------------------------------- a world of one rank
+
+@pytest.mark.parametrize("transport", ["cpp", "python", "gloo"])
+def test_a_world_of_one_rank_never_calibrates_on_any_executor(tmp_path, monkeypatch, transport):
+    """As shipped (self-calibration on) with the world-1 file 5b5c60c left in the cache:
+    a one-rank communicator has nothing to measure, reads and writes no cache, and its
+    auto calls, on host and (stand-in) GPU buffers, run and are exact."""
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    import pccl
+
+    monkeypatch.delenv("PCCL_SELF_CALIBRATION", raising=False)
+    monkeypatch.setenv("PCCL_CACHE_DIR", str(tmp_path))
+    if transport == "gloo":
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        comm = pccl.Communicator(dist.group.WORLD, timeout=10)
+    else:
+        comm = pccl.Communicator(MPI.COMM_SELF, executor=transport, timeout=10)
+    try:
+        old = sc.path_of({**sc.key_of(comm), "format": 6})
+        sc.write(old, {**sc.key_of(comm), "format": 6}, {"all_reduce/full": {"ring": [[4, 2.7e-6]]}})
+        before = old.read_bytes()
+        x, out = torch.arange(8.0), torch.empty(8)
+        comm.all_reduce(x)
+        comm.all_gather(out, x)
+        comm.reduce_scatter(out, x)
+        comm.all_reduce(x.bfloat16())
+        comm.measure_auto("all_reduce", "auto", torch.float32, "cuda")   # GPU buffers: the same rule
+        assert comm.self_calibration is None and comm._device_calibrations == {}
+        assert torch.equal(x, torch.arange(8.0)) and torch.equal(out, torch.arange(8.0))
+        assert [f for f in tmp_path.rglob("*.json")] == [old] and old.read_bytes() == before
+    finally:
+        comm.close()
+        if transport == "gloo":
+            dist.destroy_process_group()
+
+
 # ----------------------------------------------------------------- on several ranks
 
 @pytest.mark.mpi
 def test_ranks_measure_once_share_rank_0s_figures_and_redo_a_corrupt_entry(tmp_path):
     """3 ranks, each with its own cache directory (as on nodes without a shared file
     system): the first communicator measures, a second reads rank 0's file, a corrupt file
-    is measured again; every rank holds the same figures and makes the same choices; the
+    is measured again, a gloo communicator measures as MPI's do; every rank holds the same figures and makes the same choices; the
     collectives stay exact throughout; GPU buffers (a stand-in GPU) are measured apart and
     read back (tests/pccl/workers/run_self_calibration.py)."""
     report_path = tmp_path / "report.json"
@@ -329,6 +392,11 @@ def test_ranks_measure_once_share_rank_0s_figures_and_redo_a_corrupt_entry(tmp_p
     names = set(interruptible["figures"]["all_reduce/full"])
     assert "native_nonblocking" in names and "native" not in names, "an interruptible communicator never blocks"
     assert interruptible["path"] != first["path"]
+    gloo = report["gloo"]
+    assert gloo["agree"] and gloo["exact"] and gloo["files"] == [1, 0, 0]
+    assert set(gloo["measured_now"]) == {"all_reduce/half", "all_gather"}
+    assert {"native", "ring"} <= set(gloo["figures"]["all_gather"]) and "native_nonblocking" not in \
+        gloo["figures"]["all_gather"], "gloo's own collective and pccl's schedules over gloo"
     assert math.isfinite(sum(first["seconds"].values()))
     gpu = report["gpu"]
     assert gpu["first"]["agree"] and gpu["second"]["agree"]

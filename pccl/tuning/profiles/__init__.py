@@ -154,9 +154,9 @@ class Profile:
             if klass not in REDUCTION_CLASSES:
                 raise ValueError(f"profile {self.name!r}: calibration class {klass!r} is not one of "
                                  f"{REDUCTION_CLASSES}")
-            if not points or sizes != sorted(set(sizes)) or any(not (r > 0) for _, r in points):
+            if not points or sizes != sorted(set(sizes)) or any(not (0 < r < math.inf) for _, r in points):
                 raise ValueError(f"profile {self.name!r}: calibration[{collective!r}][{algorithm!r}] must be "
-                                 f"[bytes, ratio] pairs with sizes ascending and ratios > 0, got {points!r}")
+                                 f"[bytes, ratio] pairs with sizes ascending and finite ratios > 0, got {points!r}")
 
     def _bands(self, collective: str, bands) -> tuple:
         """((below bytes, schedule), ...) of a native entry: a name (every size) or size bands

@@ -5,7 +5,8 @@
 Each rank caches in DIR/rank-R (no shared file system). In turn: a first communicator
 measures all-gather and bf16 all-reduce at their first auto call; a second reads rank 0's
 file; rank 0's file is corrupted and a third measures again; a tiny budget stops after the
-first size; an interruptible communicator has a key (and candidates) of its own; GPU
+first size; an interruptible communicator has a key (and candidates) of its own; a gloo
+communicator (torch.distributed, brought up through MPI) measures as MPI's do; GPU
 buffers, on a stand-in GPU (torch.cuda's answers stood in, host tensors for the device's),
 are measured apart, into a file of their own, and read back by the next communicator.
 Rank 0 writes what each step saw to REPORT."""
@@ -49,7 +50,7 @@ def step(comm_options: dict, dtype=torch.bfloat16) -> dict:
     mine = json.dumps([own.measured, [str(c) for c in choices], sorted(map(str, comm.profile.calibration))],
                       sort_keys=True)
     agree = len(set(world.allgather(mine))) == 1 and world.allreduce(int(exact), op=MPI.MIN) == 1
-    files = world.gather(len(list((root / f"rank-{rank}").rglob("*.json"))), root=0)
+    files = world.gather(len(list(Path(os.environ["PCCL_CACHE_DIR"]).rglob("*.json"))), root=0)
     out = {"agree": agree, "exact": bool(world.allreduce(int(exact), op=MPI.MIN)), "figures": own.measured,
            "measured_now": sorted(own.seconds), "seconds": own.seconds, "path": str(own.path), "files": files,
            "warning": " ".join(str(w.message) for w in caught if issubclass(w.category, RuntimeWarning))}
@@ -70,6 +71,8 @@ os.environ["PCCL_CACHE_DIR"] = str(root / f"tiny-{rank}")
 report["tiny"] = step({}, dtype=torch.float32)
 os.environ["PCCL_CACHE_DIR"] = str(root / f"rank-{rank}")
 report["interruptible"] = step({"interruptible": True}, dtype=torch.float32)
+os.environ["PCCL_CACHE_DIR"] = str(root / f"gloo-{rank}")
+report["gloo"] = step({"transport": "gloo"})
 
 
 def on_stand_in_gpu() -> dict:
