@@ -86,6 +86,20 @@ PRESETS = {
     "gpt_13b": GPTConfig(width=5120, layers=40, heads=40, **_OPT),
     "gpt_66b": GPTConfig(width=9216, layers=64, heads=72, **_OPT),   # OPT-66B: the 70B class
 }
+# Each preset's peak learning rate, the rate its size was trained with: GPT-3's (Brown et
+# al., 2020, "Language Models are Few-Shot Learners", Table 2.1: 125M 6.0e-4, 350M 3.0e-4,
+# 1.3B 2.0e-4, 2.7B 1.6e-4, 6.7B 1.2e-4, 13B 1.0e-4), which OPT keeps for these shapes,
+# and OPT-66B's own (Zhang et al., 2022, Table 1). tiny: 1e-3, at which `make train`'s
+# loss falls within its 200 steps. Larger models need smaller rates to train stably.
+PEAK_LR = {"tiny": 1.0e-3, "gpt_125m": 6.0e-4, "gpt_350m": 3.0e-4, "gpt_1p3b": 2.0e-4, "gpt_2p7b": 1.6e-4,
+           "gpt_7b": 1.2e-4, "gpt_13b": 1.0e-4, "gpt_66b": 0.8e-4}
+
+
+def peak_lr(preset: str) -> float:
+    """The peak learning rate of a model preset (PEAK_LR)."""
+    if preset not in PEAK_LR:
+        raise ValueError(f"unknown model preset {preset!r}; expected one of {tuple(PRESETS)}")
+    return PEAK_LR[preset]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

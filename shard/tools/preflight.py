@@ -3,7 +3,8 @@ with a wrong type, a number out of range or an unknown choice fails naming the k
 what was expected, on every rank alike (each rank reads the same configuration), before
 a communicator exists or a file is written. The model, engine and data keys are checked
 by their own classes (GPTConfig, EngineConfig, the data spec), called from here; the
-other groups' keys are the tables below."""
+other groups' keys are the tables below. A null optim.lr is the model preset's peak rate
+and a null optim.min_lr a tenth of optim.lr (learning_rates)."""
 from __future__ import annotations
 
 import math
@@ -80,7 +81,8 @@ TABLES: dict[str, dict[str, Check]] = {
     "comm": {"name": _text(), "transport": _choice(*TRANSPORTS, "auto"), "intra": _choice(*TRANSPORTS, None),
              "inter": _choice(*TRANSPORTS, None), "ranks_per_node": _integer(1, null=True),
              "nics_per_node": _integer(1, null=True), "timeout": _number(0, above=True)},
-    "optim": {"min_lr": _number(0), "warmup_steps": _integer(0), "decay_steps": _integer(1, null=True)},
+    "optim": {"lr": _number(0, above=True, null=True), "min_lr": _number(0, null=True),
+              "warmup_steps": _integer(0), "decay_steps": _integer(1, null=True)},
     "model": {"meta_init": _choice("auto", True, False), "tied": _choice(True, False, None),
               "bias": _choice(True, False, None)},
     "data": {"cache_dir": _text(), "tokenizer": _text(null=True), "name": _text(null=True),
@@ -112,9 +114,10 @@ def check(resolved: dict) -> GPTConfig:
     _algorithm(resolved["comm"].get("algorithm"))
     _codecs(resolved["comm"].get("compression") or {})
     engine_config(resolved, "fp32" if train["precision"] == "auto" else train["precision"])
-    optim = resolved["optim"]
-    if optim["min_lr"] > optim["lr"]:
-        raise ConfigError(f"optim.min_lr={optim['min_lr']} must not exceed optim.lr={optim['lr']}")
+    rates = learning_rates(resolved)
+    if rates["min_lr"] > rates["lr"]:
+        preset = " (the model preset's)" if resolved["optim"]["lr"] is None else ""
+        raise ConfigError(f"optim.min_lr={rates['min_lr']} must not exceed optim.lr={rates['lr']}{preset}")
     _data(_group(resolved, "data"), model)
     return model
 
@@ -125,6 +128,17 @@ def model_config(m: dict) -> GPTConfig:
         return GPTConfig.preset(m.get("preset"), **{k: m[k] for k in MODEL_FIELDS if m.get(k) is not None})
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from None
+
+
+def learning_rates(resolved: dict) -> dict:
+    """{"lr", "min_lr"} as the run uses them: optim.lr, or when null the model preset's
+    peak rate (a larger model needs a smaller one); optim.min_lr, or when null a tenth of
+    the rate, as GPT-3 and OPT decay to."""
+    from shard.models.gpt import peak_lr
+
+    optim = resolved["optim"]
+    lr = peak_lr(resolved["model"]["preset"]) if optim["lr"] is None else optim["lr"]
+    return {"lr": lr, "min_lr": lr / 10 if optim["min_lr"] is None else optim["min_lr"]}
 
 
 def _algorithm(value) -> None:
@@ -173,9 +187,9 @@ ENGINE_KEYS = {"group_size": "strategy.group_size", "prefetch": "strategy.prefet
 
 def engine_config(resolved: dict, precision: str) -> EngineConfig:
     """The engine's settings from the resolved configuration: the strategy group (its name
-    is the strategy), the optimizer group's AdamW fields, comm.algorithm, comm.compression
-    and `precision`."""
-    strategy, optim = dict(resolved["strategy"]), resolved["optim"]
+    is the strategy), the optimizer group's AdamW fields (a null lr: learning_rates'),
+    comm.algorithm, comm.compression and `precision`."""
+    strategy, optim = dict(resolved["strategy"]), {**resolved["optim"], **learning_rates(resolved)}
     compression = resolved["comm"].get("compression") or {}
     try:
         return EngineConfig(strategy=strategy.pop("name"), **strategy, precision=precision,

@@ -279,6 +279,7 @@ def setup(cfg) -> Run:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     t = cfg.train
     mcfg = preflight.check(resolved)   # every key, before anything starts
+    resolved["optim"].update(preflight.learning_rates(resolved))   # null: the preset's rate, as config.yaml says
     device = _device(t.device)
     settings = preflight.engine_config(resolved, _precision(t.precision, device))
     comm = _communicator(cfg.comm, device)
@@ -432,8 +433,8 @@ def check_skipped(r: Run, unread: list[tuple[int, StepResult, torch.Tensor]]) ->
 def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
     """One optimizer step over this rank's micro-batches; its result and mean loss (on the
     device, not synchronized)."""
-    t, o = r.cfg.train, r.cfg.optim
-    r.engine.lr = learning_rate(r.step, o.lr, o.min_lr, o.warmup_steps, o.decay_steps, t.steps)
+    t, o = r.cfg.train, r.resolved["optim"]   # its rates filled in (setup)
+    r.engine.lr = learning_rate(r.step, o["lr"], o["min_lr"], o["warmup_steps"], o["decay_steps"], t.steps)
     loss_sum = torch.zeros((), dtype=torch.float64, device=r.device)
     if r.faults:
         faults.kill_if_planned(r.faults, "kill", r.step + 1, r.comm.rank, r.out_dir)

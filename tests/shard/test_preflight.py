@@ -30,6 +30,7 @@ NULL_DEFAULTS = {
     "train.threads": ["x", 0], "comm.intra": ["carrier-pigeon"], "comm.inter": ["carrier-pigeon"],
     "comm.ranks_per_node": ["x", 0], "comm.nics_per_node": ["x", 0], "comm.compression.params": ["int7", 3],
     "comm.compression.grads": ["int7", 3], "optim.decay_steps": ["x", 0], "strategy.group_size": ["x", 0],
+    "optim.lr": ["x", 0, -1], "optim.min_lr": ["x", -1],
     "strategy.prefetch_bytes": ["x", 0], "strategy.auto.memory": ["x", 0, -1, "64XB"], "data.tokenizer": [3],
     "data.vocab_size": ["x", 10],
     "data.config": [3], "log.wandb.entity": [3], "log.wandb.name": [3],
@@ -108,3 +109,25 @@ def test_cross_key_checks():
                                ("model.preset", "gpt_9000", "unknown model preset")):
         with pytest.raises(preflight.ConfigError, match=words):
             preflight.check(with_value(resolved, path, value))
+
+
+# GPT-3's peak rates per size (Brown et al., 2020, Table 2.1), OPT-66B's (Zhang et al.,
+# 2022, Table 1), and the tiny preset's 1e-3.
+PUBLISHED_LR = {"tiny": 1e-3, "gpt_125m": 6e-4, "gpt_350m": 3e-4, "gpt_1p3b": 2e-4, "gpt_2p7b": 1.6e-4,
+                "gpt_7b": 1.2e-4, "gpt_13b": 1e-4, "gpt_66b": 8e-5}
+
+
+def test_null_learning_rates_are_the_presets_and_a_tenth_of_it():
+    from shard.models import PRESETS
+
+    assert set(PUBLISHED_LR) == set(PRESETS)
+    for preset, lr in PUBLISHED_LR.items():
+        resolved = with_value(composed([]), "model.preset", preset)
+        preflight.check(resolved)
+        assert preflight.learning_rates(resolved) == {"lr": lr, "min_lr": pytest.approx(lr / 10)}, preset
+        assert preflight.engine_config(resolved, "fp32").optimizer.lr == lr
+    given = composed(["model=gpt_125m", "optim.lr=2e-3"])   # a rate given is kept, and its tenth is the floor
+    assert preflight.learning_rates(given) == {"lr": 2e-3, "min_lr": pytest.approx(2e-4)}
+    assert preflight.learning_rates(composed(["optim.lr=2e-3", "optim.min_lr=0"])) == {"lr": 2e-3, "min_lr": 0}
+    with pytest.raises(preflight.ConfigError, match="must not exceed optim.lr"):   # min_lr above the preset's
+        preflight.check(composed(["model=gpt_13b", "optim.min_lr=1e-3"]))
