@@ -513,11 +513,30 @@ def save_checkpoint(r: Run) -> None:
 def finish(r: Run) -> dict:
     """summary.json and the loss plot; the engine's threads stopped. Returns the summary."""
     summary = summarize(r.log.records, r.val_loss, r.resolved["built"])
+    summary["self_calibration"], line = auto_basis(r.comm)
+    r.log.write(line)
     if r.comm.rank == 0:
         write_atomic(r.out_dir / "summary.json", json.dumps(summary, indent=1))
     r.log.close(r.out_dir / "loss.png" if r.cfg.log.plot else None)
     r.engine.close()
     return summary
+
+
+def auto_basis(comm: pccl.Communicator) -> tuple[dict, str]:
+    """What the run's algorithm="auto" decided with: the self-calibration of every
+    communicator shape it used (the world's and the engine's groups), read from the cache
+    or measured in this run, with the seconds that took ({} where none measures itself);
+    and a line saying so."""
+    from pccl.tuning import self_calibration
+
+    ledger = self_calibration.ledger()
+    if not ledger:
+        return {}, f"auto: {self_calibration.basis(comm)}"
+    figures = {"shapes": len(ledger), "measured": sum(s > 0 for s in ledger.values()),
+               "measured_s": sum(ledger.values()), "cache": str(next(iter(ledger)).parent)}
+    return figures, (f"auto: the self-calibration of {figures['shapes']} communicator shape(s) in {figures['cache']}: "
+                     f"{figures['measured']} measured in this run ({figures['measured_s']:.1f} s), "
+                     f"{figures['shapes'] - figures['measured']} read")
 
 
 def summarize(records: list[dict], val_loss: Optional[float], built: dict) -> dict:

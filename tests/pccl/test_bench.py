@@ -1,6 +1,7 @@
 """pccl-bench: size parsing and rounding, bandwidth formulas, test data, and one small run."""
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -366,8 +367,8 @@ def test_cuda_run_where_no_executor_can_run_fails_before_sending_anything():
     assert "NCCL refuses two ranks on one GPU" in done.stderr and "# pccl-bench" not in done.stdout
 
 
-# The CPU run's table (2 ranks; times and bandwidths masked). The suite runs without the
-# self-calibration (tests/conftest.py), so auto runs each transport's own collective.
+# The CPU run's table (2 ranks; times and bandwidths masked, and what auto ran, which the
+# self-calibration measured in the run: auto(*)).
 CPU_TABLE = """\
 # pccl-bench  ranks: 2  nodes: 1x2  type: float  op: sum  minBytes: 1024  maxBytes: 4096  step: 4(factor)  warmup iters: 0  iters: 1  repeats: 1  validation: 1
 #
@@ -377,45 +378,58 @@ CPU_TABLE = """\
 #-------------------------------------------------------------------------------------------------------------------------------------
 1024 256 float cpp ring * * * 0 - -
 1024 256 float mpi native * * * 0 - -
-1024 256 float cpp auto(native) * * * 0 - -
+1024 256 float cpp auto(*) * * * 0 - -
 1024 256 float python ring * * * 0 - -
-1024 256 float python auto(native) * * * 0 - -
+1024 256 float python auto(*) * * * 0 - -
 1024 256 float gloo ring * * * 0 - -
 1024 256 float gloo native * * * 0 - -
-1024 256 float gloo auto(native) * * * 0 - -
+1024 256 float gloo auto(*) * * * 0 - -
 4096 1024 float cpp ring * * * 0 - -
 4096 1024 float mpi native * * * 0 - -
-4096 1024 float cpp auto(native) * * * 0 - -
+4096 1024 float cpp auto(*) * * * 0 - -
 4096 1024 float python ring * * * 0 - -
-4096 1024 float python auto(native) * * * 0 - -
+4096 1024 float python auto(*) * * * 0 - -
 4096 1024 float gloo ring * * * 0 - -
 4096 1024 float gloo native * * * 0 - -
-4096 1024 float gloo auto(native) * * * 0 - -
+4096 1024 float gloo auto(*) * * * 0 - -
 #
 # all_reduce: fastest algorithm per executor (* = auto's pick)
 #    size(B)                          cpp                          mpi                       python                         gloo
 #
 # all_reduce: auto against the fastest of native and every algorithm
-#    size(B) executor   auto(us)   best(us) auto/best  auto ran -> fastest
-# auto (cpp): no self-calibration (PCCL_SELF_CALIBRATION=0): the transport's own collective
-# auto (python): no self-calibration (PCCL_SELF_CALIBRATION=0): the transport's own collective
-# auto (gloo): unmeasured, no self-calibration on this transport: the transport's own collective"""  # noqa: E501
+#    size(B) executor   auto(us)   best(us) auto/best  auto ran -> fastest"""  # noqa: E501
+AUTO_NOTE = re.compile(r"# auto \((cpp|python|gloo)\): self-calibration (\S+\.json); figures for all_reduce/full; "
+                       r"measured in this run: all_reduce/full (\d+\.\d\d) s, \3 s in all$")
 
 
 @pytest.mark.mpi
-def test_cpu_run_prints_its_table(monkeypatch):
-    monkeypatch.delenv("PCCL_PROFILE", raising=False)   # auto's picks are the generic profile's
+def test_cpu_run_prints_its_table(monkeypatch, tmp_path):
+    """As a new user runs it: no profile chosen and an empty cache, so every executor's auto
+    measures its candidates in the run, within the self-calibration's real budget, into a
+    file of its own (the executor is part of the key), says so, and runs one of them."""
+    monkeypatch.delenv("PCCL_PROFILE", raising=False)
+    monkeypatch.setenv("PCCL_CACHE_DIR", str(tmp_path))
     done = mpiexec(2, "-m pccl.tools.bench", "-b", "1K", "-e", "4K", "-f", "4", "-n", "1", "-w", "0",
                    "--collectives", "all_reduce", "--algorithms", "ring,native,auto", timeout=120)
     assert done.returncode == 0, done.stderr
-    lines = []
+    lines, picks, notes = [], set(), {}
     for line in done.stdout.splitlines():
         cells = line.split()
-        if line.startswith("#"):
+        if AUTO_NOTE.match(line):
+            executor, path, seconds = AUTO_NOTE.match(line).groups()
+            notes[executor] = (path, float(seconds))
+        elif line.startswith("#") and not line.startswith("# auto ("):
             lines.append(line.rstrip())
         elif len(cells) == 11:   # a table row; the summaries' rows (timings) are left out
+            if cells[4].startswith("auto("):
+                picks.add(cells[4][5:-1])
+                cells[4] = "auto(*)"
             lines.append(" ".join(cells[:5] + ["*"] * 3 + cells[8:]))
     assert "\n".join(lines) == CPU_TABLE
+    assert picks <= set(algorithms_for("all_reduce") + NATIVES), picks
+    assert notes.keys() == {"cpp", "python", "gloo"}, done.stdout[-2000:]
+    assert len({path for path, _ in notes.values()}) == 3 == len(list(tmp_path.rglob("*.json")))
+    assert all(0 < seconds < 3 for _, seconds in notes.values()), notes   # a budget of 0.4 s, and first calls
 
 
 # ------------------------------------------------------ on a GPU (make test-gpu)

@@ -28,24 +28,32 @@ RUNS: dict = {}
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("data-cache")
+    """The corpus's cache; and, for the module's runs, a calibration cache of their own:
+    each world shape is measured by the first run of it, as on a fresh machine."""
+    calibrations = pytest.MonkeyPatch()
+    calibrations.setenv("PCCL_CACHE_DIR", str(tmp_path_factory.mktemp("calibration-cache")))
+    yield tmp_path_factory.mktemp("data-cache")
+    calibrations.undo()
 
 
 def train(tmp_path_factory, cache, key, ranks, strategy, *extra, out=None):
-    """metrics.jsonl records of a run (launched once per key)."""
+    """metrics.jsonl records of a run (launched once per key); its output in stdout.txt."""
     if key not in RUNS:
         out = out or tmp_path_factory.mktemp(key)
-        rpn = {2: 1, 4: 2}[ranks]   # 4 ranks: 2 emulated nodes of 2, so IIG's groups are real
+        rpn = {1: 1, 2: 1, 4: 2}[ranks]   # 4 ranks: 2 emulated nodes of 2, so IIG's groups are real
         run = mpiexec(ranks, "-m shard.tools.train", f"strategy={strategy}", f"comm.ranks_per_node={rpn}",
                       f"train.out_dir={out}", f"data.cache_dir={cache}", f"train.steps={STEPS}", *SMALL, *extra)
         assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+        (out / "stdout.txt").write_text(run.stdout)
         RUNS[key] = (out, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()])
     return RUNS[key]
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("strategy", ["zero3", "paro-iig"])
+@pytest.mark.parametrize("ranks,strategy", [(1, "zero3"), (2, "zero3"), (4, "zero3"), (2, "paro-iig"),
+                                            (4, "paro-iig")])
 def test_loss_falls_and_outputs_are_written(tmp_path_factory, cache, ranks, strategy):
+    """As shipped: auto decides with the self-calibration (its real budget) on two ranks or
+    more, and on one rank, which moves nothing, measures nothing."""
     out, records = train(tmp_path_factory, cache, f"{strategy}-{ranks}", ranks, strategy)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     losses = [r["loss"] for r in records]
@@ -61,6 +69,25 @@ def test_loss_falls_and_outputs_are_written(tmp_path_factory, cache, ranks, stra
     assert summary["val_loss"] == records[-1]["val_loss"] and summary["accumulation"] == 8 // ranks
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "checkpoints" / "LATEST").is_file()
+    said = (out / "stdout.txt").read_text()
+    if ranks == 1:
+        assert summary["self_calibration"] == {} and "auto: unmeasured (one rank, nothing to measure)" in said
+    else:
+        calibrated = summary["self_calibration"]
+        assert calibrated["shapes"] >= 1 and calibrated["cache"] in said
+        assert list(Path(calibrated["cache"]).glob("*.json")), "rank 0 keeps the figures"
+
+
+def test_each_world_shape_is_measured_by_its_first_run_and_read_by_the_next(tmp_path_factory, cache):
+    """Two runs of one shape (2 ranks, zero3): the first launched measured every shape it
+    used, in this run, within the self-calibration's budget; the second read them all."""
+    train(tmp_path_factory, cache, "zero3-2", 2, "zero3")
+    train(tmp_path_factory, cache, "zero3-2-null", 2, "zero3", "train.global_batch_tokens=null",
+          "train.accumulation=4")
+    first, second = (json.loads((out / "summary.json").read_text())["self_calibration"]
+                     for key, (out, _) in RUNS.items() if key in ("zero3-2", "zero3-2-null"))
+    assert first["measured"] == first["shapes"] >= 1 and 0 < first["measured_s"] < 10 * first["shapes"]
+    assert second == {**first, "measured": 0, "measured_s": 0.0}
 
 
 def test_default_global_batch_grows_with_the_world(tmp_path_factory, cache):
