@@ -66,9 +66,14 @@ def test_fsdp2_ddp_dtensor_and_checkpoints_on_the_pccl_backend(tmp_path, monkeyp
 
 
 @pytest.mark.mpi
-def test_under_torchrun_pccls_algorithms_run_over_gloo(tmp_path):
-    """No MPI job: the backend runs pccl's schedules over a gloo group of the same ranks."""
-    check(launch(tmp_path, 3, launcher="torchrun"))
+def test_under_torchrun_pccls_algorithms_run_over_gloo(tmp_path, monkeypatch):
+    """No MPI job: the backend runs pccl's schedules over a gloo group of the same ranks, and
+    auto (as shipped, from an empty cache) measured them against gloo's own collectives."""
+    monkeypatch.setenv("PCCL_CACHE_DIR", str(tmp_path / "calibration"))
+    report = launch(tmp_path, 3, launcher="torchrun")
+    check(report)
+    assert report["auto"].startswith(f"self-calibration {tmp_path / 'calibration'}") and \
+        "measured in this run: all_gather" in report["auto"], report["auto"]
 
 
 @pytest.mark.mpi

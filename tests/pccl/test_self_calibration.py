@@ -371,9 +371,10 @@ def test_a_world_of_one_rank_never_calibrates_on_any_executor(tmp_path, monkeypa
 def test_ranks_measure_once_share_rank_0s_figures_and_redo_a_corrupt_entry(tmp_path):
     """3 ranks, each with its own cache directory (as on nodes without a shared file
     system): the first communicator measures, a second reads rank 0's file, a corrupt file
-    is measured again, a gloo communicator measures as MPI's do; every rank holds the same figures and makes the same choices; the
-    collectives stay exact throughout; GPU buffers (a stand-in GPU) are measured apart and
-    read back (tests/pccl/workers/run_self_calibration.py)."""
+    is measured again, a gloo communicator measures as MPI's do; every rank holds the same
+    figures and makes the same choices; the collectives stay exact throughout; GPU buffers
+    (a stand-in GPU) are measured apart and read back
+    (tests/pccl/workers/run_self_calibration.py)."""
     report_path = tmp_path / "report.json"
     run = mpiexec(3, "-m tests.pccl.workers.run_self_calibration", str(tmp_path), str(report_path), timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -25,6 +25,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 import pccl.distributed
+from pccl.tuning import self_calibration
 from tests.pccl.workers import cases
 from tests.pccl.workers.cases import reduce_reference
 from tests.shard.engine_models import TinyTransformer, token_batch, token_loss
@@ -230,6 +231,7 @@ check(torch.equal(t, torch.full((3,), float(p))), "usable after bad input")
 everyone_failed = [None] * p
 dist.all_gather_object(everyone_failed, failures)
 failures = [f for fs in everyone_failed for f in fs]
+report["auto"] = self_calibration.basis(world.comm)   # what the training's auto calls decided with
 if rank == 0:
     report["failures"] = failures
     with open(sys.argv[1], "w") as f:
