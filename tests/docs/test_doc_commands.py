@@ -29,18 +29,34 @@ TAIL = 40          # output lines shown when a block fails
 
 
 def runnable() -> list:
-    """(block, plan) of every block that runs; one whose marker is wrong is left to
-    test_doc_markers.py, which names it."""
-    found = []
+    """(block, its script, the blocks that ran its other commands) of every block that
+    runs, in page order. A command that an earlier block runs word for word (a README
+    line that a page of docs/ repeats) runs there only: it would do the same again. A block
+    whose marker is wrong is left to test_doc_markers.py, which names it."""
+    found, ran = [], {}
     for path in docblocks.doc_files():
         try:
             for block in docblocks.blocks(path):
                 p = docblocks.plan(block)
                 if p.kind == "run":
-                    found.append((block, p))
+                    found.append((block, docblocks.script(block, p)))
         except docblocks.MarkerError:
             pass
-    return found
+    out = []
+    for block, text in found:
+        if block.lang == "python":
+            out.append((block, f"python - <<'DOC_TEST_EOF'\n{text}\nDOC_TEST_EOF", []))
+            continue
+        kept, elsewhere = [], []
+        for command in docblocks.commands(text):
+            same = docblocks.identity(command)
+            if same in ran:
+                elsewhere.append(ran[same])
+            else:
+                kept.append(command)
+                ran.setdefault(same, block.id) if same is not None else None
+        out.append((block, "\n".join(kept), sorted(set(elsewhere))))
+    return out
 
 
 RUN = runnable()
@@ -58,9 +74,10 @@ def scratch(tmp_path: Path) -> Path:
 
 
 def environment(home: Path) -> dict:
-    """The caller's environment less pccl's settings (the suite's conftest turns the
-    self-calibration off; the product ships with it on), a surrounding MPI job's variables
-    and XDG_CACHE_HOME; a fresh HOME, the venv's bin/ first on PATH, one thread per process."""
+    """The caller's environment less pccl's settings (the suite's conftest points
+    PCCL_CACHE_DIR at the suite's own cache; a block starts from none, as a new user), a
+    surrounding MPI job's variables and XDG_CACHE_HOME; a fresh HOME, the venv's bin/ first on
+    PATH, one thread per process."""
     drop = ("PCCL_", "PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "OMPI_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop) and k != "XDG_CACHE_HOME"}
     bin_dir = str(Path(sys.executable).parent)
@@ -68,11 +85,10 @@ def environment(home: Path) -> dict:
                 DOC_TEST_REPO=str(docblocks.ROOT))
 
 
-@pytest.mark.parametrize("block, plan", RUN, ids=[b.id for b, _ in RUN])
-def test_block_runs(block, plan, tmp_path):
-    text = docblocks.script(block, plan)
-    if block.lang == "python":
-        text = f"python - <<'DOC_TEST_EOF'\n{text}\nDOC_TEST_EOF"
+@pytest.mark.parametrize("block, text, elsewhere", RUN, ids=[b.id for b, _, _ in RUN])
+def test_block_runs(block, text, elsewhere, tmp_path):
+    if not text:
+        pytest.skip(f"each of its commands runs, word for word, in {', '.join(elsewhere)}")
     home = tmp_path / "home"
     home.mkdir()
     # its own session, so a timeout kills mpiexec and every rank

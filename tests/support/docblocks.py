@@ -121,6 +121,33 @@ def plan(block: Block) -> Plan:
     return Plan("run", substitutions=subs)
 
 
+def commands(text: str) -> list[str]:
+    """A script's commands: its lines, a line ending in a backslash joined to the next;
+    blank and comment-only lines are not commands."""
+    found, current = [], ""
+    for line in text.split("\n"):
+        current += line
+        if line.endswith("\\"):
+            current += "\n"
+            continue
+        if current.strip() and not current.lstrip().startswith("#"):
+            found.append(current)
+        current = ""
+    if current.strip():
+        found.append(current)
+    return found
+
+
+def identity(command: str) -> str | None:
+    """What makes two commands of different pages the same run: their words without a
+    trailing comment; None for one whose meaning depends on the lines before it (it reads
+    a variable, or only sets some), which runs wherever it stands."""
+    words = re.sub(r"\s#\s.*$", "", command.replace("\\\n", " ")).split()
+    if any("$" in w for w in words) or all(re.fullmatch(r"\w+=\S*", w) for w in words):
+        return None
+    return " ".join(words)
+
+
 def script(block: Block, p: Plan) -> str:
     """The block's text with the plan's substitutions made, each required to match."""
     text = block.text
