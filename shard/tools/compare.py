@@ -158,7 +158,7 @@ def prepare_data(args) -> None:
     from omegaconf import OmegaConf
 
     from shard.data import TokenData, prepare
-    from shard.tools.train import CONFIGS
+    from shard.tools.preflight import CONFIGS
 
     spec = OmegaConf.to_container(OmegaConf.load(CONFIGS / "data" / "synthetic.yaml"))
     cache = args.data_cache or spec["cache_dir"]

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import fields
+from pathlib import Path
 from typing import Callable
 
 from shard.engine.config import EngineConfig, OptimizerConfig
 from shard.models import GPTConfig
 
+# The configuration tree (configs/): in the source tree and an editable install, or a wheel's shard/configs
+CONFIGS = next(p for p in (Path(__file__).resolve().parents[2] / "configs",
+                           Path(__file__).resolve().parents[1] / "configs") if p.is_dir())
 MODEL_FIELDS = ("vocab", "context", "width", "layers", "heads", "tied", "positions", "bias")
 Check = Callable[[str, object], None]
 

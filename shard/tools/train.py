@@ -35,8 +35,7 @@ from shard.tools import faults, preflight
 from shard.tools.lr_schedule import learning_rate
 from shard.tools.run_log import RunLog
 
-CONFIGS = next(p for p in (Path(__file__).resolve().parents[2] / "configs",   # source tree, editable install
-                           Path(__file__).resolve().parents[1] / "configs") if p.is_dir())   # wheel: shard/configs
+CONFIGS = preflight.CONFIGS
 META_INIT_PARAMS = 10 ** 9    # meta_init=auto builds models above this size on the meta device
 ConfigError = preflight.ConfigError
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
