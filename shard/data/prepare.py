@@ -8,11 +8,17 @@ temporary directory beside it and renamed into place when complete (one atomic r
 so a crash leaves at most a temporary directory, which the next prepare removes, never an
 entry that looks complete. One process prepares (rank 0); the others wait, then open the
 returned directory with TokenData.
+
+Two runs may prepare the same entry at once (two jobs in one checkout): a temporary
+directory names its host and process, and only one whose process is gone from this host
+is removed as a crash's; the first to finish renames its build into place, and the other
+drops its own and returns the same entry.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import uuid
 from pathlib import Path
 from typing import Mapping
@@ -58,18 +64,47 @@ def prepare(spec: Mapping, cache_dir) -> Path:
     if _complete(entry):
         return entry
     cache.mkdir(parents=True, exist_ok=True)
-    for stale in cache.glob(f".tmp-{entry.name}-*"):  # left by a crashed prepare
-        shutil.rmtree(stale, ignore_errors=True)
-    if entry.exists():  # damaged: complete entries only ever appear by rename
-        shutil.rmtree(entry)
-    tmp = cache / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
+    prefix = f".tmp-{entry.name}-"
+    for stale in cache.glob(prefix + "*"):
+        if _abandoned(stale.name[len(prefix):]):
+            shutil.rmtree(stale, ignore_errors=True)
+    if entry.exists():
+        if _complete(entry):   # another prepare finished it meanwhile
+            return entry
+        shutil.rmtree(entry, ignore_errors=True)   # damaged: complete entries only ever appear by rename
+    tmp = cache / f"{prefix}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         _build(spec, ident, key, tmp)
         fsync_dir(tmp)
-        os.rename(tmp, entry)
+        try:
+            os.rename(tmp, entry)
+        except OSError:
+            if not _complete(entry):   # not another prepare's finished build: a real failure
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
         fsync_dir(cache)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return entry
+
+
+def _abandoned(suffix: str) -> bool:
+    """Whether the temporary directory named `suffix` after its entry ("HOST-PID-XXXXXXXX")
+    is a crashed prepare's: made on this host by a process that no longer runs (one of
+    another host's, which this one cannot see, is left to that host). A name without a
+    host and process, from an older version, counts as abandoned."""
+    host, _, rest = suffix.rpartition("-")[0].rpartition("-")
+    pid = rest if rest.isdigit() else ""
+    if not host or not pid:
+        return True
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:   # alive, another user's
+        return False
+    return False

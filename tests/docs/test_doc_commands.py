@@ -7,7 +7,8 @@ output.
 
 Each block runs in a scratch directory of its own holding links to the repository's tracked
 top-level entries and .venv (the venv running the tests), so what it writes (--out DIR,
-out.json, runs/, .cache/) lands there and not in the checkout. $DOC_TEST_REPO names the
+out.json, runs/) lands there and not in the checkout; its .cache/ (prepared corpora) is one
+for the whole stage (project_cache). $DOC_TEST_REPO names the
 checkout itself, for a block that must run there (make: a build from the scratch directory
 would point the editable install at it)."""
 from __future__ import annotations
@@ -62,7 +63,17 @@ def runnable() -> list:
 RUN = runnable()
 
 
-def scratch(tmp_path: Path) -> Path:
+@pytest.fixture(scope="session")
+def project_cache(tmp_path_factory) -> Path:
+    """The checkout's .cache (the corpora shard-train and its kin prepare), one for the
+    whole stage, as for a user who runs the pages' commands in one checkout: the first
+    block that trains prepares the corpus, the others read it (pccl's own cache is in
+    each block's fresh HOME). Shared by the workers of a parallel run."""
+    root = tmp_path_factory.getbasetemp()
+    return (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "project-cache"
+
+
+def scratch(tmp_path: Path, project_cache: Path) -> Path:
     """A working directory that looks like the checkout's top level."""
     work = tmp_path / "work"
     work.mkdir()
@@ -70,6 +81,8 @@ def scratch(tmp_path: Path) -> Path:
     for name in {f.split("/")[0] for f in tracked.decode().split("\0") if f}:
         (work / name).symlink_to(docblocks.ROOT / name)
     (work / ".venv").symlink_to(sys.prefix)
+    project_cache.mkdir(exist_ok=True)
+    (work / ".cache").symlink_to(project_cache)
     return work
 
 
@@ -86,15 +99,15 @@ def environment(home: Path) -> dict:
 
 
 @pytest.mark.parametrize("block, text, elsewhere", RUN, ids=[b.id for b, _, _ in RUN])
-def test_block_runs(block, text, elsewhere, tmp_path):
+def test_block_runs(block, text, elsewhere, tmp_path, project_cache):
     if not text:
         pytest.skip(f"each of its commands runs, word for word, in {', '.join(elsewhere)}")
     home = tmp_path / "home"
     home.mkdir()
     # its own session, so a timeout kills mpiexec and every rank
-    proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", text], cwd=scratch(tmp_path), env=environment(home),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            start_new_session=True)
+    proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", text], cwd=scratch(tmp_path, project_cache),
+                            env=environment(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:

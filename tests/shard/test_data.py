@@ -6,7 +6,9 @@ set arithmetic over window start offsets (which windows each rank and step reads
 """
 import importlib
 import json
+import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -171,6 +173,32 @@ def test_another_spec_gets_another_entry(prepared, cache, change):
 
 def test_settings_that_change_nothing_share_the_entry(prepared, cache):
     assert prepare({**SPEC, "files": None, "name": "unused", "field": "text"}, cache) == prepared
+
+
+def test_two_prepares_of_one_entry_at_once_both_get_it(tmp_path, monkeypatch):
+    """A live prepare's temporary directory is not a crash's; and the prepare that finishes
+    second finds the first one's entry in place, drops its own build and returns it."""
+    import socket
+    import subprocess
+
+    prep = importlib.import_module("shard.data.prepare")
+    entry = prepare(SPEC, tmp_path / "first")
+    gone = subprocess.Popen(["true"])
+    gone.wait()   # a process id that no longer runs
+    live = tmp_path / "cache" / f".tmp-{entry.name}-{socket.gethostname()}-{os.getpid()}-0000aaaa"
+    dead = tmp_path / "cache" / f".tmp-{entry.name}-{socket.gethostname()}-{gone.pid}-0000bbbb"
+    elsewhere = tmp_path / "cache" / f".tmp-{entry.name}-another-host-{gone.pid}-0000cccc"
+    for d in (live, dead, elsewhere):
+        d.mkdir(parents=True)
+    build = prep._build
+
+    def raced(spec, ident, key, directory):   # the other prepare renames its build in first
+        build(spec, ident, key, directory)
+        shutil.copytree(entry, tmp_path / "cache" / entry.name)
+    monkeypatch.setattr(prep, "_build", raced)
+    assert prepare(SPEC, tmp_path / "cache") == tmp_path / "cache" / entry.name
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([entry.name, live.name, elsewhere.name])
+    TokenData(tmp_path / "cache" / entry.name)
 
 
 def test_crash_leaves_no_complete_looking_entry(tmp_path, monkeypatch):
