@@ -408,10 +408,9 @@ class Communicator:
         (`compression` as resolve takes it): where that is an uncompressed auto, make sure
         its choice rests on a measurement, where this communicator measures itself (the
         self-calibration: no profile chosen, two ranks or more over MPI or gloo; host and
-        GPU buffers apart); a no-op
-        elsewhere and once measured. A call does this itself; a caller that resolves first
-        (resolve never communicates) calls it before. Collective: every rank at the same
-        point of its sequence of calls."""
+        GPU buffers apart); a no-op elsewhere and once measured. A call does this itself; a
+        caller that resolves first (resolve never communicates) calls it before. Collective:
+        every rank at the same point of its sequence of calls."""
         if algorithm == "auto" and not compression and self.self_calibration is not None and device in MEASURED:
             self.calibration_for(device).ensure(collective, dtype)
 

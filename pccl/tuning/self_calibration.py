@@ -1,15 +1,17 @@
 """Self-calibration: algorithm="auto" measured on the machine it runs on, with no user action.
 
-An MPI communicator whose profile nobody chose (no profile argument, no PCCL_PROFILE)
-measures, at its first auto call of a collective and reduction class on buffers of a
-device type (host memory, or GPUs), every candidate of auto for that device's buffers (the
-schedules, MPI's own collectives in both forms, the plans where their levels carry it) at
-sizes from 4 B up (x4 to 64 KiB, then doubling) until BUDGET seconds are spent, and keeps
-the figures in a cache file that every later run of the same shape reads instead. The
-tuner of that device's buffers then predicts exactly what was measured at those sizes
+A communicator of two ranks or more over MPI or gloo whose profile nobody chose (no
+profile argument, no PCCL_PROFILE) measures (measures()), at its first auto call of a
+collective and reduction class on buffers of a device type (host memory, or GPUs), every
+candidate of auto for that device's buffers (the schedules, the transport's own
+collectives, in both of MPI's forms, the plans where their levels carry it) at sizes from
+4 B up (x4 to 64 KiB, then doubling) until BUDGET seconds are spent, and keeps the figures
+in a cache file that every later run of the same shape reads instead. The tuner of that
+device's buffers then predicts exactly what was measured at those sizes
 (Profile.calibration), interpolates between them, and holds the largest size's ratios
-beyond it. Until then, and where this is off, auto runs the transport's own collective
-(pccl.tuning.selection, trust_native).
+beyond it. Until then, where this is off, and on one rank (which moves nothing: there is
+nothing to measure), auto runs the transport's own collective (pccl.tuning.selection,
+trust_native).
 
 Each device type is measured apart, and the host's figures never decide for GPU buffers:
 over MPI a GPU's messages are staged through pinned host memory or handed to a GPU-aware
@@ -49,13 +51,15 @@ Rank 0 writes the file, atomically.
 
 The cache: PCCL_CACHE_DIR (default $XDG_CACHE_HOME/pccl, else ~/.cache/pccl), file
 calibration/<hash of the key>.json. The key holds what determines the answer: the node type
-(CPU model, cores, machine), the MPI library and version, the transport and executor, the
+(CPU model, cores, machine), the MPI library and version (over gloo, torch's version and
+the backend), the transport and executor, the
 world shape (ranks, ranks per node, nodes, NICs per node), pccl's version and FORMAT, and
 for GPU buffers the GPU (its name, the GPUs a rank sees) and how MPI moves its memory
-(GPU-aware, or staged through host memory). An
-entry that is not valid JSON, whose key is not this one, whose figures are malformed or
-lack a candidate auto now has, is measured again and rewritten, with a warning; a cache
-that cannot be written keeps the figures for this run only, with a warning.
+(GPU-aware, or staged through host memory). An entry that is not valid JSON, whose key is
+not this one (or one of a single rank), whose figures are malformed (not what measure()
+writes: a time that is not a positive, finite number, candidates measured at different
+sizes) or lack a candidate auto now has, is measured again and rewritten, with a warning;
+a cache that cannot be written keeps the figures for this run only, with a warning.
 
 PCCL_SELF_CALIBRATION=0 turns it off; PCCL_CALIBRATION_BUDGET is the budget in seconds per
 collective and class (default 0.4: 2 s per communicator shape for the five it can need,
