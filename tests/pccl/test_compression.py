@@ -78,6 +78,31 @@ def test_int8_on_16_bit_payloads_and_decode_and_reduce(dtype):
         assert torch.equal(acc, fn(torch.zeros(1000), exact).to(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_int8_decode_and_sum_rounds_the_product_then_the_sum(dtype):
+    """Decode-and-sum is float32(q * scale), then the sum rounded to the accumulator: what
+    every device computes. A fused multiply-add rounds once and differs in some of these
+    elements (emulated here in float64, where q * scale is exact), so a kernel built with
+    contraction (nvcc's default, GCC's on aarch64) fails; the GPU build's PTX is checked for
+    it in tests/pccl/test_gpu.py."""
+    n = 65541
+    g = torch.Generator().manual_seed(7)
+    x, start = ((torch.randn(n, generator=g) * 100).to(dtype) for _ in range(2))
+    c = codec("int8")
+    encoded = torch.empty(c.encoded_nbytes(n, dtype), dtype=torch.uint8)
+    c.encode(x, encoded)
+    acc = start.clone()
+    c.decode(encoded, acc, "sum")
+    groups = -(-n // GROUP)
+    scale = np.repeat(encoded[:4 * groups].numpy().view(np.float32), GROUP)[:n]
+    q = encoded[4 * groups:].numpy().view(np.int8)
+    a = start.float().numpy()
+    twice = torch.from_numpy((q.astype(np.float32) * scale) + a).to(dtype)
+    fused = torch.from_numpy((q.astype(np.float64) * scale + a).astype(np.float32)).to(dtype)
+    assert not torch.equal(fused, twice), "the data no longer tells one rounding from two"
+    assert torch.equal(acc, twice), f"{(acc != twice).sum()} of {n} elements rounded otherwise"
+
+
 @pytest.mark.parametrize("name,wire,relative", [("bf16", torch.bfloat16, 2 ** -8), ("fp16", torch.float16, 2 ** -11)])
 def test_casts_match_torch_and_their_bounds(name, wire, relative):
     c = codec(name)

@@ -55,10 +55,12 @@ def test_cuda_sources_compile_and_link(tmp_path):
     The module is inspected, not imported: CI has no GPU."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("CUDAARCHS", None)
-    build, wheels = tmp_path / "build", tmp_path / "wheel"
+    build, wheels, kept = tmp_path / "build", tmp_path / "wheel", tmp_path / "kept"   # kept: nvcc's PTX
+    kept.mkdir()
     cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index",
            "-C", "cmake.define.PCCL_CUDA=ON", "-C", "cmake.define.PCCL_HIP=OFF",
-           "-C", f"build-dir={build}", "-w", str(wheels), str(ROOT)]
+           "-C", f"build-dir={build}", "-C", f"cmake.define.CMAKE_CUDA_FLAGS=--keep --keep-dir={kept}",
+           "-w", str(wheels), str(ROOT)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-4000:]
     flags = (build / "build.ninja").read_text()
@@ -71,6 +73,27 @@ def test_cuda_sources_compile_and_link(tmp_path):
     for needed in (b"gpu_reduce\0", b"gpu_divide\0", b"gpu_encode\0", b"gpu_decode\0", b"libcudart.so",
                    b".nv_fatbin\0"):
         assert needed in module, f"{needed!r} is missing from the CUDA build of {name}"
+    assert_no_contraction(sorted(kept.glob("reduce.*.ptx")))
+
+
+# In PTX, a float fma (or mad) is one rounding where the CPU twin rounds twice, and a mul or
+# add without a rounding modifier is one ptxas may still fuse ("mul/add sequences with no
+# rounding modifiers may be optimized to use fused-multiply-add", PTX ISA, mul); one with
+# .rn never is. The kernels call no fmaf, so any fused form is the compiler's contraction.
+FUSED = re.compile(r"^\s*(?:fma|mad)(?:\.\w+)*\.f(?:16|32|64)\b", re.M)
+FUSIBLE = re.compile(r"^\s*(?:mul|add|sub)(?:\.ftz|\.sat)*\.f(?:32|64)\b", re.M)
+
+
+def assert_no_contraction(ptx_files):
+    """Every float multiply and add in the kernels rounds on its own, as on the CPU: nvcc
+    contracts q * scale + a by default, and the int8 codec's decode-and-sum then differs
+    from the CPU's by an ulp in some elements (seen on an H200 in fp16 and bf16)."""
+    assert [p.name for p in ptx_files] == ["reduce.compute_80.ptx", "reduce.compute_90.ptx"], ptx_files
+    for path in ptx_files:
+        ptx = path.read_text()
+        assert re.search(r"^\s*(?:mul|fma)(?:\.\w+)*\.f32\b", ptx, re.M), f"{path.name}: no float multiply: is the scan broken?"
+        fused = FUSED.findall(ptx) + FUSIBLE.findall(ptx)
+        assert not fused, f"{path.name}: {len(fused)} fused or fusible float operations, e.g. {fused[:3]}"
 
 
 needs_gpu = pytest.mark.skipif(
