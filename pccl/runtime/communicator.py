@@ -403,16 +403,17 @@ class Communicator:
         return spec
 
     def measure_auto(self, collective: str, algorithm, dtype: torch.dtype, device: str = "cpu",
-                     compression=None) -> None:
+                     compression=None, nbytes: int = 0) -> None:
         """Before resolving `algorithm` for `collective` of `dtype` on `device` tensors
         (`compression` as resolve takes it): where that is an uncompressed auto, make sure
         its choice rests on a measurement, where this communicator measures itself (the
         self-calibration: no profile chosen, two ranks or more over MPI or gloo; host and
-        GPU buffers apart); a no-op elsewhere and once measured. A call does this itself; a
+        GPU buffers apart), one reaching a call of `nbytes` (the full buffer) beyond the
+        sizes swept; a no-op elsewhere and once measured. A call does this itself; a
         caller that resolves first (resolve never communicates) calls it before. Collective:
         every rank at the same point of its sequence of calls."""
         if algorithm == "auto" and not compression and self.self_calibration is not None and device in MEASURED:
-            self.calibration_for(device).ensure(collective, dtype)
+            self.calibration_for(device).ensure(collective, dtype, nbytes)
 
     def calibration_for(self, device: str) -> SelfCalibration:
         """The self-calibration of `device` buffers ("cpu" or "cuda"), where this
@@ -527,7 +528,7 @@ class Communicator:
         """Resolve a validated call: native(*buffers), scheduled(schedule, executor, codec,
         *buffers) or planned(plan, plan executor, *buffers) is what it runs."""
         nbytes = like.numel() * like.element_size()
-        self.measure_auto(collective, algorithm, like.dtype, like.device.type, codecs)
+        self.measure_auto(collective, algorithm, like.dtype, like.device.type, codecs, nbytes)
         algorithm = self.resolve(collective, algorithm, nbytes, like.device.type, codecs, like.dtype)
         if not isinstance(algorithm, str):
             plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec

@@ -13,6 +13,13 @@ beyond it. Until then, where this is off, and on one rank (which moves nothing: 
 nothing to measure), auto runs the transport's own collective (pccl.tuning.selection,
 trust_native).
 
+A call larger than the sweep's largest size (a sharded engine's units: tens to hundreds of
+MB) is measured at its size (the next power of two) at its first use, up to REACH_MAX,
+where the projection fits REACH times the budget: a candidate's cost need not grow as the
+model's does past the sizes measured (on one H200 shared by 2 ranks, staged, MPI's own
+reduce-scatter grew 9x from 16 to 64 MB, and auto, holding its 16 MB ratio, ran it at
+3.6x the fastest). The size joins the entry in the cache, so it is measured once per shape.
+
 Each device type is measured apart, and the host's figures never decide for GPU buffers:
 over MPI a GPU's messages are staged through pinned host memory or handed to a GPU-aware
 library, and either changes every candidate's cost (on one H100 shared by 2 ranks, staged,
@@ -64,7 +71,8 @@ a cache that cannot be written keeps the figures for this run only, with a warni
 PCCL_SELF_CALIBRATION=0 turns it off; PCCL_CALIBRATION_BUDGET is the budget in seconds per
 collective and class (default 0.4: 2 s per communicator shape for the five it can need,
 all-gather, and reduce-scatter and all-reduce of each class, and first uses' setups;
-all-gather reduces nothing, so one measurement serves both classes).
+all-gather reduces nothing, so one measurement serves both classes), and a size reached
+beyond the sweep may take REACH times that (4 s), once per size and shape.
 """
 from __future__ import annotations
 
@@ -98,6 +106,8 @@ LOOP_SECONDS = 400e-6   # a round's loop: about this long (from the size before)
 MAX_ITERS = 8
 SWITCH_BYTES = 1 << 20  # from here on no untimed call before a round's loop (see above)
 MARGIN = 1.3            # a size's time over its calls' (barriers, Python, the shared figures), and some
+REACH = 10              # a size beyond the sweep that a call asks for: measured once if it fits REACH x budget
+REACH_MAX = 1 << 30     # ... and is at most this large
 DEVICES = ("cpu", "cuda")   # the buffers measured, each device type apart (cuda: CUDA and HIP)
 DTYPE_OF = {"full": torch.float32, "half": torch.bfloat16}   # what each reduction class is measured with
 _FILES = threading.Lock()   # the engine's two lanes may store one shape's entries at once
@@ -271,10 +281,8 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
     `seconds` are spent (the slowest rank's clock, so that every rank stops at the same
     size). Collective over `comm`."""
     names = comm.tuner_for(device).candidates(collective)
-    finish = torch.cuda.synchronize if device == "cuda" else lambda: None   # a loop times the work
     element = torch.empty((), dtype=dtype).element_size()
     out: dict = {name: [] for name in names}
-    together = torch.zeros(1, dtype=torch.int32)
     spent = 0.0
     sizes: list[int] = []
     per_call: list[float] = []   # the candidates' summed median time per call, at each of sizes
@@ -286,37 +294,79 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
             iters = loop_length(summed / len(names))
             if spent + MARGIN * summed * calls_per_candidate(nbytes, iters) > seconds:
                 break
-        start = time.perf_counter()
-        call = calls(comm, collective, nbytes // element, dtype, device)
-        for name in names:
-            call(name)
-        finish()
-        warmed = time.perf_counter()
-        rounds = torch.zeros(rounds_at(nbytes), len(names) + 2, dtype=torch.float64)
-        for r in range(len(rounds)):
-            for i in [(j + r) % len(names) for j in range(len(names))]:
-                if nbytes < SWITCH_BYTES:
-                    call(names[i])   # the switch from another candidate is not its cost: a loop repeats one
-                # a barrier: every rank starts the loop at once, so that a short loop times the
-                # call, not the ranks' skew (recursive doubling: they leave it about together)
-                comm.all_reduce(together, algorithm="recursive_doubling")
-                began = time.perf_counter()
-                for _ in range(iters):
-                    call(names[i])
-                finish()
-                rounds[r, i] = (time.perf_counter() - began) / iters
-        rounds[:, -2:] = torch.tensor([warmed - start, time.perf_counter() - warmed], dtype=torch.float64)
-        comm.all_reduce(rounds, op="max", algorithm="ring")   # every rank the same figures
-        medians = [statistics.median(rounds[:, i].tolist()) for i in range(len(names))]
+        medians, charged = time_size(comm, collective, names, nbytes, dtype, iters, device)
         for name, median in zip(names, medians):
             out[name].append([nbytes, median])
         sizes.append(nbytes)
         per_call.append(sum(medians))
-        warm_up, timed = rounds[0, -2:].tolist()
-        # a first use's setup (MPICH's first large calls stalled 0.1-0.3 s on 2 cores), which a
-        # run pays at its first such call anyway, is not charged: the warm-up costs its calls
-        spent += timed + min(warm_up, MARGIN * per_call[-1])
+        spent += charged
     return out
+
+
+def time_size(comm, collective: str, names: list[str], nbytes: int, dtype: torch.dtype, iters: int,
+              device: str) -> tuple[list[float], float]:
+    """(each candidate's median seconds per call at `nbytes`, the seconds charged to the
+    budget): a warm-up call of each, then rounds_at(nbytes) rounds of `iters`-call loops,
+    the times the slowest rank's. Collective over `comm`."""
+    finish = torch.cuda.synchronize if device == "cuda" else lambda: None   # a loop times the work
+    together = torch.zeros(1, dtype=torch.int32)
+    start = time.perf_counter()
+    call = calls(comm, collective, nbytes // torch.empty((), dtype=dtype).element_size(), dtype, device)
+    for name in names:
+        call(name)
+    finish()
+    warmed = time.perf_counter()
+    rounds = torch.zeros(rounds_at(nbytes), len(names) + 2, dtype=torch.float64)
+    for r in range(len(rounds)):
+        for i in [(j + r) % len(names) for j in range(len(names))]:
+            if nbytes < SWITCH_BYTES:
+                call(names[i])   # the switch from another candidate is not its cost: a loop repeats one
+            # a barrier: every rank starts the loop at once, so that a short loop times the
+            # call, not the ranks' skew (recursive doubling: they leave it about together)
+            comm.all_reduce(together, algorithm="recursive_doubling")
+            began = time.perf_counter()
+            for _ in range(iters):
+                call(names[i])
+            finish()
+            rounds[r, i] = (time.perf_counter() - began) / iters
+    rounds[:, -2:] = torch.tensor([warmed - start, time.perf_counter() - warmed], dtype=torch.float64)
+    comm.all_reduce(rounds, op="max", algorithm="ring")   # every rank the same figures
+    medians = [statistics.median(rounds[:, i].tolist()) for i in range(len(names))]
+    warm_up, timed = rounds[0, -2:].tolist()
+    # a first use's setup (MPICH's first large calls stalled 0.1-0.3 s on 2 cores), which a
+    # run pays at its first such call anyway, is not charged: the warm-up costs its calls
+    return medians, timed + min(warm_up, MARGIN * sum(medians))
+
+
+def reach_size(collective: str, ranks: int, element_size: int, nbytes: int) -> int:
+    """The size measured for a call of `nbytes` beyond the sweep: the next power of two, in
+    whole elements per rank, so that calls of nearby sizes share one measurement."""
+    unit = element_size * (1 if collective == "all_reduce" else ranks)
+    power = 1 << max(0, (nbytes - 1).bit_length())
+    return -(-power // unit) * unit
+
+
+def reach(comm, collective: str, dtype: torch.dtype, entry: dict, nbytes: int, seconds: float,
+          device: str = "cpu") -> Optional[dict]:
+    """`entry` ({candidate: points}, as measure() returns it) with one more size, the one
+    reach_size gives for a call of `nbytes` above its largest, where that is at most
+    REACH_MAX and its projected time (along the line through the last two sizes, as
+    measure() projects) fits `seconds`; None where it does not. Every candidate is timed
+    in ROUNDS one-call loops: at such sizes a call lasts milliseconds, and the
+    calibration's own medians decide. Collective over `comm` (every rank holds the same
+    entry and asks for the same size)."""
+    names = list(entry)
+    element = torch.empty((), dtype=dtype).element_size()
+    target = reach_size(collective, comm.size, element, nbytes)
+    sizes = [n for n, _ in entry[names[0]]]
+    if target <= sizes[-1] or target > REACH_MAX:
+        return None
+    per_call = [sum(entry[name][i][1] for name in names) for i in range(len(sizes))]
+    projected = summed_per_call(sizes, per_call, target)
+    if MARGIN * projected * calls_per_candidate(target, 1) > seconds:
+        return None
+    medians, _ = time_size(comm, collective, names, target, dtype, 1, device)
+    return {name: [*entry[name], [target, median]] for name, median in zip(names, medians)}
 
 
 def calls(comm, collective: str, count: int, dtype: torch.dtype, device: str = "cpu"):
@@ -357,6 +407,7 @@ class SelfCalibration:
         self.base = comm.given_profile    # what the measured ratios are taken against
         self.measured: Optional[dict] = None   # {entry: {candidate: points}}, once read
         self.seconds: dict[str, float] = {}    # entry -> seconds this process spent measuring it
+        self.settled: dict[str, int] = {}      # entry -> the largest call size reach() was asked about
 
     @cached_property
     def key(self) -> dict:   # at first need: a communicator that never measures pays nothing
@@ -366,26 +417,43 @@ class SelfCalibration:
     def path(self) -> Path:
         return path_of(self.key)
 
-    def ensure(self, collective: str, dtype: torch.dtype) -> None:
+    def ensure(self, collective: str, dtype: torch.dtype, nbytes: int = 0) -> None:
         """Make sure auto's choices for `collective` of `dtype` rest on a measurement: the
-        cache's, or one made now (collective: every rank reaches it at the same call)."""
+        cache's, or one made now, reaching a call of `nbytes` (the full buffer) beyond the
+        sweep where that fits (reach). Collective: every rank reaches it at the same call."""
         if not self.on:
             return
         klass = "full" if collective == "all_gather" else reduction_class(dtype)
         entry = entry_key(collective, klass)
         if self.measured is not None and entry in self.measured:
+            if nbytes > self.settled.get(entry, 0):
+                self._reach(entry, collective, DTYPE_OF[klass], nbytes)
             return
         self.comm.drain()
         if self.measured is None:
             self.measured = self._agreed_cache()
             self._apply()
             _account(self.path, 0.0)
-        if self._current(entry, collective):
-            return
+        if not self._current(entry, collective):
+            start = time.perf_counter()
+            self.measured[entry] = measure(self.comm, collective, DTYPE_OF[klass], self.budget, device=self.device)
+            self._keep(entry, time.perf_counter() - start)
+        if nbytes > self.settled.get(entry, 0):
+            self._reach(entry, collective, DTYPE_OF[klass], nbytes)
+
+    def _reach(self, entry: str, collective: str, dtype: torch.dtype, nbytes: int) -> None:
+        """Measure `entry` at a call's size beyond its largest, where reach() takes it."""
+        self.settled[entry] = nbytes
         start = time.perf_counter()
-        self.measured[entry] = measure(self.comm, collective, DTYPE_OF[klass], self.budget, device=self.device)
-        self.seconds[entry] = time.perf_counter() - start
-        _account(self.path, self.seconds[entry])
+        grown = reach(self.comm, collective, dtype, self.measured[entry], nbytes, REACH * self.budget, self.device)
+        if grown is not None:
+            self.measured[entry] = grown
+            self._keep(entry, time.perf_counter() - start)
+
+    def _keep(self, entry: str, seconds: float) -> None:
+        """After measuring `entry` for `seconds`: account, store (rank 0), decide with it."""
+        self.seconds[entry] = self.seconds.get(entry, 0.0) + seconds
+        _account(self.path, seconds)
         if self.comm.rank == 0:
             self._store(entry)
         self._apply()

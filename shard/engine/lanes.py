@@ -190,9 +190,9 @@ class Lane:
         callers leave out those of one)."""
         comm, members = self.comms[level]
         algorithm = self._algorithm(collective)
-        comm.measure_auto(collective, algorithm, full.dtype, full.device.type, codec)   # auto's first call measures
-        algorithm = comm.resolve(collective, algorithm, full.numel() * full.element_size(),
-                                 full.device.type, codec, full.dtype)
+        nbytes = full.numel() * full.element_size()
+        comm.measure_auto(collective, algorithm, full.dtype, full.device.type, codec, nbytes)   # a first call measures
+        algorithm = comm.resolve(collective, algorithm, nbytes, full.device.type, codec, full.dtype)
         if getattr(self._running, "sent", None) is not None:
             self._running.sent[0] = True
         if stage is not None:  # stage None: scalars, not counted

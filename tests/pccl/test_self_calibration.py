@@ -188,6 +188,53 @@ def test_the_budget_holds_where_calls_grow_with_their_bytes(monkeypatch):
     assert comm.now + sc.MARGIN * next_size > 0.5
 
 
+class GrowingComm(FakeClockComm):
+    """Two ranks on a fake clock whose all-gathers cost what `seconds(nbytes, algorithm)`
+    says, as MPI's own staged reduce-scatter did on one H200: fastest to 16 MB, then 9x
+    slower at 64 MB, where a schedule wins."""
+
+    size = 2
+
+    def tuner_for(self, device):
+        return Tuner(Topology.regular(2, 2), FAST_LINKS, natives=("native", "native_nonblocking"))
+
+    def all_gather(self, full, block, algorithm):
+        self.now += self.seconds(full.numel() * full.element_size(), algorithm)
+
+
+def staged_mpi(nbytes, algorithm):
+    base = 1e-5 + nbytes / 1e9
+    if algorithm in ("native", "native_nonblocking"):
+        return base * (1 if nbytes <= 16 * MB else (nbytes / (16 * MB)) ** 1.58)   # 9x from 16 to 64 MB
+    return 2 * base if algorithm == "ring" else 3 * base
+
+
+def test_a_call_beyond_the_sweep_is_measured_at_its_size_and_auto_follows(monkeypatch):
+    comm = GrowingComm(None)
+    comm.seconds = staged_mpi
+    monkeypatch.setattr(sc.time, "perf_counter", comm.clock)
+    swept = sc.measure(comm, "all_gather", torch.float32, 100.0, largest=16 * MB)
+    assert max(n for n, _ in swept["ring"]) == 16 * MB
+
+    def auto(entry, nbytes):
+        figures = {("all_gather", "full", name): [tuple(p) for p in points] for name, points in entry.items()}
+        profile = calibrated(FAST_LINKS, Topology.regular(2, 2), figures, "test")
+        return Tuner(Topology.regular(2, 2), profile, natives=("native", "native_nonblocking")).name(
+            "all_gather", nbytes, torch.float32)
+
+    assert auto(swept, 16 * MB) == "native" and auto(swept, 48 * MB) == "native", "the held 16 MB ratio misleads"
+    before = comm.now
+    grown = sc.reach(comm, "all_gather", torch.float32, swept, 48 * MB, 100.0)
+    assert {n for n, _ in grown["ring"]} - {n for n, _ in swept["ring"]} == {64 * MB}, "the next power of two"
+    assert comm.now - before == pytest.approx(sum(staged_mpi(64 * MB, a) for a in grown) * (1 + sc.ROUNDS))
+    assert auto(grown, 48 * MB) == "ring" and auto(grown, 64 * MB) == "ring"
+    # nothing is measured inside the sweep, past REACH_MAX, or past the time allowed
+    assert sc.reach(comm, "all_gather", torch.float32, swept, 16 * MB, 100.0) is None
+    assert sc.reach(comm, "all_gather", torch.float32, swept, sc.REACH_MAX + 1, 1e9) is None
+    spent = comm.now
+    assert sc.reach(comm, "all_gather", torch.float32, swept, 48 * MB, 0.1) is None and comm.now == spent
+
+
 def test_its_settings_are_checked():
     assert sc.enabled({}) and not sc.enabled({"PCCL_SELF_CALIBRATION": "0"})
     with pytest.raises(ValueError, match="PCCL_SELF_CALIBRATION must be 0 or 1, got 'yes'"):
@@ -390,6 +437,11 @@ def test_ranks_measure_once_share_rank_0s_figures_and_redo_a_corrupt_entry(tmp_p
     assert corrupt["valid_after"]
     assert all(len(points) == 1 for points in tiny["figures"]["all_reduce/full"].values()), \
         "a budget spent by the first size ends the measurement there, on every rank"
+    reach = report["reach"]
+    assert reach["agree"] and reach["exact"]
+    assert reach["grown"] == reach["swept"] + [sc.reach_size("all_reduce", 3, 4, 2 * reach["swept"][-1])], \
+        "a call beyond the sweep adds its size (a power of two), one inside it none"
+    assert reach["read_back"] and reach["measured_again"] == [], "the reached size is kept in the cache"
     names = set(interruptible["figures"]["all_reduce/full"])
     assert "native_nonblocking" in names and "native" not in names, "an interruptible communicator never blocks"
     assert interruptible["path"] != first["path"]

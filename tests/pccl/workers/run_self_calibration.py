@@ -5,7 +5,7 @@
 Each rank caches in DIR/rank-R (no shared file system). In turn: a first communicator
 measures all-gather and bf16 all-reduce at their first auto call; a second reads rank 0's
 file; rank 0's file is corrupted and a third measures again; a tiny budget stops after the
-first size; an interruptible communicator has a key (and candidates) of its own; a gloo
+first size; a call beyond the sweep is measured at its size; an interruptible communicator has a key (and candidates) of its own; a gloo
 communicator (torch.distributed, brought up through MPI) measures as MPI's do; GPU
 buffers, on a stand-in GPU (torch.cuda's answers stood in, host tensors for the device's),
 are measured apart, into a file of their own, and read back by the next communicator.
@@ -69,6 +69,38 @@ report["corrupt"] = step({})
 os.environ["PCCL_CALIBRATION_BUDGET"] = "1e-9"
 os.environ["PCCL_CACHE_DIR"] = str(root / f"tiny-{rank}")
 report["tiny"] = step({}, dtype=torch.float32)
+os.environ["PCCL_CALIBRATION_BUDGET"] = "0.05"
+
+
+def reaching() -> dict:
+    """A call twice the sweep's largest size is measured at its size (the budget for it
+    made ample: this checks the mechanism, not the budget), stored, and read back by the
+    next communicator, which measures nothing; a call inside the sweep adds no size."""
+    os.environ["PCCL_CACHE_DIR"] = str(root / f"reach-{rank}")
+    sc.REACH = 1e6
+    comm = pccl.init()
+    comm.all_reduce(torch.ones(1000))
+    own = comm.self_calibration
+    swept = [n for n, _ in next(iter(own.measured["all_reduce/full"].values()))]
+    x = torch.full((swept[-1] // 2,), float(rank))   # 2x the largest in bytes: fp32 elements
+    comm.all_reduce(x)
+    comm.all_reduce(torch.ones(swept[-1] // 8))
+    grown = [n for n, _ in next(iter(own.measured["all_reduce/full"].values()))]
+    mine = json.dumps([own.measured, str(comm.resolve("all_reduce", "auto", 2 * swept[-1]))], sort_keys=True)
+    out = {"swept": swept, "grown": grown, "agree": len(set(world.allgather(mine))) == 1,
+           "exact": bool(world.allreduce(int(torch.equal(x, torch.full_like(x, p * (p - 1) / 2))), op=MPI.MIN))}
+    comm.close()
+    again = pccl.init()
+    again.all_reduce(torch.full((swept[-1] // 2,), 1.0))
+    out["read_back"] = again.self_calibration.measured["all_reduce/full"] == own.measured["all_reduce/full"]
+    out["measured_again"] = sorted(again.self_calibration.seconds)
+    again.close()
+    sc.REACH = REACH
+    return out
+
+
+REACH = sc.REACH
+report["reach"] = reaching()
 os.environ["PCCL_CACHE_DIR"] = str(root / f"rank-{rank}")
 report["interruptible"] = step({"interruptible": True}, dtype=torch.float32)
 os.environ["PCCL_CACHE_DIR"] = str(root / f"gloo-{rank}")
