@@ -5,11 +5,11 @@
 Each rank caches in DIR/rank-R (no shared file system). In turn: a first communicator
 measures all-gather and bf16 all-reduce at their first auto call; a second reads rank 0's
 file; rank 0's file is corrupted and a third measures again; a tiny budget stops after the
-first size; a call beyond the sweep is measured at its size; an interruptible communicator has a key (and candidates) of its own; a gloo
-communicator (torch.distributed, brought up through MPI) measures as MPI's do; GPU
-buffers, on a stand-in GPU (torch.cuda's answers stood in, host tensors for the device's),
-are measured apart, into a file of their own, and read back by the next communicator.
-Rank 0 writes what each step saw to REPORT."""
+first size; a call beyond the sweep is measured at its size; an interruptible communicator
+has a key (and candidates) of its own; a gloo communicator (torch.distributed, brought up
+through MPI) measures as MPI's do; GPU buffers, on a stand-in GPU (torch.cuda's answers
+stood in, host tensors for the device's), are measured apart, into a file of their own, and
+read back by the next communicator. Rank 0 writes what each step saw to REPORT."""
 from __future__ import annotations
 
 import json
