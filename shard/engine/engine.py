@@ -306,29 +306,19 @@ class Engine:
         # each optimizer shard is held by `replicas` ranks: the norm counts it once
         self._norm_weights = torch.tensor([1.0 / self.layout.replicas(u.strategy.optimizer) for u in self.units],
                                           dtype=torch.float32, device=self.device)
-        self._local_refresh = self._place_params(offsets)
+        for u, view in zip(self.units, self._os_views):
+            u.place_params(view)
         self._refresh("update")
         for u in self.units:
-            if u.sharded_params:
+            if u.gathers_params:
                 u.flat.release()   # the model's own full copy is no longer needed
             else:
-                u.flat.bind(u.params)   # for good: refreshes write into it
-
-    def _place_params(self, offsets: list[int]) -> bool:
-        """Each unit's parameter shard. Where every unit's is its optimizer shard (a world
-        of 1, ZeRO-3, DDP, MiCS), they are views of one compute-dtype buffer laid out as
-        the master weights, so a refresh is one cast of the whole buffer on the caller's
-        stream; True then."""
-        local = all(u.local_refresh for u in self.units)
-        if local:
-            self._params = torch.empty(offsets[-1], dtype=self.compute_dtype, device=self.device)
-        for u, a, b in zip(self.units, offsets, offsets[1:]):
-            u.place_params(self._params[a:b] if local else None)
-        return local
+                u.flat.bind(u.params)   # for good: steps and refreshes write into it
 
     def _refresh(self, stage: str) -> None:
-        if self._local_refresh:
-            self._params.copy_(self.optimizer.master)
+        """Parameter shards of their own from the master weights (units whose shard is the
+        master's need nothing: a world of 1, DDP, ZeRO-3 and MiCS have none)."""
+        if all(u.local_refresh for u in self.units):
             return
 
         def task() -> None:
@@ -404,7 +394,7 @@ class Engine:
         u.release()
 
     def _count_gather(self, u: ShardedUnit, prefetched: bool) -> None:
-        if u.sharded_params:
+        if u.gathers_params:
             self.gather_stats["needed"] += 1
             self.gather_stats["prefetched"] += prefetched
 
@@ -415,7 +405,9 @@ class Engine:
         at = order.index(current)
         held = sum(u.held_bytes for u in self.units if u is not current and u is not self.root)
         for u in order[at + 1:at + 1 + ahead]:
-            if u.sharded_params and cap is not None and held + u.full_bytes > cap:
+            if u.casts_params:   # made when needed: nothing to overlap
+                continue
+            if u.gathers_params and cap is not None and held + u.full_bytes > cap:
                 break
             u.start_gather(self.gathers, stage)
             held += u.held_bytes
@@ -551,9 +543,10 @@ class Engine:
 
     def memory_report(self) -> dict:
         """Bytes per rank of parameters, gradients and optimizer state as this strategy holds
-        them (PaRO Table 2's P, G and OS, padding included), and the element counts."""
+        them (PaRO Table 2's P, G and OS, padding included; P only where it is a buffer of
+        its own, not the master weights), and the element counts."""
         return {
-            "parameters": sum(u.params.numel() * u.params.element_size() for u in self.units),
+            "parameters": sum(u.params.numel() * u.params.element_size() for u in self.units if not u.local_refresh),
             "gradients": sum(u.grad.numel() * u.grad.element_size()
                              + (0 if u.direct else u.flat.padded // self.layout.shards(u.strategy.grads)
                                 * self.reduce_dtype.itemsize) for u in self.units),

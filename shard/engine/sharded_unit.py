@@ -2,10 +2,14 @@
 place of its optimizer-state shard, and the collectives that move between them.
 
 Buffers per rank (padded flat length L, see flat.py):
-  parameters   P-scope piece in the compute dtype; when the scope does not split the
-               buffer (P = N, or one rank in it) it is the full buffer and the parameters
-               stay bound to it, otherwise a full copy is gathered in the compute dtype
-               for each forward and backward and released after
+  parameters   P-scope piece. Where P and OS split the buffer alike (a world of 1, DDP,
+               ZeRO-3, MiCS) it is the optimizer's fp32 master piece itself, as FSDP2
+               keeps only its sharded fp32 parameters: no copy is kept, and a gather casts
+               as it goes. Otherwise a piece of its own in the compute dtype, refreshed
+               from the master after each step. Where it is the full buffer in the compute
+               dtype (one rank in the scope), the parameters stay bound to it; otherwise a
+               full copy is gathered (or cast) in the compute dtype for each forward and
+               backward and released after
   gradients    OS-scope piece in fp32, the optimizer's (a view into the engine's one flat
                gradient buffer), which sums the micro-batches' reduced gradients; when the
                G scope splits the buffer more coarsely, a G-scope accumulator in the
@@ -40,13 +44,13 @@ class ShardedUnit:
         self.flat = FlatParams(unit.params, layout.world)
         self.compute_dtype, self.reduce_dtype, self.device = compute_dtype, reduce_dtype, device
         self.os_span = layout.span(strategy.optimizer, self.flat.padded)
-        self.params: Optional[torch.Tensor] = None   # the P-scope shard (place_params)
+        self.params: Optional[torch.Tensor] = None   # the P-scope shard, or the master's (place_params)
         self.grad: Optional[torch.Tensor] = None    # the optimizer's fp32 OS-scope gradient, the engine's view
         self.grads: Optional[torch.Tensor] = None   # G-scope sum over micro-batches
         # The G-scope sum is the optimizer's gradient itself (same shard), summed in fp32
         self.direct = layout.shards(strategy.grads) == layout.shards(strategy.optimizer)
         self.local_grads = layout.shards(strategy.grads) == 1   # nothing to reduce per micro-batch
-        self.full: Optional[torch.Tensor] = None    # gathered parameters (sharded P only)
+        self.full: Optional[torch.Tensor] = None    # gathered parameters (gathers_params only)
         self.gathering: Optional[Handle] = None
         self.pending = 0                            # gradients still to arrive this backward
         self.reduced = False                        # gradients of this backward handed off
@@ -56,9 +60,12 @@ class ShardedUnit:
         return self.flat.padded // self.layout.shards(scope)
 
     @property
-    def sharded_params(self) -> bool:
-        """Whether the parameter shard is a piece of the full buffer (else it is the buffer)."""
-        return self.layout.shards(self.strategy.params) > 1
+    def gathers_params(self) -> bool:
+        """Whether the full parameters are gathered for each forward and backward and
+        released after: where the parameter shard is a piece of the buffer, or the master
+        weights in another dtype than the compute dtype (then the cast is the gather).
+        Otherwise the parameters stay bound to the shard, which is the whole buffer."""
+        return self.layout.shards(self.strategy.params) > 1 or self.params.dtype != self.compute_dtype
 
     @property
     def os_numel(self) -> int:
@@ -81,29 +88,40 @@ class ShardedUnit:
         lane.reduce_scatter("update", master, full, Scope.N, self.strategy.optimizer)
         lane.all_reduce("update", master, self.strategy.optimizer)   # and over the shard's replicas
 
-    def place_params(self, storage: Optional[torch.Tensor] = None) -> None:
-        """The parameter shard: `storage` (a view of a buffer the engine lays out), or a
-        buffer of its own."""
-        self.params = storage if storage is not None else torch.empty(
+    def place_params(self, master: torch.Tensor) -> None:
+        """The parameter shard: the optimizer's `master` piece where P and OS split the
+        buffer alike (local_refresh), else a compute-dtype buffer of its own."""
+        self.params = master if self.local_refresh else torch.empty(
             self._numel(self.strategy.params), dtype=self.compute_dtype, device=self.device)
 
     @property
     def local_refresh(self) -> bool:
-        """The parameter shard is the optimizer shard, cast: no communication."""
+        """P and OS split the buffer alike (the same shard on this rank): the parameter
+        shard is the master piece, and needs no refresh."""
         return self.layout.shards(self.strategy.params) == self.layout.shards(self.strategy.optimizer)
 
     def refresh(self, lane: Lane, stage: str, master: torch.Tensor) -> None:
-        """The parameter shard from the updated master weights (PaRO Figures 1-3: a cast
-        when P and OS share a scope, else an all-gather from OS out to P in the compute
-        dtype)."""
-        lane.gather(stage, self.params, master, self.strategy.optimizer, self.strategy.params,
-                    self.codecs.get("params"))
+        """The parameter shard from the updated master weights (PaRO Figures 1-3: an
+        all-gather from OS out to P in the compute dtype); nothing where it is the master."""
+        if not self.local_refresh:
+            lane.gather(stage, self.params, master, self.strategy.optimizer, self.strategy.params,
+                        self.codecs.get("params"))
+
+    @property
+    def casts_params(self) -> bool:
+        """The full parameters are a cast of the master weights here (P scope unsplit): made
+        on the caller's stream when needed, with nothing to send or to prefetch."""
+        return self.gathers_params and self.layout.shards(self.strategy.params) == 1
 
     def start_gather(self, lane: Lane, stage: str) -> None:
-        """Queue the all-gather of the full parameters (no-op when held or in flight)."""
-        if not self.sharded_params or self.full is not None or self.gathering is not None:
+        """Queue the all-gather of the full parameters (no-op when held or in flight); a
+        cast (casts_params) is made at once."""
+        if not self.gathers_params or self.full is not None or self.gathering is not None:
             return
         full = torch.empty(self.flat.padded, dtype=self.compute_dtype, device=self.device)
+        if self.casts_params:
+            self.full = full.copy_(self.params)
+            return
         shard = self.params
         codec = self.codecs.get("params")
         scope = self.strategy.params
@@ -114,7 +132,7 @@ class ShardedUnit:
     def ensure_gathered(self, lane: Lane, stage: str) -> bool:
         """Full parameters bound to the model, waiting for a prefetch if one is in flight;
         True when they had been prefetched."""
-        if not self.sharded_params:
+        if not self.gathers_params:
             return False
         prefetched = self.full is not None
         self.start_gather(lane, stage)
@@ -125,7 +143,7 @@ class ShardedUnit:
         return prefetched
 
     def release(self) -> None:
-        if self.sharded_params and self.full is not None:
+        if self.gathers_params and self.full is not None:
             if self.gathering is not None:  # never bound: let the gather land first
                 self.gathering.wait()
                 self.gathering = None
@@ -135,7 +153,7 @@ class ShardedUnit:
     @property
     def full_bytes(self) -> int:
         """Bytes of the gathered parameters."""
-        return self.flat.padded * self.params.element_size()
+        return self.flat.padded * self.compute_dtype.itemsize
 
     @property
     def held_bytes(self) -> int:

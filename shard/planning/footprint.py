@@ -1,13 +1,18 @@
 """The engine's memory per rank, predicted by part, for a GPT under a strategy.
 
 Held all the time (the model state; exactly what Engine.memory_report counts):
-    parameters   each unit's P-scope shard in the compute dtype (padded: flat.py)
+    parameters   each unit's P-scope shard in the compute dtype (padded: flat.py), where it
+                 is a buffer of its own: where P and OS split a unit alike (a world of 1,
+                 DDP, ZeRO-3, MiCS) the parameters are the fp32 master weights, counted
+                 under optimizer
     gradients    each unit's OS-scope gradient in fp32 (the optimizer's, which sums the
                  micro-batches), and where the G scope is coarser than OS, a G-scope
                  accumulator in the reduce dtype besides
     optimizer    12 bytes per element of each unit's OS-scope shard (fp32 master, 2 moments)
 A scope that does not split a buffer (one rank in it) is no sharding: such parameters are
-never gathered, and gradients with such a G scope are summed straight from autograd's.
+never gathered (unless they are the master weights and the compute dtype is another: then
+each use casts them, as a gather would), and gradients with such a G scope are summed
+straight from autograd's.
 
 Held while a micro-batch runs forward and backward, at two moments:
   the loss's backward (the first thing the backward does):
@@ -87,12 +92,23 @@ def model_state(sizes: list[UnitSize], strategy: Strategy, world: int, group: in
         s = strategy if u.numel >= min_shard_numel else REPLICATED
         padded = _padded(u.numel, world)
         os_numel = padded // s.optimizer.shards(world, group)
-        out["parameters"] += padded // s.params.shards(world, group) * _element(precision)
+        if not _params_are_master(s, world, group):
+            out["parameters"] += padded // s.params.shards(world, group) * _element(precision)
         out["gradients"] += os_numel * 4
         if not _direct(s, world, group):
             out["gradients"] += padded // s.grads.shards(world, group) * _element(reduce_dtype)
         out["optimizer"] += os_numel * OPTIMIZER_BYTES
     return out
+
+
+def _params_are_master(s: Strategy, world: int, group: int) -> bool:
+    """The parameter shard is the master weights' (ShardedUnit.local_refresh)."""
+    return s.params.shards(world, group) == s.optimizer.shards(world, group)
+
+
+def _gathers(s: Strategy, world: int, group: int, precision: str) -> bool:
+    """A unit's full parameters are gathered (or cast) for each use (ShardedUnit.gathers_params)."""
+    return s.params.shards(world, group) > 1 or (_params_are_master(s, world, group) and precision != "fp32")
 
 
 def _direct(s: Strategy, world: int, group: int) -> bool:
@@ -128,13 +144,15 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
     def scoped(u: UnitSize) -> Strategy:
         return strategy if u.numel >= min_shard_numel else REPLICATED
 
-    sharded = [u for u in sizes if scoped(u).params.shards(world, group) > 1]
+    sharded = [u for u in sizes if _gathers(scoped(u), world, group, precision)]
     root = sum(full(u) for u in sharded if u.name == ROOT) * ce
     runs = [u for u in sharded if u.name != ROOT]
+    # casts of the master weights (an unsplit P scope) are made when needed, not prefetched
+    ahead_of = 0 if all(scoped(u).params.shards(world, group) == 1 for u in runs) else prefetch
     ahead = 0   # the largest run of a unit and the `prefetch` units after it, in bytes
     for i in range(len(runs)):
         held = 0
-        for u in runs[i:i + 1 + prefetch]:
+        for u in runs[i:i + 1 + ahead_of]:
             if prefetch_bytes is not None and held and held + full(u) * ce > prefetch_bytes:
                 break
             held += full(u) * ce

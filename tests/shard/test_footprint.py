@@ -64,9 +64,10 @@ class LiveBytes(TorchDispatchMode):
 
 @pytest.mark.parametrize("cfg", [GPTConfig(vocab=2048, context=128, width=128, layers=4, heads=4),
                                  GPTConfig(vocab=512, context=128, width=256, layers=4, heads=4)])
-@pytest.mark.parametrize("strategy,precision", [("zero3", "fp32"), ("NGG", "bf16")])
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_the_peak_is_within_15_percent_of_a_measured_step(comm, engines, cfg, strategy, precision, checkpointing):
+@pytest.mark.parametrize("strategy,precision,checkpointing", [
+    ("zero3", "fp32", False), ("zero3", "fp32", True), ("zero3", "bf16", False), ("NGG", "bf16", False),
+    ("NGG", "bf16", True)])
+def test_the_peak_is_within_10_percent_of_a_measured_step(comm, engines, cfg, strategy, precision, checkpointing):
     """One rank, two micro-batches per step: the peak of the backward passes and of the
     whole step against the model's. The lanes run their collectives on the loop's thread
     (as they do over NCCL), so the hook, which sees one thread, sees them too."""
@@ -90,22 +91,32 @@ def test_the_peak_is_within_15_percent_of_a_measured_step(comm, engines, cfg, st
                   precision=precision, reduce_dtype=precision, checkpointing=checkpointing)
     state = sum(f.parts[k] for k in f.STATE)
     predicted_backward = state + max(f.moments["loss backward"], f.moments["unit backward"])
-    assert 0.85 <= predicted_backward / backward <= 1.15, (predicted_backward, backward, f.moments)
-    assert 0.85 <= f.peak / live.peak <= 1.15, (f.peak, live.peak, f.moments)
+    assert 0.9 <= predicted_backward / backward <= 1.1, (predicted_backward, backward, f.moments)
+    assert 0.9 <= f.peak / live.peak <= 1.1, (f.peak, live.peak, f.moments)
 
 
-def test_a_world_of_one_gathers_nothing_and_binds_parameters_to_one_buffer(comm, engines):
-    """At world 1 no scope splits a buffer: ZeRO-3 gathers nothing, and every parameter is a
-    view of the engine's one compute-dtype buffer, refreshed by one cast from the master
-    weights. (tests/shard/test_engine_mpi.py checks on 2 ranks that each unit's gathered
+def test_a_world_of_one_keeps_no_copy_of_the_master_weights(comm, engines):
+    """At world 1 no scope splits a buffer, and the parameters are the master weights: in
+    fp32 every parameter is a view of them (nothing is gathered or copied); in bf16 no copy
+    is kept either, and each unit's forward and backward cast its own (the cast is the
+    gather), which is freed after, so the parameters cost one unit at a time, not the
+    model. (tests/shard/test_engine_mpi.py checks on 2 ranks that each unit's gathered
     buffer is freed after its forward.)"""
     cfg = GPTConfig(vocab=256, context=32, width=64, layers=3, heads=4)
+    tokens = torch.randint(0, cfg.vocab, (2, 17), generator=torch.Generator().manual_seed(0))
+    engine = Engine(GPT(cfg), comm, strategy="zero3", precision="fp32")
+    engines.append(engine)
+    engine.backward(next_token_loss(engine, tokens))
+    engine.step()
+    master = engine.optimizer.master.untyped_storage().data_ptr()
+    assert engine.gather_stats["needed"] == 0 and all(u.full is None for u in engine.units)
+    assert all(p.untyped_storage().data_ptr() == master for p in engine.model.parameters())
+    assert engine.memory_report()["parameters"] == 0
     engine = Engine(GPT(cfg), comm, strategy="zero3", precision="bf16")
     engines.append(engine)
-    engine.backward(next_token_loss(engine, torch.randint(0, cfg.vocab, (2, 17))))
+    engine.backward(next_token_loss(engine, tokens))
     engine.step()
-    buffer = engine._params.untyped_storage().data_ptr()
-    assert engine.gather_stats["needed"] == 0 and all(u.full is None for u in engine.units)
-    assert all(p.untyped_storage().data_ptr() == buffer and p.dtype == torch.bfloat16
-               for p in engine.model.parameters())
-    assert torch.equal(engine._params, engine.optimizer.master.to(torch.bfloat16))
+    assert engine.gather_stats["needed"] == 2 * (len(engine.units) - 1)   # each block twice; the root's one cast
+    assert all(u.full is None for u in engine.units if u is not engine.root)
+    assert all(p.numel() == 0 for u in engine.units if u is not engine.root for p in u.flat.params)
+    assert engine.memory_report()["parameters"] == 0

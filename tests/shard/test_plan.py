@@ -32,8 +32,9 @@ def misses(candidates) -> set:
 
 def test_gpt_7b_on_1024_frontier_gcds():
     """PCCL's 7B run (1024 MI250X GCDs of 64 GB, 4M-token batches of 2048-token sequences,
-    one per micro-batch: 2 micro-batches per rank). DDP holds 18 bytes per parameter (PaRO's
-    Table 2's 16, with gradients summed in fp32), 112 GiB for 6.66B: it cannot fit 57.6 GiB; nor can NNI in groups of 4,
+    one per micro-batch: 2 micro-batches per rank). DDP holds 16 bytes per parameter (PaRO's
+    Table 2's 16, its gradients summed in fp32 and no bf16 copy of the parameters: they are
+    the master weights, cast per use), 99 GiB for 6.66B: it cannot fit 57.6 GiB; nor can NNI in groups of 4,
     whose bf16 gradient accumulator is replicated (2 bytes per parameter) beside the fp32
     gradient of its quarter of the optimizer state (1 byte per parameter). ZeRO-3 holds
     16/1024 of DDP's. Among ZeRO-3 and the node-grouped PaRO strategies, ZeRO-3 is
@@ -46,7 +47,7 @@ def test_gpt_7b_on_1024_frontier_gcds():
     psi = job.cfg.num_params()
     ddp = next(c for c in candidates if c.strategy.letters == "NNN")
     state = ddp.memory["parameters"] + ddp.memory["gradients"] + ddp.memory["optimizer"]
-    assert state == pytest.approx(18 * psi, rel=1e-3) and state > frontier.usable
+    assert state == pytest.approx(16 * psi, rel=1e-3) and state > frontier.usable
     zero3 = next(c for c in candidates if c.strategy.letters == "GGG")
     assert zero3.memory["optimizer"] == pytest.approx(12 * psi / 1024, rel=1e-3)
     plan = make_plan(job, frontier, strategies=("zero3", "IIG", "IGG"), groups=[8])
@@ -96,9 +97,9 @@ def test_zero3_when_memory_allows_nothing_else_and_a_clear_error_when_nothing_fi
     assert "only candidate that fits" in plan.reason() and "paro-igg (groups of 16)" in plan.reason()
     peak = plan.chosen.memory["peak"]
     with pytest.raises(PlanError, match=r"fits no strategy on 64 ranks with 8 GiB per device .* the smallest peak is "
-                                        r"zero3's, 8.35 GiB per rank, which needs at least 9.28 GiB"):
+                                        r"zero3's, 7.97 GiB per rank, which needs at least 8.86 GiB"):
         make_plan(job, cluster("perlmutter", 64, 4, 8, 312))
-    assert peak / 0.9 / GIB == pytest.approx(9.28, abs=0.005)
+    assert peak / 0.9 / GIB == pytest.approx(8.86, abs=0.005)
 
 
 def test_the_memory_objective_takes_the_smallest_peak():

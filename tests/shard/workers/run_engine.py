@@ -146,7 +146,7 @@ def report_bf16_gathers(report: dict) -> None:
                     prefetch=0, **HYPER)
     buffers = []
     for u in engine.units:
-        if u is not engine.root and u.sharded_params:   # after the engine's own hook has gathered
+        if u is not engine.root and u.gathers_params:   # after the engine's own hook has gathered
             u.unit.module.register_forward_pre_hook(
                 lambda *a, u=u: buffers.append(weakref.ref(u.full.untyped_storage())))
     engine.gathers.log = []
