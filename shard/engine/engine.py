@@ -299,10 +299,8 @@ class Engine:
                     torch.utils.swap_tensors(p, empty)
         for u, view in zip(self.units, self._os_views):
             u.load_master(self.reductions, view, init)
-        self.optimizer = FlatAdamW(master, decayed, settings.betas, settings.eps, settings.weight_decay)
-        self._grad_views = [self.optimizer.grad[a:b] for a, b in zip(offsets, offsets[1:])]
-        for u, view in zip(self.units, self._grad_views):
-            u.grad = view
+        self.optimizer = FlatAdamW(master, decayed, settings.betas, settings.eps, settings.weight_decay,
+                                   pieces=offsets[:-1])
         # each optimizer shard is held by `replicas` ranks: the norm counts it once
         self._norm_weights = torch.tensor([1.0 / self.layout.replicas(u.strategy.optimizer) for u in self.units],
                                           dtype=torch.float32, device=self.device)
@@ -456,6 +454,7 @@ class Engine:
 
     def _reduce(self, u: ShardedUnit) -> None:
         u.reduced = True
+        u.ensure_grad()
         handle = u.reduce_micro_batch(self.reductions)
         if u is not self.root:
             u.release()
@@ -479,7 +478,8 @@ class Engine:
         # the gradients are sums over micro-batches of scaled losses: their mean, unscaled
         scale = 1.0 / (self._micro_batches * self.scaler.factor)
         self._micro_batches = 0
-        squares = self._finish_gradients()
+        grads = [u.ensure_grad() for u in self.units]
+        squares = self._finish_gradients(grads)
         norm = squares.sqrt() * scale
         found_inf = (~torch.isfinite(norm)).to(torch.float32)
         clip = self.config.optimizer.grad_clip
@@ -487,8 +487,10 @@ class Engine:
             scale = torch.clamp(clip / (norm + 1e-6), max=1.0) * scale
         self._mark("update", None)
         if torch.is_tensor(scale) or scale != 1.0:
-            self.optimizer.grad.mul_(scale)
-        self.optimizer.step(self.lr, found_inf)
+            torch._foreach_mul_(grads, scale)
+        self.optimizer.step(self.lr, grads, found_inf)
+        for u in self.units:
+            u.grad = None   # until the next step's first gradient
         self._counts.add_(torch.stack((1 - found_inf, found_inf)).to(self._counts.dtype))
         self.scaler.update(found_inf)
         self._refresh("update")
@@ -505,7 +507,7 @@ class Engine:
         """Steps skipped for non-finite gradients (reading it waits for the device)."""
         return int(self._counts[1].item())
 
-    def _finish_gradients(self) -> torch.Tensor:
+    def _finish_gradients(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """Complete every unit's gradient into the optimizer's; the sum of its squares over
         all ranks (each shard counted once), as a tensor on the device."""
         squares = torch.zeros(1, dtype=torch.float32, device=self.device)
@@ -513,13 +515,13 @@ class Engine:
         def task() -> None:
             for u in self.units:
                 u.finish_gradients(self.reductions)
-            norms = torch.stack(torch._foreach_norm(self._grad_views))
+            norms = torch.stack(torch._foreach_norm(grads))
             squares.copy_(torch.dot(norms * norms, self._norm_weights))
             self.reductions.all_reduce(None, squares, Scope.N)
         if self.layout.world == 1:   # nothing to communicate: no lane hand-off
             task()
         else:
-            self.reductions.submit(task, self.optimizer.grad, squares, what="gradient reduction and norm").wait()
+            self.reductions.submit(task, *grads, squares, what="gradient reduction and norm").wait()
         return squares[0]
 
     # Tracing.
@@ -547,7 +549,7 @@ class Engine:
         its own, not the master weights), and the element counts."""
         return {
             "parameters": sum(u.params.numel() * u.params.element_size() for u in self.units if not u.local_refresh),
-            "gradients": sum(u.grad.numel() * u.grad.element_size()
+            "gradients": sum(4 * u.os_numel
                              + (0 if u.direct else u.flat.padded // self.layout.shards(u.strategy.grads)
                                 * self.reduce_dtype.itemsize) for u in self.units),
             "optimizer": OPTIMIZER_BYTES * self.optimizer.master.numel(),

@@ -10,10 +10,10 @@ Buffers per rank (padded flat length L, see flat.py):
                dtype (one rank in the scope), the parameters stay bound to it; otherwise a
                full copy is gathered (or cast) in the compute dtype for each forward and
                backward and released after
-  gradients    OS-scope piece in fp32, the optimizer's (a view into the engine's one flat
-               gradient buffer), which sums the micro-batches' reduced gradients; when the
-               G scope splits the buffer more coarsely, a G-scope accumulator in the
-               reduction dtype sums them instead, reduced to the OS scope at the step
+  gradients    OS-scope piece in fp32, the optimizer's (ensure_grad: from the step's first
+               reduction to its update), which sums the micro-batches' reduced gradients;
+               when the G scope splits the buffer more coarsely, a G-scope accumulator in
+               the reduction dtype sums them instead, reduced to the OS scope at the step
   optimizer    OS-scope piece of fp32 master weights and moments (views into the
                engine's one flat optimizer buffer)
 
@@ -45,7 +45,7 @@ class ShardedUnit:
         self.compute_dtype, self.reduce_dtype, self.device = compute_dtype, reduce_dtype, device
         self.os_span = layout.span(strategy.optimizer, self.flat.padded)
         self.params: Optional[torch.Tensor] = None   # the P-scope shard, or the master's (place_params)
-        self.grad: Optional[torch.Tensor] = None    # the optimizer's fp32 OS-scope gradient, the engine's view
+        self.grad: Optional[torch.Tensor] = None    # the optimizer's fp32 OS-scope gradient, during a step
         self.grads: Optional[torch.Tensor] = None   # G-scope sum over micro-batches
         # The G-scope sum is the optimizer's gradient itself (same shard), summed in fp32
         self.direct = layout.shards(strategy.grads) == layout.shards(strategy.optimizer)
@@ -161,6 +161,15 @@ class ShardedUnit:
 
     # Gradients.
 
+    def ensure_grad(self) -> torch.Tensor:
+        """The optimizer's gradient of this unit's shard, allocated at its first need in a
+        step (the engine drops it after the update, as zero_grad(set_to_none=True) does),
+        so that gradients take memory as the backward frees activations. Called on the
+        training loop's thread: on GPUs the buffer belongs to its stream."""
+        if self.grad is None:
+            self.grad = torch.empty(self.os_numel, dtype=torch.float32, device=self.device)
+        return self.grad
+
     def reduce_micro_batch(self, lane: Lane) -> Optional[Handle]:
         """This micro-batch's gradients, taken from the parameters' .grad (cleared), into
         the G-scope sum. Where the G scope does not split the buffer they are added to it
@@ -198,7 +207,7 @@ class ShardedUnit:
         # `flat` comes from the backward on the caller's stream and is dropped by the caller
         # at once: without keeping it, its memory could go to the next unit's kernels while
         # the lane still reduces it.
-        return lane.submit(task, flat, what=f"reduction of {self.name}'s gradients")
+        return lane.submit(task, flat, self.grad, what=f"reduction of {self.name}'s gradients")
 
     def _clear_grads(self) -> None:
         for p in self.flat.params:

@@ -7,7 +7,10 @@ Held all the time (the model state; exactly what Engine.memory_report counts):
                  under optimizer
     gradients    each unit's OS-scope gradient in fp32 (the optimizer's, which sums the
                  micro-batches), and where the G scope is coarser than OS, a G-scope
-                 accumulator in the reduce dtype besides
+                 accumulator in the reduce dtype besides. Held from the unit's first
+                 reduction in a step to the update (as zero_grad(set_to_none=True) leaves
+                 eager PyTorch's): with several micro-batches a step, from the first one's
+                 backward on; with one, they arrive unit by unit during the backward
     optimizer    12 bytes per element of each unit's OS-scope shard (fp32 master, 2 moments)
 A scope that does not split a buffer (one rank in it) is no sharding: such parameters are
 never gathered (unless they are the master weights and the compute dtype is another: then
@@ -39,8 +42,10 @@ Held while the optimizer steps (fused AdamW needs no scratch, the norm is a few 
 the largest per-step reduction's landing buffer and, in a reduce dtype other than fp32,
 its result before the cast, for units whose accumulator is not the optimizer's gradient.
 
-The peak is the model state (gradient accumulators included: they exist from the first
-micro-batch's reduction on) plus the largest of the three transients. On GPUs the
+The peak is the model state (gradients included where a step has several micro-batches)
+plus the largest of the three transients; with one micro-batch, the unit backward's is
+the largest over the units of what is left of the activations and the gradients arrived,
+and the update's holds every gradient. On GPUs the
 collective library keeps buffers of its own outside torch's allocator (NCCL: a few
 channels of NCCL_BUFFSIZE, 4 MiB each, per peer): the planner's headroom covers them.
 """
@@ -129,9 +134,9 @@ class Footprint:
 def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: int, group: int, *,
               micro_batch: int, seq_len: int, precision: str = "fp32", reduce_dtype: str = "fp32",
               checkpointing: bool = False, prefetch: int = 1, prefetch_bytes=None,
-              min_shard_numel: int = MIN_SHARD_NUMEL) -> Footprint:
+              min_shard_numel: int = MIN_SHARD_NUMEL, micro_batches: int = 1) -> Footprint:
     """The engine's memory per rank training `cfg` cut into `sizes` (unit_sizes of the
-    model) with these settings (EngineConfig's names)."""
+    model) with these settings (EngineConfig's names), `micro_batches` per step."""
     state = model_state(sizes, strategy, world, group, precision, reduce_dtype, min_shard_numel)
     ce, re = _element(precision), _element(reduce_dtype)
     tokens = micro_batch * seq_len
@@ -170,12 +175,30 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
              "gathered": root + ahead,
              "reducing": root_numel * ce + largest * ce + largest_reduced * re,
              "workspace": max((full(u) for u in reduced), default=0) * re}
+    # gradients exist from a unit's first reduction in a step to the update: with several
+    # micro-batches from the first one's backward on, all of them; with one, they arrive unit
+    # by unit as the backward frees the blocks' activations
+    one = micro_batches == 1
+
+    def grads(u: UnitSize) -> int:
+        s = scoped(u)
+        return full(u) // s.optimizer.shards(world, group) * 4 + (
+            0 if _direct(s, world, group) else full(u) // s.grads.shards(world, group) * re)
+
+    transients = recompute + parts["gathered"] + parts["reducing"] + parts["workspace"]
+    backward, arrived, freed = 0, 0, 0
+    for u in reversed([u for u in sizes if u.name != ROOT]):
+        arrived += grads(u) if one else 0
+        backward = max(backward, activations - head_bytes(cfg, tokens, ce) - freed + transients + arrived)
+        freed += block_bytes(cfg, tokens, ce, checkpointing) if u.name.startswith("blocks.") else 0
     moments = {
         "loss backward": activations + parts["loss"] + root,
-        "unit backward": activations - head_bytes(cfg, tokens, ce) + recompute + parts["gathered"]
-        + parts["reducing"] + parts["workspace"],
-        # the largest per-step reduction's landing buffer (and its result before the cast)
-        "update": max(per_step, default=0) * re * (1 if reduce_dtype == "fp32" else 2),
+        "unit backward": backward,
+        # every gradient, and the largest per-step reduction's landing buffer (and its result
+        # before the cast)
+        "update": (state["gradients"] if one else 0) + max(per_step, default=0) * re * (1 if reduce_dtype == "fp32"
+                                                                                       else 2),
     }
     phase = max(moments, key=moments.get)
-    return Footprint(parts, moments, sum(state.values()) + moments[phase], phase)
+    held = sum(state.values()) - (state["gradients"] if one else 0)
+    return Footprint(parts, moments, held + moments[phase], phase)

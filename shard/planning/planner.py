@@ -276,7 +276,8 @@ def sized(job: Job, cluster: Cluster, *, strategies=STRATEGIES, groups=None, alg
     for strategy, group in candidates(world, cluster.topology.ranks_per_node, strategies, groups):
         f = footprint(job.cfg, sizes, strategy, world, group, micro_batch=job.micro_batch, seq_len=job.seq,
                       precision=job.precision, reduce_dtype=job.reduce, checkpointing=job.checkpointing,
-                      prefetch=job.prefetch, prefetch_bytes=job.prefetch_bytes, min_shard_numel=job.min_shard_numel)
+                      prefetch=job.prefetch, prefetch_bytes=job.prefetch_bytes, min_shard_numel=job.min_shard_numel,
+                      micro_batches=job.micro_batches)
         memory = {**f.parts, "peak": f.peak, "moment": f.phase}
         for algorithm in algorithms:
             out.append(Candidate(strategy, group, algorithm, memory, f.peak <= cluster.usable,

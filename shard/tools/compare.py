@@ -273,6 +273,7 @@ def compute_only(args, model, world) -> dict:
     tokens = step_batches(rank_batches(args, world.rank, world.size), "cpu")[0]
     master = torch.cat([p.detach().flatten() for p in model.parameters()])
     optimizer = FlatAdamW(master, [(0, master.numel())], BETAS, EPS, 0.0)
+    grad = torch.full_like(master, 1e-3)
     times: dict[str, list] = {"fb": [], "update": []}
     lr = learning_rates(args)[-1]   # any: the update's time does not depend on it
     for _ in range(max(3, args.steps)):
@@ -283,8 +284,7 @@ def compute_only(args, model, world) -> dict:
         model.zero_grad(set_to_none=True)
         world.Barrier()
         start = time.perf_counter()
-        optimizer.grad.fill_(1e-3)
-        optimizer.step(lr)
+        optimizer.step(lr, [grad])
         times["update"].append(world.allreduce(time.perf_counter() - start, op=max_op()))
     skip = len(times["fb"]) // 3
     if world.rank != 0:

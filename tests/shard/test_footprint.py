@@ -64,13 +64,14 @@ class LiveBytes(TorchDispatchMode):
 
 @pytest.mark.parametrize("cfg", [GPTConfig(vocab=2048, context=128, width=128, layers=4, heads=4),
                                  GPTConfig(vocab=512, context=128, width=256, layers=4, heads=4)])
-@pytest.mark.parametrize("strategy,precision,checkpointing", [
-    ("zero3", "fp32", False), ("zero3", "fp32", True), ("zero3", "bf16", False), ("NGG", "bf16", False),
-    ("NGG", "bf16", True)])
-def test_the_peak_is_within_10_percent_of_a_measured_step(comm, engines, cfg, strategy, precision, checkpointing):
-    """One rank, two micro-batches per step: the peak of the backward passes and of the
-    whole step against the model's. The lanes run their collectives on the loop's thread
-    (as they do over NCCL), so the hook, which sees one thread, sees them too."""
+@pytest.mark.parametrize("strategy,precision,checkpointing,micro_batches", [
+    ("zero3", "fp32", False, 2), ("zero3", "fp32", True, 2), ("zero3", "bf16", False, 1), ("zero3", "bf16", False, 2),
+    ("NGG", "bf16", False, 1), ("NGG", "bf16", True, 2)])
+def test_the_peak_is_within_10_percent_of_a_measured_step(comm, engines, cfg, strategy, precision, checkpointing,
+                                                          micro_batches):
+    """One rank, one or two micro-batches per step: the peak of the backward passes and of
+    the whole step against the model's. The lanes run their collectives on the loop's
+    thread (as they do over NCCL), so the hook, which sees one thread, sees them too."""
     micro_batch, seq = 2, 128
     with LiveBytes() as live:
         model = GPT(cfg)
@@ -82,18 +83,66 @@ def test_the_peak_is_within_10_percent_of_a_measured_step(comm, engines, cfg, st
         tokens = torch.randint(0, cfg.vocab, (micro_batch, seq + 1), generator=torch.Generator().manual_seed(0))
         for step in range(2):   # the second step is measured: accumulators and caches exist
             live.peak = live.now
-            for _ in range(2):
+            for _ in range(micro_batches):
                 engine.backward(next_token_loss(engine, tokens))
             backward = live.peak
             engine.step()
         del model
     f = footprint(cfg, sizes, Strategy.parse(strategy), 1, 1, micro_batch=micro_batch, seq_len=seq,
-                  precision=precision, reduce_dtype=precision, checkpointing=checkpointing)
-    state = sum(f.parts[k] for k in f.STATE)
-    predicted_backward = state + max(f.moments["loss backward"], f.moments["unit backward"])
+                  precision=precision, reduce_dtype=precision, checkpointing=checkpointing, micro_batches=micro_batches)
+    held = f.peak - f.moments[f.phase]   # the model state (without gradients with one micro-batch a step)
+    predicted_backward = held + max(f.moments["loss backward"], f.moments["unit backward"])
     assert 0.9 <= predicted_backward / backward <= 1.1, (predicted_backward, backward, f.moments)
     assert 0.9 <= f.peak / live.peak <= 1.1, (f.peak, live.peak, f.moments)
 
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_at_world_1_in_bf16_the_engine_holds_no_more_than_eager(comm, engines, micro_batches):
+    """The same model, micro-batches and fused AdamW, the second step's peak of live bytes:
+    eager PyTorch keeps fp32 parameters, runs under autocast and sets its gradients to None
+    after each step; the engine keeps no bf16 copy of the model, casts one unit at a time,
+    and holds each unit's gradient from its first reduction to the update. (Measured
+    here: 56.1 MB against eager's 57.7 MB with one micro-batch, 64.7 against 71.0 with
+    two; 69.9 with one before the engine dropped its bf16 copy and its standing fp32
+    gradient.)"""
+    cfg = GPTConfig(vocab=512, context=128, width=256, layers=4, heads=4)
+    tokens = torch.randint(0, cfg.vocab, (2, 129), generator=torch.Generator().manual_seed(0))
+
+    def peak(build) -> int:
+        with LiveBytes() as live:
+            step = build()
+            for _ in range(2):   # the second step is measured: optimizer state exists
+                live.peak = live.now
+                step()
+            del step
+        return live.peak
+
+    def eager():
+        model = GPT(cfg)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+
+        def step():
+            for _ in range(micro_batches):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = next_token_loss(model, tokens)
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return step
+
+    def engine():
+        built = Engine(GPT(cfg), comm, strategy="zero3", precision="bf16")
+        engines.append(built)
+        built.gathers.inline = built.reductions.inline = True   # the hook sees one thread
+
+        def step():
+            for _ in range(micro_batches):
+                built.backward(next_token_loss(built, tokens))
+            built.step()
+        return step
+
+    assert peak(engine) <= peak(eager)
 
 def test_a_world_of_one_keeps_no_copy_of_the_master_weights(comm, engines):
     """At world 1 no scope splits a buffer, and the parameters are the master weights: in

@@ -13,6 +13,7 @@ from shard.models import GPT, GPTConfig
 from shard.planning.predict import next_token_loss
 
 COPIES = {"aten.copy_.default", "aten._to_copy.default", "aten.clone.default"}
+VIEWS = {"aten.slice.Tensor", "aten.view.default", "aten.alias.default"}   # no kernel: a view per gradient piece
 SYNCS = {"aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default"}
 
 
@@ -77,10 +78,11 @@ def test_a_world_1_step_copies_parameters_only_to_cast_them(comm, engines, strat
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("clip", [None, 1.0])
 def test_step_runs_the_same_ops_however_many_units_and_never_waits_for_the_device(comm, engines, precision, clip):
-    """engine.step() on one rank: the same operations for 2 and for 6 transformer blocks
-    (the update is fused: AdamW, the norm, the clipping factor and the refresh each take a
-    fixed number of kernels), and no read of a device value anywhere in the step: not in
-    forward, backward or step (whether to skip, clip or rescale is decided on the device)."""
+    """engine.step() on one rank: the same operations for 2 and for 6 transformer blocks (the
+    update is fused: AdamW, the norm, the clipping factor and the refresh each take a
+    fixed number of kernels; views of each unit's gradient launch none), and no read of
+    a device value anywhere in the step: not in forward, backward or step (whether to
+    skip, clip or rescale is decided on the device)."""
     steps = {}
     for layers in (2, 6):
         cfg = gpt(layers, width=64)
@@ -92,7 +94,7 @@ def test_step_runs_the_same_ops_however_many_units_and_never_waits_for_the_devic
             engine.backward(loss)
             with Ops() as step:
                 result = engine.step()
-        steps[layers] = Counter(step.names)
+        steps[layers] = Counter(n for n in step.names if n not in VIEWS)
         assert not [n for n in whole.names if n in SYNCS], Counter(whole.names)
         assert result.grad_norm > 0 and not result.skipped   # read after the step: here it may wait
     assert steps[2] == steps[6]
