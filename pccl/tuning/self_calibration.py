@@ -14,11 +14,13 @@ nothing to measure), auto runs the transport's own collective (pccl.tuning.selec
 trust_native).
 
 A call larger than the sweep's largest size (a sharded engine's units: tens to hundreds of
-MB) is measured at its size (the next power of two) at its first use, up to REACH_MAX,
-where the projection fits REACH times the budget: a candidate's cost need not grow as the
-model's does past the sizes measured (on one H200 shared by 2 ranks, staged, MPI's own
-reduce-scatter grew 9x from 16 to 64 MB, and auto, holding its 16 MB ratio, ran it at
-3.6x the fastest). The size joins the entry in the cache, so it is measured once per shape.
+MB) is measured at its size (the next power of two) at its first use, up to REACH_MAX:
+every candidate where the projection fits REACH times the budget, else the candidate auto
+would run, then the next it would run, until it would run one timed there or the time is
+spent (reach). A candidate's cost need not grow as the model's does past the sizes
+measured (on one H200 shared by 2 ranks, staged, MPI's own reduce-scatter grew 9x from 16
+to 64 MB, and auto, holding its 16 MB ratio, ran it at 3.6x the fastest). The size joins
+the entry in the cache, so it is measured once per shape.
 
 Each device type is measured apart, and the host's figures never decide for GPU buffers:
 over MPI a GPU's messages are staged through pinned host memory or handed to a GPU-aware
@@ -64,8 +66,8 @@ world shape (ranks, ranks per node, nodes, NICs per node), pccl's version and FO
 for GPU buffers the GPU (its name, the GPUs a rank sees) and how MPI moves its memory
 (GPU-aware, or staged through host memory). An entry that is not valid JSON, whose key is
 not this one (or one of a single rank), whose figures are malformed (not what measure()
-writes: a time that is not a positive, finite number, candidates measured at different
-sizes) or lack a candidate auto now has, is measured again and rewritten, with a warning;
+writes: a time that is not a positive, finite number, candidates not all measured at
+the sweep's sizes) or lack a candidate auto now has, is measured again and rewritten, with a warning;
 a cache that cannot be written keeps the figures for this run only, with a warning.
 
 PCCL_SELF_CALIBRATION=0 turns it off; PCCL_CALIBRATION_BUDGET is the budget in seconds per
@@ -215,8 +217,9 @@ def read(path: Path, key: dict) -> tuple[dict, Optional[str]]:
 
 
 def valid_entry(entry) -> bool:
-    """What measure() writes: {candidate: [[bytes, seconds], ...]}, every candidate at the
-    same sizes, ascending, and every time a positive, finite number of seconds."""
+    """What measure() and reach() write: {candidate: [[bytes, seconds], ...]}, every
+    candidate at the same sizes, ascending (reach() may add larger ones to some), and every
+    time a positive, finite number of seconds."""
     def valid_points(points) -> bool:
         if not isinstance(points, list) or not points:
             return False
@@ -224,9 +227,11 @@ def valid_entry(entry) -> bool:
                    and isinstance(p[1], (int, float)) and 0 < p[1] < math.inf for p in points):
             return False
         return [p[0] for p in points] == sorted({p[0] for p in points})
-    return isinstance(entry, dict) and bool(entry) and all(
-        isinstance(name, str) and valid_points(points) for name, points in entry.items()) and len(
-        {tuple(p[0] for p in points) for points in entry.values()}) == 1
+    if not (isinstance(entry, dict) and entry and all(
+            isinstance(name, str) and valid_points(points) for name, points in entry.items())):
+        return False
+    swept = swept_sizes(entry)   # every candidate at the sweep's sizes, some also at sizes reach() added
+    return all([p[0] for p in points[:len(swept)]] == swept for points in entry.values())
 
 
 def write(path: Path, key: dict, measured: dict) -> None:
@@ -347,26 +352,47 @@ def reach_size(collective: str, ranks: int, element_size: int, nbytes: int) -> i
 
 
 def reach(comm, collective: str, dtype: torch.dtype, entry: dict, nbytes: int, seconds: float,
-          device: str = "cpu") -> Optional[dict]:
-    """`entry` ({candidate: points}, as measure() returns it) with one more size, the one
-    reach_size gives for a call of `nbytes` above its largest, where that is at most
-    REACH_MAX and its projected time (along the line through the last two sizes, as
-    measure() projects) fits `seconds`; None where it does not. Every candidate is timed
-    in ROUNDS one-call loops: at such sizes a call lasts milliseconds, and the
-    calibration's own medians decide. Collective over `comm` (every rank holds the same
-    entry and asks for the same size)."""
+          device: str = "cpu", choose=None) -> Optional[dict]:
+    """`entry` ({candidate: points}, as measure() returns it) measured at one more size, the
+    one reach_size gives for a call of `nbytes` above every size it holds, up to REACH_MAX;
+    None where nothing was measured. Where every candidate's projected time (along the line
+    through the last two sizes, as measure() projects) fits `seconds`, every candidate is
+    timed there. Otherwise, with `choose` (entry -> the candidate auto would run at that
+    size with those figures), the candidate auto would run is timed, then the one it would
+    run next, until it would run one it has timed there, or the next does not fit what is
+    left of `seconds`: a candidate is never chosen there on a ratio held from below, which
+    could hide a growth the model lacks, without its own figure. Each is timed in ROUNDS
+    one-call loops (at such sizes a call lasts milliseconds). Collective over `comm`
+    (every rank holds the same entry and asks for the same size)."""
     names = list(entry)
     element = torch.empty((), dtype=dtype).element_size()
     target = reach_size(collective, comm.size, element, nbytes)
-    sizes = [n for n, _ in entry[names[0]]]
-    if target <= sizes[-1] or target > REACH_MAX:
+    sizes = swept_sizes(entry)
+    if target <= max(n for points in entry.values() for n, _ in points) or target > REACH_MAX:
         return None
-    per_call = [sum(entry[name][i][1] for name in names) for i in range(len(sizes))]
-    projected = summed_per_call(sizes, per_call, target)
-    if MARGIN * projected * calls_per_candidate(target, 1) > seconds:
-        return None
-    medians, _ = time_size(comm, collective, names, target, dtype, 1, device)
-    return {name: [*entry[name], [target, median]] for name, median in zip(names, medians)}
+
+    def projected(chosen: list[str]) -> float:
+        per_call = [sum(entry[name][i][1] for name in chosen) for i in range(len(sizes))]
+        return MARGIN * summed_per_call(sizes, per_call, target) * calls_per_candidate(target, 1)
+
+    if projected(names) <= seconds:
+        medians, _ = time_size(comm, collective, names, target, dtype, 1, device)
+        return {name: [*entry[name], [target, median]] for name, median in zip(names, medians)}
+    grown, left = dict(entry), seconds
+    while choose is not None:
+        name = choose(grown)
+        if grown[name][-1][0] == target or projected([name]) > left:
+            break
+        (median,), charged = time_size(comm, collective, [name], target, dtype, 1, device)
+        grown[name] = [*grown[name], [target, median]]
+        left -= charged
+    return grown if grown != entry else None
+
+
+def swept_sizes(entry: dict) -> list[int]:
+    """The sizes every candidate of `entry` was measured at (the sweep's; reach may have
+    timed some candidates at larger ones)."""
+    return [n for n, _ in min(entry.values(), key=len)]
 
 
 def calls(comm, collective: str, count: int, dtype: torch.dtype, device: str = "cpu"):
@@ -445,10 +471,19 @@ class SelfCalibration:
         """Measure `entry` at a call's size beyond its largest, where reach() takes it."""
         self.settled[entry] = nbytes
         start = time.perf_counter()
-        grown = reach(self.comm, collective, dtype, self.measured[entry], nbytes, REACH * self.budget, self.device)
+        grown = reach(self.comm, collective, dtype, self.measured[entry], nbytes, REACH * self.budget, self.device,
+                      choose=lambda figures: self._choice(entry, figures, collective, dtype, nbytes))
         if grown is not None:
             self.measured[entry] = grown
             self._keep(entry, time.perf_counter() - start)
+
+    def _choice(self, entry: str, figures: dict, collective: str, dtype: torch.dtype, nbytes: int) -> str:
+        """What auto would run for `nbytes` with `figures` as `entry`'s (and decides with
+        them from then on, as it will once they are kept)."""
+        self.measured[entry] = figures
+        self._apply()
+        return self.comm.tuner_for(self.device).name(collective, reach_size(
+            collective, self.comm.size, torch.empty((), dtype=dtype).element_size(), nbytes), dtype)
 
     def _keep(self, entry: str, seconds: float) -> None:
         """After measuring `entry` for `seconds`: account, store (rank 0), decide with it."""

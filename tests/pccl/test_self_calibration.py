@@ -56,6 +56,11 @@ def test_a_failed_write_leaves_the_previous_entry_whole(tmp_path, monkeypatch):
     assert [p.name for p in path.parent.iterdir()] == ["x.json"], "no temporary file left behind"
 
 
+def test_an_entry_reach_grew_for_some_candidates_is_valid():
+    assert sc.valid_entry({"ring": [[16, 1e-5], [64, 2e-5]], "native": [[16, 1e-5]]})
+    assert not sc.valid_entry({"ring": [[16, 1e-5], [64, 2e-5]], "native": [[32, 1e-5]]})
+
+
 @pytest.mark.parametrize("content,why", [
     (b"\x00\xff garbage", "unreadable"),
     (b'{"key": ', "unreadable"),
@@ -233,6 +238,15 @@ def test_a_call_beyond_the_sweep_is_measured_at_its_size_and_auto_follows(monkey
     assert sc.reach(comm, "all_gather", torch.float32, swept, sc.REACH_MAX + 1, 1e9) is None
     spent = comm.now
     assert sc.reach(comm, "all_gather", torch.float32, swept, 48 * MB, 0.1) is None and comm.now == spent
+    # where not every candidate fits, the ones auto would run are timed, in turn, until it
+    # would run one it has timed or the time is spent: here the two natives (their ratios
+    # held from 16 MB hide their growth), and auto then runs the ring, as it should
+    chosen = []
+    grown = sc.reach(comm, "all_gather", torch.float32, swept, 48 * MB, 3.0,
+                     choose=lambda figures: chosen.append(auto(figures, 64 * MB)) or chosen[-1])
+    assert chosen == ["native", "native_nonblocking", "ring"]
+    assert {name for name, points in grown.items() if points[-1][0] == 64 * MB} == {"native", "native_nonblocking"}
+    assert sc.valid_entry(grown) and auto(grown, 64 * MB) == "ring"
 
 
 def test_its_settings_are_checked():
