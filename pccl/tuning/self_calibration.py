@@ -381,7 +381,8 @@ def reach(comm, collective: str, dtype: torch.dtype, entry: dict, nbytes: int, s
     grown, left = dict(entry), seconds
     while choose is not None:
         name = choose(grown)
-        if grown[name][-1][0] == target or projected([name]) > left:
+        # not a candidate (one the environment forces), timed already, or past the time left
+        if name not in grown or grown[name][-1][0] == target or projected([name]) > left:
             break
         (median,), charged = time_size(comm, collective, [name], target, dtype, 1, device)
         grown[name] = [*grown[name], [target, median]]
