@@ -286,7 +286,7 @@ def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
     `seconds` are spent (the slowest rank's clock, so that every rank stops at the same
     size). Collective over `comm`."""
     names = comm.tuner_for(device).candidates(collective)
-    element = torch.empty((), dtype=dtype).element_size()
+    element = dtype.itemsize
     out: dict = {name: [] for name in names}
     spent = 0.0
     sizes: list[int] = []
@@ -316,7 +316,7 @@ def time_size(comm, collective: str, names: list[str], nbytes: int, dtype: torch
     finish = torch.cuda.synchronize if device == "cuda" else lambda: None   # a loop times the work
     together = torch.zeros(1, dtype=torch.int32)
     start = time.perf_counter()
-    call = calls(comm, collective, nbytes // torch.empty((), dtype=dtype).element_size(), dtype, device)
+    call = calls(comm, collective, nbytes // dtype.itemsize, dtype, device)
     for name in names:
         call(name)
     finish()
@@ -365,7 +365,7 @@ def reach(comm, collective: str, dtype: torch.dtype, entry: dict, nbytes: int, s
     one-call loops (at such sizes a call lasts milliseconds). Collective over `comm`
     (every rank holds the same entry and asks for the same size)."""
     names = list(entry)
-    element = torch.empty((), dtype=dtype).element_size()
+    element = dtype.itemsize
     target = reach_size(collective, comm.size, element, nbytes)
     sizes = swept_sizes(entry)
     if target <= max(n for points in entry.values() for n, _ in points) or target > REACH_MAX:
@@ -452,11 +452,9 @@ class SelfCalibration:
             return
         klass = "full" if collective == "all_gather" else reduction_class(dtype)
         entry = entry_key(collective, klass)
-        if self.measured is not None and entry in self.measured:
-            if nbytes > self.settled.get(entry, 0):
-                self._reach(entry, collective, DTYPE_OF[klass], nbytes)
+        if self.measured is not None and entry in self.measured and not self._beyond(entry, nbytes):
             return
-        self.comm.drain()
+        self.comm.drain()   # what is measured must not queue behind the caller's calls
         if self.measured is None:
             self.measured = self._agreed_cache()
             self._apply()
@@ -465,8 +463,14 @@ class SelfCalibration:
             start = time.perf_counter()
             self.measured[entry] = measure(self.comm, collective, DTYPE_OF[klass], self.budget, device=self.device)
             self._keep(entry, time.perf_counter() - start)
-        if nbytes > self.settled.get(entry, 0):
+        if self._beyond(entry, nbytes):
             self._reach(entry, collective, DTYPE_OF[klass], nbytes)
+
+    def _beyond(self, entry: str, nbytes: int) -> bool:
+        """Whether a call of `nbytes` is larger than every size `entry` holds and every call
+        reach() was asked about."""
+        held = max(n for points in self.measured[entry].values() for n, _ in points)
+        return nbytes > max(held, self.settled.get(entry, 0))
 
     def _reach(self, entry: str, collective: str, dtype: torch.dtype, nbytes: int) -> None:
         """Measure `entry` at a call's size beyond its largest, where reach() takes it."""
@@ -484,7 +488,7 @@ class SelfCalibration:
         self.measured[entry] = figures
         self._apply()
         return self.comm.tuner_for(self.device).name(collective, reach_size(
-            collective, self.comm.size, torch.empty((), dtype=dtype).element_size(), nbytes), dtype)
+            collective, self.comm.size, dtype.itemsize, nbytes), dtype)
 
     def _keep(self, entry: str, seconds: float) -> None:
         """After measuring `entry` for `seconds`: account, store (rank 0), decide with it."""
