@@ -99,11 +99,16 @@ def model_state(sizes: list[UnitSize], strategy: Strategy, world: int, group: in
         os_numel = padded // s.optimizer.shards(world, group)
         if not _params_are_master(s, world, group):
             out["parameters"] += padded // s.params.shards(world, group) * _element(precision)
-        out["gradients"] += os_numel * 4
-        if not _direct(s, world, group):
-            out["gradients"] += padded // s.grads.shards(world, group) * _element(reduce_dtype)
+        out["gradients"] += _gradient_bytes(padded, s, world, group, reduce_dtype)
         out["optimizer"] += os_numel * OPTIMIZER_BYTES
     return out
+
+
+def _gradient_bytes(padded: int, s: Strategy, world: int, group: int, reduce_dtype: str) -> int:
+    """A unit's gradients of `padded` elements: the optimizer's fp32 OS-scope piece and,
+    where the G scope is coarser, a G-scope accumulator in the reduce dtype."""
+    accumulator = 0 if _direct(s, world, group) else padded // s.grads.shards(world, group) * _element(reduce_dtype)
+    return padded // s.optimizer.shards(world, group) * 4 + accumulator
 
 
 def _params_are_master(s: Strategy, world: int, group: int) -> bool:
@@ -180,15 +185,10 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
     # by unit as the backward frees the blocks' activations
     one = micro_batches == 1
 
-    def grads(u: UnitSize) -> int:
-        s = scoped(u)
-        return full(u) // s.optimizer.shards(world, group) * 4 + (
-            0 if _direct(s, world, group) else full(u) // s.grads.shards(world, group) * re)
-
     transients = recompute + parts["gathered"] + parts["reducing"] + parts["workspace"]
     backward, arrived, freed = 0, 0, 0
     for u in reversed([u for u in sizes if u.name != ROOT]):
-        arrived += grads(u) if one else 0
+        arrived += _gradient_bytes(full(u), scoped(u), world, group, reduce_dtype) if one else 0
         backward = max(backward, activations - head_bytes(cfg, tokens, ce) - freed + transients + arrived)
         freed += block_bytes(cfg, tokens, ce, checkpointing) if u.name.startswith("blocks.") else 0
     moments = {
