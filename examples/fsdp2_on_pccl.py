@@ -55,8 +55,7 @@ times, losses = [], []
 for step in range(args.warmup + args.steps):
     tokens = torch.randint(0, model.cfg.vocab, (args.batch, args.seq + 1), generator=data).to(device)
     start = time.perf_counter()
-    logits = model(tokens[:, :-1])
-    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+    loss = model(tokens[:, :-1], targets=tokens[:, 1:])   # the head computes the loss, without the logits
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()

@@ -3,7 +3,9 @@ scaled_dot_product_attention, GELU MLP, learned or rotary positions, optionally 
 embeddings.
 
 Each block is a direct member of `blocks` (a ModuleList), so the engine's default units
-are the embeddings, every block, and the final norm and head.
+are the embeddings, every block, and the final norm and head. Given the targets, the head
+computes the loss itself, fused with the cross-entropy a chunk of tokens at a time
+(models/loss.py), so the logits of the whole batch are never written.
 
 Initialization is per parameter and seeded by the parameter's name (`init_parameter`), so
 a model built on the meta device and materialized one unit at a time by the engine has
@@ -19,6 +21,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .loss import linear_cross_entropy
 
 POSITIONS = ("learned", "rotary")
 
@@ -165,6 +169,16 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class Head(nn.Linear):
+    """The output head: the logits, or given the targets, the mean cross-entropy over
+    them without the logits (linear_cross_entropy)."""
+
+    def forward(self, x: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if targets is None:
+            return super().forward(x)
+        return linear_cross_entropy(x, self.weight, targets)
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig, seed: int = 0):
         super().__init__()
@@ -173,7 +187,7 @@ class GPT(nn.Module):
         self.pos = nn.Embedding(cfg.context, cfg.width) if cfg.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.norm = nn.LayerNorm(cfg.width, bias=cfg.bias)
-        self.head = nn.Linear(cfg.width, cfg.vocab, bias=False)
+        self.head = Head(cfg.width, cfg.vocab, bias=False)
         if cfg.tied:
             self.head.weight = self.embed.weight
         if self.embed.weight.device.type != "meta":
@@ -198,7 +212,9 @@ class GPT(nn.Module):
             generator = torch.Generator(tensor.device).manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
             tensor.normal_(0.0, std, generator=generator)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The logits of each position, or given `targets` (one per position), the mean
+        cross-entropy of predicting them."""
         if tokens.shape[1] > self.cfg.context:
             raise ValueError(f"sequence of {tokens.shape[1]} tokens exceeds the context of {self.cfg.context}")
         x = self.embed(tokens)
@@ -206,7 +222,7 @@ class GPT(nn.Module):
             x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        return self.head(self.norm(x), targets)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

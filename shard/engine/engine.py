@@ -34,7 +34,7 @@ from shard.engine.shard_layout import ShardLayout
 from shard.engine.sharded_unit import ShardedUnit
 from shard.engine.strategy import REPLICATED, Scope
 from shard.engine.trace import StepTrace
-from shard.engine.units import split_units
+from shard.engine.units import root_modules, split_units
 
 
 def compile_forward(module: nn.Module, backend=True) -> None:
@@ -242,8 +242,12 @@ class Engine:
     def _register_hooks(self, activation_checkpointing: bool, compiled) -> None:
         """Gather before each unit's forward, release after it, reduce each gradient as it is
         ready. Compiled units compile their forward alone: the hooks run around it, outside
-        the compiled code (the root unit, the model itself, is never compiled: its forward
-        calls the other units)."""
+        the compiled code. The model's own forward calls the units, so it is not compiled;
+        the modules it calls that belong to no unit are (a tied model's embedding and head,
+        with the loss), each on its own."""
+        if compiled:
+            for module in root_modules(self.model, [u.unit.module for u in self.units if u is not self.root]):
+                compile_forward(module, compiled)
         for u in self.units:
             if u is not self.root:
                 u.unit.module.register_forward_pre_hook(partial(self._before_forward, u))

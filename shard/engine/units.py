@@ -46,6 +46,18 @@ def default_units(model: nn.Module) -> list[nn.Module]:
     return out
 
 
+def root_modules(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
+    """The model's children (those of its containers too) that neither are units nor hold
+    one: what the model computes with outside its units."""
+    out, unit_set = [], set(units)
+    for child in model.children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            out += root_modules(child, units)
+        elif not any(m in unit_set for m in child.modules()):
+            out.append(child)
+    return out
+
+
 def split_units(model: nn.Module, units: Optional[list[nn.Module]] = None) -> list[Unit]:
     """The model's units, in registration order, with a root unit first if any parameter
     belongs to none or to several units."""
@@ -82,4 +94,4 @@ def is_sharded(unit: Unit, min_shard_numel: int = MIN_SHARD_NUMEL) -> bool:
     return unit.numel >= min_shard_numel
 
 
-__all__ = ["Unit", "UnitError", "split_units", "is_sharded", "MIN_SHARD_NUMEL"]
+__all__ = ["Unit", "UnitError", "split_units", "root_modules", "is_sharded", "MIN_SHARD_NUMEL"]

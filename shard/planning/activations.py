@@ -11,9 +11,10 @@ Per token, e bytes per element of the compute dtype, width d, heads a, vocabular
         log-sum-exp per head in fp32 (torch's CPU flash-attention kernel: no t x t scores)
         rotary positions: + 3 d e (the rotated q and k, and proj's input, now a copy)
     a checkpointed block      d e     (its input; one block is recomputed at a time)
-    the head                  (2 d + 2) e + 4 V + 8
-        the final norm's input and statistics, the head's input, log-softmax's fp32
-        output (the loss is computed in fp32), the int64 target
+    the head                  (2 d + 2) e, and V d e once
+        the final norm's input and statistics; the loss, fused with the head
+        (models/loss.py), keeps its input's gradient and its weight's (in the weight's
+        dtype: the compute dtype under the engine), and no logits
     the embeddings            8       (the int64 token id)
 
 and per sequence position: the int64 position index (learned positions, once), or the
@@ -42,14 +43,14 @@ def block_bytes(cfg: GPTConfig, tokens: int, element: int, checkpointed: bool = 
 
 def head_bytes(cfg: GPTConfig, tokens: int, element: int) -> int:
     """What the final norm, the head and the loss keep for `tokens` tokens."""
-    return tokens * ((2 * cfg.width + 2) * element + FP32 * cfg.vocab + INT64)
+    return tokens * (2 * cfg.width + 2) * element + cfg.vocab * cfg.width * element
 
 
 def activation_bytes(cfg: GPTConfig, micro_batch: int, seq_len: int, element: int,
                      checkpointing: bool = False) -> int:
     """What the whole model keeps at the end of the forward pass of one micro-batch of
     `micro_batch` sequences of `seq_len` tokens in a compute dtype of `element` bytes
-    (the loss computed in fp32, as shard-train does)."""
+    (the loss fused with the head, as the model computes it given the targets)."""
     for name, value in (("micro_batch", micro_batch), ("seq_len", seq_len), ("element", element)):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -64,4 +65,4 @@ def activation_bytes(cfg: GPTConfig, micro_batch: int, seq_len: int, element: in
         positions = 0 if checkpointing else cfg.layers * seq_len * (cfg.width // cfg.heads) * element
     else:
         positions = seq_len * INT64
-    return blocks + head + embeddings + positions + FP32   # and the loss
+    return blocks + head + embeddings + positions

@@ -18,10 +18,13 @@ each use casts them, as a gather would), and gradients with such a G scope are s
 straight from autograd's.
 
 Held while a micro-batch runs forward and backward, at two moments:
-  the loss's backward (the first thing the backward does):
-    activations  what autograd keeps (shard/planning/activations.py)
-    loss         the loss's gradient: log-softmax's fp32 output gradient and input gradient
-                 over the vocabulary, 8 V bytes per token
+  the loss (the end of the forward: the loss, fused with the head, makes the head's
+  gradients there, models/loss.py):
+    activations  what autograd keeps (shard/planning/activations.py), the head's gradients
+                 included
+    loss         the fused loss's working set: a chunk's logits and weight-gradient product,
+                 and in a compute dtype narrower than fp32, the fp32 sum of the weight's
+                 gradient besides the one kept (_loss_bytes)
     gathered     the root unit's full parameters (tied embeddings: gathered for the pass)
   a unit's backward (the head's activations are gone by then):
     activations  the rest, and with activation checkpointing one block's own while it is
@@ -61,10 +64,10 @@ from shard.engine.flat import FlatParams
 from shard.engine.strategy import REPLICATED, Strategy
 from shard.engine.units import MIN_SHARD_NUMEL, split_units
 from shard.models.gpt import GPTConfig
-from shard.planning.activations import activation_bytes, block_bytes, head_bytes
+from shard.models.loss import chunk_rows
+from shard.planning.activations import FP32, activation_bytes, block_bytes, head_bytes
 
 ROOT = "<root>"
-LOSS_BYTES_PER_VOCAB = 8   # fp32 gradient of log-softmax's output and of its input
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,17 @@ class Footprint:
     STATE = ("parameters", "gradients", "optimizer")
 
 
+def _loss_bytes(cfg: GPTConfig, tokens: int, ce: int) -> int:
+    """The fused loss's working set over the head's activations (the parts above): a
+    chunk's fp32 logits, with their copy in a narrower compute dtype while it is cast (the
+    matmul's output, then the gradient), and then the chunk's weight-gradient product; in
+    a narrower dtype, the fp32 sum of the weight's gradient besides the one kept."""
+    weight, chunk = cfg.vocab * cfg.width, min(tokens, chunk_rows(cfg.vocab)) * cfg.vocab
+    if ce == FP32:   # the gradient is the logits, in place, while the product is made
+        return chunk * FP32 + weight * FP32
+    return weight * FP32 + max(chunk * (FP32 + ce), (chunk + weight) * ce)
+
+
 def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: int, group: int, *,
               micro_batch: int, seq_len: int, precision: str = "fp32", reduce_dtype: str = "fp32",
               checkpointing: bool = False, prefetch: int = 1, prefetch_bytes=None,
@@ -176,7 +190,7 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
                 if not _direct(scoped(u), world, group)]
     parts = {**state,
              "activations": activations,
-             "loss": tokens * cfg.vocab * LOSS_BYTES_PER_VOCAB,
+             "loss": _loss_bytes(cfg, tokens, ce),
              "gathered": root + ahead,
              "reducing": root_numel * ce + largest * ce + largest_reduced * re,
              "workspace": max((full(u) for u in reduced), default=0) * re}
@@ -192,7 +206,7 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
         backward = max(backward, activations - head_bytes(cfg, tokens, ce) - freed + transients + arrived)
         freed += block_bytes(cfg, tokens, ce, checkpointing) if u.name.startswith("blocks.") else 0
     moments = {
-        "loss backward": activations + parts["loss"] + root,
+        "loss": activations + parts["loss"] + root,
         "unit backward": backward,
         # every gradient, and the largest per-step reduction's landing buffer (and its result
         # before the cast)

@@ -31,6 +31,7 @@ from pccl.core.topology import Topology
 from pccl.runtime.dry_run import DryRunCommunicator
 from pccl.tuning.profiles import Profile
 from shard.engine.trace import StepTrace, TracedCall
+from shard.models.loss import next_token_loss
 
 ROOT = "<root>"
 
@@ -55,22 +56,19 @@ class Workload:
         return self.seq * self.micro_batch * self.micro_batches
 
 
-def next_token_loss(model, tokens: torch.Tensor) -> torch.Tensor:
-    """The mean cross-entropy of predicting tokens[:, 1:] from tokens[:, :-1]."""
-    return torch.nn.functional.cross_entropy(model(tokens[:, :-1]).float().flatten(0, 1), tokens[:, 1:].flatten())
-
-
 def unit_flops(model: torch.nn.Module, units: list[str], micro: Workload) -> dict[str, tuple[float, float]]:
     """{unit: (forward FLOPs, backward FLOPs)} of one micro-batch of `model` (on the meta
     device), counted by torch's FlopCounterMode; the root unit gets what no other unit's
-    module counts (the head of a tied model)."""
+    module counts (the head of a tied model). The forward is counted without gradients:
+    the fused loss (models/loss.py) makes the head's gradient products in its forward
+    pass when a backward follows, and those count as backward here."""
     from torch.utils.flop_counter import FlopCounterMode
 
     tokens = torch.zeros(micro.micro_batch, micro.seq + 1, dtype=torch.long, device="meta")
     prefix = type(model).__name__
 
     def counted(with_backward: bool) -> dict[str, float]:
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False) as counter, torch.set_grad_enabled(with_backward):
             loss = next_token_loss(model, tokens)
             if with_backward:
                 loss.backward()

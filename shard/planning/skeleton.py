@@ -62,14 +62,15 @@ class Skeleton(nn.Module):
     def units(self) -> list[nn.Module]:
         return [self.get_submodule(name) for name in self.unit_names]
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """A (batch, seq, 1) 'logits' tensor that depends on every parameter."""
+    def forward(self, tokens: torch.Tensor, targets=None) -> torch.Tensor:
+        """A (batch, seq, 1) 'logits' tensor that depends on every parameter, or given the
+        targets, as a model computes its loss, a scalar that does."""
         x = torch.ones((), dtype=torch.float32, device=tokens.device)
         if self._root:
             x = _scaled(x, [getattr(self, k) for k in self._root])
         for unit in self.units:
             x = unit(x)
-        return x.expand(*tokens.shape, 1)
+        return x.expand(*tokens.shape, 1) if targets is None else x
 
 
 def _scaled(x: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:

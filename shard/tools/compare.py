@@ -268,7 +268,7 @@ def compute_only(args, model, world) -> dict:
     import torch
 
     from shard.engine.adamw import FlatAdamW
-    from shard.planning.predict import next_token_loss
+    from shard.models.loss import next_token_loss
 
     tokens = step_batches(rank_batches(args, world.rank, world.size), "cpu")[0]
     master = torch.cat([p.detach().flatten() for p in model.parameters()])

@@ -125,7 +125,7 @@ class EagerRun(Run):
         self.args = args
 
     def step(self, micro_batches, lr: float):
-        from shard.planning.predict import next_token_loss
+        from shard.models.loss import next_token_loss
 
         total = 0.0
         for tokens in micro_batches:
@@ -197,7 +197,7 @@ class Fsdp2Run(TorchRun):
                                            fused=device.type == "cuda" or None)
 
     def step(self, micro_batches, lr: float):
-        from shard.planning.predict import next_token_loss
+        from shard.models.loss import next_token_loss
 
         total = 0.0
         for tokens in micro_batches:
@@ -388,7 +388,7 @@ def set_lr(optimizer, lr: float) -> None:
 def backward_step(engine, micro_batches, step_every_micro_batch: bool):
     """One training step on an engine that takes backward(loss) per micro-batch and step()
     (DeepSpeed's, every micro-batch; shard's, once); this rank's mean loss, on the device."""
-    from shard.planning.predict import next_token_loss
+    from shard.models.loss import next_token_loss
 
     total = 0.0
     for tokens in micro_batches:

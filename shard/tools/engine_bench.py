@@ -136,6 +136,7 @@ def worker(args: argparse.Namespace) -> dict:
     import pccl
     from shard.engine.engine import Engine
     from shard.models import GPT, GPTConfig
+    from shard.models.loss import next_token_loss
 
     torch.set_num_threads(1)
     world = pccl.init(ranks_per_node=args.group)
@@ -153,9 +154,7 @@ def worker(args: argparse.Namespace) -> dict:
     def step() -> float:
         start = time.perf_counter()
         for j in range(args.micro):
-            logits = engine(tokens[j, :, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[j, :, 1:].flatten())
-            engine.backward(loss)
+            engine.backward(next_token_loss(engine, tokens[j]))
         engine.step()
         return time.perf_counter() - start
 

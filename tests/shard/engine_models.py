@@ -73,11 +73,13 @@ class TinyTransformer(nn.Module):
         self.head = nn.Linear(width, vocab, bias=False)
         self.head.weight = self.embed.weight                           # tied: root unit
 
-    def forward(self, tokens):
+    def forward(self, tokens, targets=None):
+        """The logits, or given the targets, the loss (as the models compute it)."""
         x = self.embed(tokens) + self.pos[: tokens.shape[1]]
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        logits = self.head(self.norm(x))
+        return logits if targets is None else token_loss(logits, targets)
 
     def units(self):
         return [self.embed, *self.blocks, self.norm, self.head]

@@ -12,8 +12,9 @@ from pccl.tuning.profiles import topology_for
 from shard.engine.engine import Engine
 from shard.engine.strategy import Strategy
 from shard.models import GPT, GPTConfig
+from shard.models.loss import next_token_loss
 from shard.planning.planner import Cluster, Job, PlanError, build_engine, make_plan, sized
-from shard.planning.predict import ComputeRate, Workload, next_token_loss
+from shard.planning.predict import ComputeRate, Workload
 from shard.tools.strategy_plan import main
 
 GIB = 1 << 30

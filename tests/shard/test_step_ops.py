@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from shard.engine.engine import Engine
 from shard.models import GPT, GPTConfig
-from shard.planning.predict import next_token_loss
+from shard.models.loss import next_token_loss
 
 COPIES = {"aten.copy_.default", "aten._to_copy.default", "aten.clone.default"}
 VIEWS = {"aten.slice.Tensor", "aten.view.default", "aten.alias.default"}   # no kernel: a view per gradient piece
@@ -54,9 +54,10 @@ def train(engine: Engine, cfg: GPTConfig, steps: int = 2) -> torch.Tensor:
 def test_a_world_1_step_copies_parameters_only_to_cast_them(comm, engines, strategy):
     """bf16 on one rank: no copy of a parameter-sized tensor into its own dtype (no gather,
     no staging); the only parameter-sized copies are casts, each gradient once into the
-    fp32 sum, and each unit's parameters from the fp32 master weights for its forward and
+    fp32 sum, each unit's parameters from the fp32 master weights for its forward and
     again for its backward (the root's once: it is held for the whole pass), since no bf16
-    copy of the model is kept."""
+    copy of the model is kept, and the head's weight gradient, which the fused loss sums
+    over its chunks in fp32, into bf16."""
     cfg = gpt(3)
     engine = Engine(GPT(cfg, seed=0), comm, strategy=strategy, precision="bf16")
     engines.append(engine)
@@ -72,7 +73,8 @@ def test_a_world_1_step_copies_parameters_only_to_cast_them(comm, engines, strat
     to_bf16 = [c for c in copies if c[0] == torch.bfloat16]
     assert len(to_fp32) == matrices, copies
     units = [u.flat.padded for u in engine.units if u is not engine.root] * 2 + [engine.root.flat.padded]
-    assert sorted(c[2] for c in to_bf16) == sorted(n for n in units if n >= big), copies
+    head = cfg.vocab * cfg.width
+    assert sorted(c[2] for c in to_bf16) == sorted([n for n in units if n >= big] + [head]), copies
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -121,9 +123,10 @@ def test_non_finite_gradients_skip_the_update_on_the_device(comm, engines):
 @pytest.mark.parametrize("strategy", ["zero3", "paro-iig"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_compiled_units_train_as_the_eager_engine(comm, engines, strategy, checkpointing):
-    """compile= compiles each unit's forward; the engine's hooks stay outside it (they still
-    see every unit, in order) and training gives the eager engine's losses. aot_eager: the
-    graphs torch.compile captures, run without generating code (fast on CPU)."""
+    """compile= compiles each unit's forward, and each module the model calls outside its
+    units (the tied embedding, and the head with its loss); the engine's hooks stay outside
+    it (they still see every unit, in order) and training gives the eager engine's losses.
+    aot_eager: the graphs torch.compile captures, run without generating code (fast on CPU)."""
     cfg = gpt(2, width=64)
     losses = {}
     for compiled in (False, "aot_eager"):
@@ -138,6 +141,9 @@ def test_compiled_units_train_as_the_eager_engine(comm, engines, strategy, check
             engine.step()
             losses[compiled].append(loss.item())
         assert [u.name for u in engine._forward_order] == [u.name for u in engine.units if u is not engine.root]
+        modules = [engine.model.embed, engine.model.head]   # the root's (a checkpointed unit's forward wraps its own)
+        modules += [] if checkpointing else [u.unit.module for u in engine.units if u is not engine.root]
+        assert [hasattr(m.forward, "_torchdynamo_orig_callable") for m in modules] == [bool(compiled)] * len(modules)
     assert losses["aot_eager"] == pytest.approx(losses[False], rel=1e-5)
 
 

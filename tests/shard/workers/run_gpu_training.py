@@ -97,7 +97,6 @@ def overlap_summary(trace: dict) -> dict:
 def main() -> None:
     scenario, directory, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     import torch
-    import torch.nn.functional as F
     from mpi4py import MPI
 
     import pccl
@@ -121,7 +120,7 @@ def main() -> None:
     def train_step(engine, data) -> torch.Tensor:
         total = torch.zeros((), device=device)
         for x, y in data:
-            loss = F.cross_entropy(engine(x).float().flatten(0, 1), y.flatten())
+            loss = engine(x, targets=y)
             engine.backward(loss)
             total += loss.detach()
         engine.step()
