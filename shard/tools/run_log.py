@@ -56,6 +56,8 @@ class RunLog:
                 f"exposed comm {record['exposed_comm_s']:.3f}s  peak mem {record['peak_memory_gb']:.2f} GB")
         if record.get("other_waits_s"):   # waits for the lanes that were not communication
             line += f"  other waits {record['other_waits_s']:.3f}s (longest: {record['longest_other_wait']})"
+        if record.get("warmup"):   # the session's first step, logged at once: not the training's pace
+            line += "  (the warm-up step)"
         if record.get("val_loss") is not None:
             line += f"  val {record['val_loss']:.4f}"
         self.write(line)

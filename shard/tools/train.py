@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
 import pccl
 from pccl.util.files import write_atomic
@@ -222,7 +221,7 @@ def evaluate(engine: Engine, batches: list, device: torch.device) -> float:
     with torch.no_grad():
         for x, y in batches:
             x, y = x.to(device), y.to(device)
-            total += F.cross_entropy(engine(x).float().flatten(0, 1), y.flatten()).item()
+            total += engine(x, targets=y).item()
     return total / len(batches)
 
 
@@ -380,26 +379,43 @@ def start_log(r: Run, resumed: str) -> None:
 
 def train_loop(r: Run) -> None:
     """Optimizer steps up to train.steps: a metrics record every log.interval steps, the
-    validation loss and checkpoints when due."""
+    validation loss and checkpoints when due.
+
+    The session's first step compiles, allocates and measures (self-calibration at new
+    sizes): it is timed apart (warmup_s in the next record), so each logged interval's
+    throughput and communication are its other steps' own (its loss and peak memory take
+    in every step). A first step that is logged at once is its own interval, marked
+    "warmup": true."""
     t = r.cfg.train
     losses, started, unread = [], _restart_interval(r.engine, r.device), []
+    first, warmup_s, timed = True, None, 0   # timed: the steps since `started`
     while r.step < t.steps:
         result, loss = train_step(r)
         unread.append((r.step, result, loss))
         losses.append(loss)
+        timed += 1
         r.log.step()
         evaluate_now = r.step == t.steps or (t.eval_interval and r.step % t.eval_interval == 0)
         log_now = r.step % r.cfg.log.interval == 0 or evaluate_now
         save_now = r.step == t.steps or (t.checkpoint_interval and r.step % t.checkpoint_interval == 0)
+        warming, first = first, False
+        if warming and not (log_now or save_now):
+            loss.item()   # waits for the step, as log_interval's reading of the losses does
+            warmup_s = time.perf_counter() - started
+            r.log.write(f"step {r.step:>6}  warm-up {warmup_s:.2f} s (compilation, first allocations and "
+                        "measurements): timed apart from the intervals")
+            r.engine.comm_report(reset=True)
+            started, timed = time.perf_counter(), 0
+            continue
         if log_now or save_now:   # the steps' results are read here, not after each step: reading waits
             check_skipped(r, unread)
             unread = []
         if log_now:
-            log_interval(r, result, losses, started, evaluate_now)
-            losses, started = [], _restart_interval(r.engine, r.device)
+            log_interval(r, result, losses, (started, timed), evaluate_now, warming, warmup_s)
+            losses, started, timed, warmup_s = [], _restart_interval(r.engine, r.device), 0, None
         if save_now:
             save_checkpoint(r)
-            started = _restart_interval(r.engine, r.device)
+            started, timed = _restart_interval(r.engine, r.device), 0
 
 
 class TrainingError(RuntimeError):
@@ -440,7 +456,7 @@ def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
         faults.stop_if_planned(r.faults, r.step + 1, r.comm.rank)
     for x, y in r.batches.next_step():
         x, y = x.to(r.device, non_blocking=True), y.to(r.device, non_blocking=True)
-        loss = F.cross_entropy(r.engine(x).float().flatten(0, 1), y.flatten())
+        loss = r.engine(x, targets=y)
         if r.faults:
             loss = faults.loss(loss, r.faults, r.step + 1, r.comm.rank)
         r.engine.backward(loss)
@@ -452,12 +468,17 @@ def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
     return result, loss_sum / r.accumulation
 
 
-def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], started: float, evaluate_now: bool) -> None:
-    """The record of the steps since `started`: loss (mean over ranks), throughput,
-    communication, peak memory in the interval (the largest rank's), and the validation
-    loss when due."""
+def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], timing: tuple[float, int],
+                 evaluate_now: bool, warmup: bool = False, warmup_s: Optional[float] = None) -> None:
+    """The record of the interval's steps (their mean `losses`): loss (mean over ranks),
+    throughput and communication of the last of them, timing = (when they started, how
+    many: a warm-up or a checkpoint may come between), peak memory in the interval (the
+    largest rank's), and the validation loss when due; `warmup`: the steps are the
+    session's first (its throughput is not the training's); `warmup_s`: the first step's
+    time, taken apart."""
     local_loss = torch.stack(losses).mean().item()   # synchronizes the device
-    elapsed, steps = time.perf_counter() - started, len(losses)
+    started, steps = timing
+    elapsed = time.perf_counter() - started
     report = r.engine.comm_report(reset=True)
     rows = _gather(r.comm, r.device, [local_loss, _peak_memory_gb(r.device), report["longest_wait_s"],
                                       report["exposed_s"]])
@@ -469,7 +490,8 @@ def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], started
               "longest_other_wait": report["longest_other_wait"] if report["other_waits_s"] else None,
               "step_time_s": elapsed / steps, "peak_memory_gb": max(peak_memory),
               "skipped": result.skipped, "skipped_steps": r.engine.skipped_steps, "loss_scale": result.loss_scale,
-              "epoch": r.batches.epoch, "straggler": find_straggler(r, report, longest, exposed)}
+              "epoch": r.batches.epoch, "straggler": find_straggler(r, report, longest, exposed),
+              "warmup": warmup, "warmup_s": warmup_s}
     if evaluate_now:
         r.val_loss = validate(r)
         record["val_loss"] = r.val_loss
@@ -539,18 +561,21 @@ def auto_basis(comm: pccl.Communicator) -> tuple[dict, str]:
 
 
 def summarize(records: list[dict], val_loss: Optional[float], built: dict) -> dict:
-    """Final losses, and throughput as the median over logged intervals after the first
-    (which includes warm-up)."""
+    """Final losses, and throughput as the median over the logged intervals that do not
+    hold a session's first step (all of them, where no other was logged); the warm-up's
+    time, the latest session's."""
     import statistics
 
-    timed = records[1:] or records
+    timed = [r for r in records if not r.get("warmup")] or records
+    warmups = [r["warmup_s"] for r in records if r.get("warmup_s") is not None]
 
     def median(key: str) -> Optional[float]:
         return statistics.median(r[key] for r in timed) if timed and timed[0][key] is not None else None
     return {"final_loss": records[-1]["loss"] if records else None, "val_loss": val_loss,
             "tokens_per_s": median("tokens_per_s"), "tokens_per_s_per_rank": median("tokens_per_s_per_rank"),
             "tflops_per_rank": median("tflops_per_rank"), "mfu": median("mfu"),
-            "exposed_comm_s": median("exposed_comm_s"), "step_time_s": median("step_time_s"), **built}
+            "exposed_comm_s": median("exposed_comm_s"), "step_time_s": median("step_time_s"),
+            "warmup_s": warmups[-1] if warmups else None, **built}
 
 
 def main() -> None:

@@ -250,7 +250,7 @@ def test_interval_record_has_the_mean_loss_and_the_largest_ranks_peak_memory_fro
                         log=SimpleNamespace(log=logged.append), batches=SimpleNamespace(epoch=0))
     train.straggler_seconds = 0
     result = StepResult(grad_norm=1.0, skipped=False, loss_scale=1.0)
-    log_interval(r, result, [torch.tensor(1.0)] * 2, 0.0, False)
+    log_interval(r, result, [torch.tensor(1.0)] * 2, (0.0, 2), False)
     assert comm.ops == ["gather"]
     assert logged[0]["loss"] == 2.0 and logged[0]["peak_memory_gb"] == 1000.0 and logged[0]["straggler"] is None
 
@@ -317,3 +317,55 @@ def test_fault_plans_parse_and_bad_ones_say_why():
     assert loss.item() == 6 and torch.isinf(x.grad).all()
     assert torch.isnan(faults.loss(torch.tensor(1.0), {("nan-loss", 3, 1)}, 3, 1))
     assert faults.loss(torch.tensor(1.0), {("nan-loss", 3, 1)}, 3, 0).item() == 1
+
+
+@pytest.mark.parametrize("interval,checkpoint_interval", [(4, 0), (1, 0), (4, 6)])
+def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkeypatch, interval, checkpoint_interval):
+    """On a clock where the first step takes 10 s and the others 1 s (a checkpoint 5 s):
+    every logged interval's timing covers its own steps at 1 s each; the first step's 10 s
+    are reported apart, or, where that step is logged at once, its record says it is the
+    warm-up, and the summary leaves it out."""
+    from types import SimpleNamespace
+
+    from shard.tools import train
+    clock = [0.0]
+    monkeypatch.setattr(train.time, "perf_counter", lambda: clock[0])
+
+    def step(r):
+        clock[0] += 10.0 if r.step == 0 else 1.0
+        r.step += 1
+        return SimpleNamespace(skipped=False), torch.tensor(float(r.step))
+
+    logged = []
+
+    def log_interval(r, result, losses, timing, evaluate_now, warmup=False, warmup_s=None):
+        started, steps = timing
+        seconds = (clock[0] - started) / steps
+        logged.append({"step": r.step, "losses": [x.item() for x in losses], "loss": losses[-1].item(),
+                       "step_time_s": seconds, "warmup": warmup, "warmup_s": warmup_s, "tokens_per_s": 1 / seconds,
+                       "tokens_per_s_per_rank": 1 / seconds, "tflops_per_rank": 0.0, "mfu": None,
+                       "exposed_comm_s": 0.0})
+
+    def save(r):
+        clock[0] += 5.0
+    monkeypatch.setattr(train, "train_step", step)
+    monkeypatch.setattr(train, "log_interval", log_interval)
+    monkeypatch.setattr(train, "save_checkpoint", save)
+    monkeypatch.setattr(train, "check_skipped", lambda r, unread: None)
+    monkeypatch.setattr(train, "_restart_interval", lambda engine, device: clock[0])
+    cfg = SimpleNamespace(train=SimpleNamespace(steps=12, eval_interval=0, checkpoint_interval=checkpoint_interval),
+                          log=SimpleNamespace(interval=interval))
+    r = SimpleNamespace(cfg=cfg, step=0, engine=SimpleNamespace(comm_report=lambda reset: {}), device=None,
+                        log=SimpleNamespace(step=lambda: None, write=lambda line: None))
+    train.train_loop(r)
+    assert [x["step"] for x in logged] == list(range(interval, 13, interval))
+    # every step's loss is in its interval's, the warm-up's too
+    assert [v for x in logged for v in x["losses"]] == [float(s) for s in range(1, 13)]
+    first, rest = logged[0], logged[1:]
+    if interval == 1:
+        assert first["warmup"] and first["step_time_s"] == 10.0 and first["warmup_s"] is None
+    else:
+        assert not first["warmup"] and first["warmup_s"] == 10.0 and first["step_time_s"] == 1.0
+    assert all(x["step_time_s"] == 1.0 and not x["warmup"] and x["warmup_s"] is None for x in rest)
+    summary = train.summarize(logged, None, {})
+    assert summary["step_time_s"] == 1.0 and summary["warmup_s"] == (None if interval == 1 else 10.0)
