@@ -8,10 +8,8 @@ Three layers, each importing only those below it (tests/shard/test_imports.py ho
                   the step-time predictor
   shard.engine    the engine: units, strategies, lanes, AdamW, checkpoints; imports pccl only
 
-beside them shard.data (corpora, tokenizer, batches) and shard.models, the GPT of the
-repository's models/ folder: the source tree keeps models/ at the top, and the package
-maps it in as shard.models (pyproject.toml's wheel.packages; the editable install does the
-same), so `from shard.models import GPT` works in both.
+beside them shard.data (corpora, tokenizer, batches) and shard.models (the GPT and its
+loss), which import no other part of shard.
 
 This module exports the engine's API.
 """

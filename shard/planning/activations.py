@@ -1,4 +1,4 @@
-"""Activation memory of the GPT model (models/gpt.py) in training: the bytes autograd
+"""Activation memory of the GPT model (shard/models/gpt.py) in training: the bytes autograd
 keeps from the forward pass for the backward, at the end of the forward, per micro-batch
 of b sequences of t tokens, with and without activation checkpointing.
 
@@ -13,7 +13,7 @@ Per token, e bytes per element of the compute dtype, width d, heads a, vocabular
     a checkpointed block      d e     (its input; one block is recomputed at a time)
     the head                  (2 d + 2) e, and V d e once
         the final norm's input and statistics; the loss, fused with the head
-        (models/loss.py), keeps its input's gradient and its weight's (in the weight's
+        (shard/models/loss.py), keeps its input's gradient and its weight's (in the weight's
         dtype: the compute dtype under the engine), and no logits
     the embeddings            8       (the int64 token id)
 

@@ -19,7 +19,7 @@ straight from autograd's.
 
 Held while a micro-batch runs forward and backward, at two moments:
   the loss (the end of the forward: the loss, fused with the head, makes the head's
-  gradients there, models/loss.py):
+  gradients there, shard/models/loss.py):
     activations  what autograd keeps (shard/planning/activations.py), the head's gradients
                  included
     loss         the fused loss's working set: a chunk's logits and weight-gradient product,

@@ -357,7 +357,7 @@ def plan_for(model: torch.nn.Module, comm, config: EngineConfig, workload: Optio
     them make the same plan."""
     cfg = getattr(model, "cfg", None)
     if not isinstance(cfg, GPTConfig):
-        raise PlanError("strategy='auto' plans for the GPT of models/gpt.py (its memory and FLOPs are modelled); "
+        raise PlanError("strategy='auto' plans for the GPT of shard/models/gpt.py (its memory and FLOPs are modelled); "
                         f"got a {type(model).__name__}: name a strategy instead")
     if not isinstance(workload, Workload):
         raise PlanError("strategy='auto' needs workload=Workload(seq, micro_batch, micro_batches): what each rank "

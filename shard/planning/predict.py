@@ -60,7 +60,7 @@ def unit_flops(model: torch.nn.Module, units: list[str], micro: Workload) -> dic
     """{unit: (forward FLOPs, backward FLOPs)} of one micro-batch of `model` (on the meta
     device), counted by torch's FlopCounterMode; the root unit gets what no other unit's
     module counts (the head of a tied model). The forward is counted without gradients:
-    the fused loss (models/loss.py) makes the head's gradient products in its forward
+    the fused loss (shard/models/loss.py) makes the head's gradient products in its forward
     pass when a backward follows, and those count as backward here."""
     from torch.utils.flop_counter import FlopCounterMode
 

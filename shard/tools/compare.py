@@ -8,7 +8,7 @@ steps, one mpiexec launch per run. The batches are the project's synthetic corpu
 data shard-train trains on by default (configs/data/synthetic.yaml; --documents), prepared
 once before the launches into --data-cache (shard-train's .cache/shard-data) with a
 tokenizer the model's vocabulary holds, and cut by shard.data.Batches, each rank its own.
-The rate is the preset's peak (models/gpt.py PEAK_LR, GPT-3's per size; --lr), warmed up
+The rate is the preset's peak (shard/models/gpt.py PEAK_LR, GPT-3's per size; --lr), warmed up
 linearly over the first third of the steps, then decayed to a tenth on a cosine
 (shard/tools/lr_schedule.py, shard-train's schedule). On uniformly random tokens at a
 constant 1e-3, as it trained before, the loss of GPT-1.3B rose in bf16 and every run left
@@ -88,7 +88,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--micro", type=at_least(1), default=1, help="micro-batches per step (gradient accumulation)")
     ap.add_argument("--seq", type=at_least(1), default=128)
     ap.add_argument("--lr", type=positive, default=None,
-                    help="peak learning rate (default: the model preset's, models/gpt.py PEAK_LR), reached by a "
+                    help="peak learning rate (default: the model preset's, shard/models/gpt.py PEAK_LR), reached by a "
                          "linear warm-up over the first third of the steps, then a cosine decay to a tenth of it")
     ap.add_argument("--documents", type=at_least(2), default=None,
                     help="documents of the synthetic corpus (default: shard-train's, configs/data/synthetic.yaml)")

@@ -1,4 +1,4 @@
-"""The fused head and cross-entropy (models/loss.py) against the unfused loss: the
+"""The fused head and cross-entropy (shard/models/loss.py) against the unfused loss: the
 logits of the whole batch, made fp32, through torch's cross_entropy, and autograd."""
 import pytest
 import torch

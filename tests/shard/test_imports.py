@@ -16,8 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Who may import whom (docs/architecture.md). "facade" is `import shard`; "models" is the
-# source tree's models/, which installs as shard.models; "pccl" is any of pccl but its tools.
+# Who may import whom (docs/architecture.md). "facade" is `import shard`; "pccl" is any of
+# pccl but its tools.
 ALLOWED = {
     "models": set(),
     "data": {"pccl"},
@@ -33,12 +33,11 @@ COMMANDS = {"shard.tools.convergence", "shard.tools.checkpoint_bench"} | set(
 
 
 def module_files():
-    """(dotted name, path) of every module of shard, models/ under its installed name."""
-    for top, prefix in ((ROOT / "shard", ("shard",)), (ROOT / "models", ("shard", "models"))):
-        for path in sorted(top.rglob("*.py")):
-            rel = path.relative_to(top).with_suffix("").parts
-            parts = prefix + (rel[:-1] if rel[-1] == "__init__" else rel)
-            yield ".".join(parts), path
+    """(dotted name, path) of every module of shard."""
+    for path in sorted((ROOT / "shard").rglob("*.py")):
+        rel = path.relative_to(ROOT / "shard").with_suffix("").parts
+        parts = ("shard",) + (rel[:-1] if rel[-1] == "__init__" else rel)
+        yield ".".join(parts), path
 
 
 def part_of(module: str) -> str:
@@ -51,18 +50,13 @@ def part_of(module: str) -> str:
 def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
     """(imported shard or pccl module, line) for every import in `path`, wherever it stands;
     `from package import submodule` names the submodule (its package's facade is not the edge)."""
-    is_package = path.name == "__init__.py"
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found += [(a.name, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:   # relative: only models/ keeps them (it is its own small package)
-                assert name.startswith("shard.models"), f"{path}:{node.lineno}: relative import; shard's are absolute"
-                base = name.split(".")[: len(name.split(".")) - node.level + is_package]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module
+            assert not node.level, f"{path}:{node.lineno}: relative import; shard's are absolute"
+            module = node.module
             for a in node.names:
                 sub = f"{module}.{a.name}"
                 found.append((sub if sub in known else module, node.lineno))
@@ -78,7 +72,7 @@ def graph() -> dict[str, list[tuple[str, int, Path]]]:
 def test_the_layers_have_no_cycle_and_cover_every_sub_package():
     order = TopologicalSorter({k: v - {"pccl"} for k, v in ALLOWED.items()}).static_order()
     assert set(order) == set(ALLOWED) - {"pccl"} | {"facade"}
-    on_disk = {p.name for p in (ROOT / "shard").iterdir() if (p / "__init__.py").is_file()} | {"models", "facade"}
+    on_disk = {p.name for p in (ROOT / "shard").iterdir() if (p / "__init__.py").is_file()} | {"facade"}
     assert on_disk == set(ALLOWED), f"sub-packages {sorted(on_disk ^ set(ALLOWED))} are not in the layers"
 
 

@@ -161,7 +161,7 @@ def test_engine_auto_refuses_what_it_cannot_plan(comm):
     cfg = GPTConfig(vocab=256, context=32, width=64, layers=2, heads=4)
     with pytest.raises(PlanError, match="needs workload=Workload"):
         build_engine(GPT(cfg), comm, strategy="auto")
-    with pytest.raises(PlanError, match="plans for the GPT of models/gpt.py"):
+    with pytest.raises(PlanError, match="plans for the GPT of shard/models/gpt.py"):
         build_engine(torch.nn.Sequential(torch.nn.Linear(4, 4)), comm, strategy="auto", workload=Workload(4, 1, 1))
     with pytest.raises(ValueError, match="workload= is for strategy='auto'"):
         build_engine(GPT(cfg), comm, strategy="zero3", workload=Workload(16, 2, 1))

@@ -32,7 +32,7 @@ class TwoUnits(nn.Module):
         super().__init__()
         self.embed, self.head = nn.Embedding(d, d), nn.Linear(d, d, bias=False)
 
-    def forward(self, tokens, targets):   # the loss, as the models compute it (models/loss.py)
+    def forward(self, tokens, targets):   # the loss, as the models compute it (shard/models/loss.py)
         logits = self.head(self.embed(tokens))
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 

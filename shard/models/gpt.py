@@ -5,7 +5,7 @@ embeddings.
 Each block is a direct member of `blocks` (a ModuleList), so the engine's default units
 are the embeddings, every block, and the final norm and head. Given the targets, the head
 computes the loss itself, fused with the cross-entropy a chunk of tokens at a time
-(models/loss.py), so the logits of the whole batch are never written.
+(shard/models/loss.py), so the logits of the whole batch are never written.
 
 Initialization is per parameter and seeded by the parameter's name (`init_parameter`), so
 a model built on the meta device and materialized one unit at a time by the engine has
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .loss import linear_cross_entropy
+from shard.models.loss import linear_cross_entropy
 
 POSITIONS = ("learned", "rotary")
 
