@@ -73,6 +73,10 @@ class MpiComm {
   void native_reduce_scatter(void* out, const void* in, int64_t count, DType dtype, Op op, const Memory& mem,
                              bool polled = false);
   void native_all_reduce(void* buf, int64_t count, DType dtype, Op op, const Memory& mem, bool polled = false);
+  // Rank `root`'s `count` elements of buf, in place on every rank (MPI_Bcast).
+  void native_broadcast(void* buf, int64_t count, DType dtype, int root, const Memory& mem, bool polled = false);
+  // Returns once every rank has entered it (MPI_Barrier).
+  void native_barrier(bool polled = false);
 
  private:
   // Runs a schedule on `buf`. With `source`, buf is a lazily filled copy of source: a

@@ -259,5 +259,12 @@ NB_MODULE(_native, m) {
         c.native_all_reduce(ptr(buf), count, static_cast<DType>(dtype), static_cast<Op>(op),
                             c.memory(device, ptr(stream)), polled);
       }, nb::arg("buf"), nb::arg("count"), nb::arg("dtype"), nb::arg("op"), nb::arg("device"), nb::arg("stream"),
-         nb::arg("polled") = false, nb::call_guard<nb::gil_scoped_release>());
+         nb::arg("polled") = false, nb::call_guard<nb::gil_scoped_release>())
+      .def("native_broadcast", [](MpiComm& c, uintptr_t buf, int64_t count, int dtype, int root, int device,
+                                  uintptr_t stream, bool polled) {
+        c.native_broadcast(ptr(buf), count, static_cast<DType>(dtype), root, c.memory(device, ptr(stream)), polled);
+      }, nb::arg("buf"), nb::arg("count"), nb::arg("dtype"), nb::arg("root"), nb::arg("device"), nb::arg("stream"),
+         nb::arg("polled") = false, nb::call_guard<nb::gil_scoped_release>())
+      .def("native_barrier", [](MpiComm& c, bool polled) { c.native_barrier(polled); },
+           nb::arg("polled") = false, nb::call_guard<nb::gil_scoped_release>());
 }

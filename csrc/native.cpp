@@ -237,4 +237,28 @@ void MpiComm::native_all_reduce(void* buf, int64_t count, DType dtype, Op op, co
   if (op == Op::Avg) mem.divide(buf, count, dtype, size_);
 }
 
+void MpiComm::native_broadcast(void* buf, int64_t count, DType dtype, int root, const Memory& mem, bool polled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  mem.activate();
+  const Count n = mpi_count(count);
+  const size_t bytes = count * elem_size(dtype);
+  native_on(buf, bytes, buf, bytes, mem, [&](void* o, const void*) {
+    native(polled ? "MPI_Ibcast" : "MPI_Bcast", dtype, Op::Sum, polled,
+           [&](MPI_Datatype type, MPI_Op, MPI_Request* req) {
+             return req ? PCCL_MPI(MPI_Ibcast)(o, n, type, root, comm_, req)
+                        : PCCL_MPI(MPI_Bcast)(o, n, type, root, comm_);
+           });
+  });
+}
+
+void MpiComm::native_barrier(bool polled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_usable();
+  native(polled ? "MPI_Ibarrier" : "MPI_Barrier", DType::I32, Op::Sum, polled,
+         [&](MPI_Datatype, MPI_Op, MPI_Request* req) {
+           return req ? MPI_Ibarrier(comm_, req) : MPI_Barrier(comm_);   // no large-count form: no count
+         });
+}
+
 }  // namespace pccl

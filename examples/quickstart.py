@@ -22,6 +22,13 @@ work = comm.all_reduce(t, op="sum", algorithm="rabenseifner", async_op=True)
 # ... compute here while the collective runs ...
 work.wait()
 
+# Broadcast: rank 0's values (or any picklable value) on every rank; a barrier.
+seed = torch.tensor([1234 if rank == 0 else 0])
+comm.broadcast(seed, root=0)
+settings = comm.broadcast_object({"lr": 3e-4} if rank == 0 else None)
+comm.barrier()
+assert seed.item() == 1234 and settings == {"lr": 3e-4}
+
 if rank == 0:
     print(f"{comm}\nall_gather -> {full.tolist()}\nreduce_scatter(avg) -> {mine.tolist()}\n"
-          f"all_reduce(bf16) -> {t[0].item()} (= size)")
+          f"all_reduce(bf16) -> {t[0].item()} (= size)\nbroadcast -> {seed.item()}, {settings}")

@@ -121,3 +121,10 @@ class MpiCppExecutor:
     def native_all_reduce(self, tensor: torch.Tensor, op: str, polled: bool = False) -> None:
         self.native.native_all_reduce(tensor.data_ptr(), tensor.numel(), dtype_code(tensor.dtype),
                                       op_code(op, tensor.dtype), *placement(tensor), polled)
+
+    def native_broadcast(self, tensor: torch.Tensor, root: int, polled: bool = False) -> None:
+        self.native.native_broadcast(tensor.data_ptr(), tensor.numel(), dtype_code(tensor.dtype), root,
+                                     *placement(tensor), polled)
+
+    def native_barrier(self, polled: bool = False) -> None:
+        self.native.native_barrier(polled)

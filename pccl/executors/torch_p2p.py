@@ -83,3 +83,10 @@ class TorchP2PExecutor(ScheduleExecutor):
                    "all_reduce")
         if op == "avg":
             average_(tensor, self.size)
+
+    def native_broadcast(self, tensor: torch.Tensor, root: int) -> None:
+        self._wait(lambda: [dist.broadcast(tensor, self.global_rank[root], group=self.group, async_op=True)],
+                   "broadcast")
+
+    def native_barrier(self) -> None:
+        self._wait(lambda: [dist.barrier(group=self.group, async_op=True)], "barrier")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
@@ -268,17 +269,16 @@ class Communicator:
     def _agreed_profile(self, name) -> tuple[Profile, bool]:
         """(rank 0's profile, whether it was chosen: named, or by PCCL_PROFILE), or rank 0's
         error, on every rank, so every rank decides alike."""
-        try:
-            mine = ((load_profile(name) if name else from_environment()).to_dict(),
-                    bool(name or os.environ.get("PCCL_PROFILE")))
-        except ValueError as e:
-            mine = str(e)
-        if self.mpi_comm is not None:
-            agreed = self.mpi_comm.bcast(mine, root=0)
-        else:
-            box = [mine]
-            dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
-            agreed = box[0]
+        mine = None
+        if self.rank == 0:
+            try:
+                mine = ((load_profile(name) if name else from_environment()).to_dict(),
+                        bool(name or os.environ.get("PCCL_PROFILE")))
+            except ValueError as e:
+                mine = str(e)
+        # before the set-up (which takes the profile): straight through the transport's own
+        agreed = mine if self.size == 1 else broadcast_pickled(mine, self.rank, 0, self._host_or_gpu(),
+                                                               self._native.native_broadcast)
         if isinstance(agreed, str):
             raise ValueError(f"machine profile on rank 0: {agreed}")
         return Profile.from_dict(agreed[0]), agreed[1]
@@ -640,6 +640,75 @@ class Communicator:
                 lambda plan, run, t: run.all_reduce(plan, t, op, codecs))
             self._keep(key, call)
         return self._issue(call, async_op, flat(tensor))
+
+    # Broadcast and barrier: the transport's own (MPI's, torch.distributed's). Nothing in
+    # training moves bulk data from one rank, so pccl schedules none: these carry a run's
+    # agreements (rank 0's settings, paths, cache entries) and its rendezvous.
+
+    def _native_form(self, collective: str, algorithm) -> str:
+        """The native form a broadcast or barrier runs: "auto" is the communicator's own
+        (own_native), "native" the blocking call, "native_nonblocking" MPI's polled one."""
+        forms = ("auto",) + (NATIVES if self.transport == "mpi" else ("native",))
+        if not isinstance(algorithm, str) or algorithm not in forms:
+            raise ValueError(f"algorithm {algorithm!r} does not implement {collective} over {self.transport}; "
+                             f"expected one of {forms} (the transport's own {collective})")
+        return self.own_native if algorithm == "auto" else algorithm
+
+    def broadcast(self, tensor: torch.Tensor, root: int = 0, algorithm: str = "auto",
+                  async_op: bool = False) -> Optional[Work]:
+        """Rank `root`'s `tensor` on every rank, in place (the others' values are
+        overwritten); every rank passes a tensor of the same dtype and size."""
+        key, call = self._cached(("broadcast", algorithm, root), tensor)
+        if call is None:
+            validation.check_tensor("tensor", tensor, self.devices)
+            validation.check_root(root, self.size)
+            form = self._native_form("broadcast", algorithm)
+            fn = partial(self._native.native_broadcast, root=root)
+            if form == "native_nonblocking":
+                fn = partial(fn, polled=True)
+            nbytes, dtype = tensor.numel() * tensor.element_size(), str(tensor.dtype).removeprefix("torch.")
+            what = lambda: f"{self.label}broadcast ({form}, from rank {root}, {size_label(nbytes)} bytes of {dtype})"  # noqa: E731
+            call = Call(fn, what, self.queues_on_device(tensor.device.type))
+            self._keep(key, call)
+        return self._issue(call, async_op, flat(tensor))
+
+    def broadcast_object(self, obj, root: int = 0):
+        """Rank `root`'s `obj` (any picklable value; the other ranks' is ignored) on every
+        rank (broadcast_pickled, through this communicator's broadcast)."""
+        validation.check_root(root, self.size)
+        if self.size == 1:   # nothing to agree with
+            return obj
+        return broadcast_pickled(obj, self.rank, root, self._host_or_gpu(), self.broadcast)
+
+    def _host_or_gpu(self) -> torch.device:
+        """Where small agreements travel: host memory, or the current GPU's where this
+        communicator carries only GPU buffers (NCCL)."""
+        return torch.device("cpu") if "cpu" in self.devices else torch.device("cuda", torch.cuda.current_device())
+
+    def barrier(self, algorithm: str = "auto") -> None:
+        """Return once every rank has called it, after this rank's queued collectives."""
+        form = self._native_form("barrier", algorithm)
+        fn = partial(self._native.native_barrier, polled=True) if form == "native_nonblocking" \
+            else self._native.native_barrier
+        self._queue.run(naming_failures(fn, lambda: f"{self.label}barrier ({form})"), async_op=False)
+
+
+def broadcast_pickled(obj, rank: int, root: int, device: torch.device,
+                      broadcast: Callable[[torch.Tensor, int], object]):
+    """Rank `root`'s `obj` on every rank: its pickle's length, then the pickle as whole
+    int64 elements (the dtypes collectives take), through broadcast(tensor, root) of
+    `device` tensors."""
+    payload = pickle.dumps(obj) if rank == root else b""
+    length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    broadcast(length, root)
+    nbytes = int(length.item())
+    words = torch.zeros(-(-nbytes // 8), dtype=torch.int64)
+    if payload:
+        words.view(torch.uint8)[:nbytes] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    words = words.to(device)
+    if words.numel():
+        broadcast(words, root)
+    return pickle.loads(words.cpu().view(torch.uint8)[:nbytes].numpy().tobytes())
 
 
 def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,

@@ -27,6 +27,8 @@ from pccl.tuning import cost_model
 from pccl.tuning.profiles import Profile
 
 DEVICES = ("cpu", "cuda", "meta")
+UNPREDICTED = ("a dry run does not predict {} (the cost model has no broadcast or barrier: they carry a run's "
+               "agreements, not its training traffic)")
 
 
 class DryRunCommunicator(Communicator):
@@ -131,6 +133,12 @@ class DryRunCommunicator(Communicator):
         validation.check_tensor("tensor", tensor, self.devices)
         op_code(op, tensor.dtype)
         self._record("all_reduce", algorithm, tensor, compression)
+
+    def broadcast(self, tensor: torch.Tensor, root: int = 0, algorithm: str = "auto", async_op: bool = False):
+        raise ValueError(UNPREDICTED.format("broadcast"))
+
+    def barrier(self, algorithm: str = "auto") -> None:
+        raise ValueError(UNPREDICTED.format("barrier"))
 
 
 # Dry runs of one world repeat the same calls (the planner traces every strategy on one

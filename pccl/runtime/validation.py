@@ -31,6 +31,11 @@ def check_numel(name: str, actual: int, expected: int, why: str) -> None:
         raise ValueError(f"{name}.numel() must be {expected} ({why}), got {actual}")
 
 
+def check_root(root, size: int) -> None:
+    if not (isinstance(root, int) and not isinstance(root, bool) and 0 <= root < size):
+        raise ValueError(f"root must be a rank of this communicator, 0..{size - 1}, got {root!r}")
+
+
 def check_algorithm(collective: str, algorithm) -> None:
     if algorithm not in ALL_NAMES:
         raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALL_NAMES}")

@@ -409,18 +409,6 @@ def calls(comm, collective: str, count: int, dtype: torch.dtype, device: str = "
     return lambda name: comm.reduce_scatter(block, full, algorithm=name)
 
 
-def share(comm, payload: Optional[bytes]) -> bytes:
-    """Rank 0's `payload` on every rank, through the communicator's ring all-reduce."""
-    length = torch.tensor([len(payload) if comm.rank == 0 else 0], dtype=torch.int64)
-    comm.all_reduce(length, algorithm="ring")
-    data = torch.zeros(int(length.item()), dtype=torch.int32)
-    if comm.rank == 0:
-        data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
-    if data.numel():
-        comm.all_reduce(data, algorithm="ring")
-    return bytes(data.to(torch.uint8).tolist())
-
-
 class SelfCalibration:
     """The calibration of one communicator's shape on one device type's buffers ("cpu",
     "cuda"): read from the cache at first need, measured where missing, and applied to the
@@ -505,14 +493,13 @@ class SelfCalibration:
 
     def _agreed_cache(self) -> dict:
         """Rank 0's cache entry, on every rank."""
-        payload = None
+        measured = None
         if self.comm.rank == 0:
             measured, refused = read(self.path, self.key)
             if refused is not None:
                 warnings.warn(f"pccl: the calibration cache {self.path} is {refused}; measuring again",
                               RuntimeWarning, stacklevel=4)
-            payload = json.dumps(measured).encode()
-        return json.loads(share(self.comm, payload))
+        return self.comm.broadcast_object(measured)
 
     def _store(self, entry: str) -> None:
         """Rank 0: merge `entry` into the file (another run may have added others)."""

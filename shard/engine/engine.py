@@ -668,12 +668,14 @@ class Engine:
         return checkpoint.load(self, path, fallback)
 
     def barrier(self) -> None:
-        """Every rank reached this point."""
-        self.agree(0)
+        """Every rank reached this point (after the reductions queued before it)."""
+        self.reductions.submit(self.reductions.barrier).wait()
 
     def agree(self, value: int) -> int:
-        """Rank 0's `value`, on every rank."""
-        return self.total(value if self.layout.rank == 0 else 0)
+        """Rank 0's `value`, on every rank (after the reductions queued before it)."""
+        token = torch.tensor([value], dtype=torch.int64, device=self.device)
+        self.reductions.submit(lambda: self.reductions.broadcast(token), token).wait()
+        return int(token.item())
 
     def total(self, value: int) -> int:
         """The sum of every rank's `value`, on every rank (a tiny all-reduce on the reduction

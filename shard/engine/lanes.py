@@ -250,6 +250,19 @@ class Lane:
             self._run(stage, level, "reduce_scatter", src, out, src, codec=codec)
             src = out
 
+    def broadcast(self, tensor: torch.Tensor, root: int = 0) -> None:
+        """Rank `root`'s `tensor` on every rank (an agreement between the ranks, which the
+        ledger does not count as the step's communication)."""
+        world = self.comms["world"][0]
+        if world.size > 1:
+            world.broadcast(tensor, root)
+
+    def barrier(self) -> None:
+        """Every rank has reached this point of the lane."""
+        world = self.comms["world"][0]
+        if world.size > 1:
+            world.barrier()
+
     def all_reduce(self, stage: str, tensor: torch.Tensor, scope: Scope, codec=None) -> None:
         """Sum `tensor`, this rank's `scope`-scope piece, over the ranks holding the same piece."""
         level = {Scope.N: "world", Scope.I: "cross"}.get(scope)

@@ -101,18 +101,6 @@ def _communicator(c, device: torch.device) -> pccl.Communicator:
     return comm
 
 
-def _share(comm: pccl.Communicator, device: torch.device, text: str, width: int = 4096, root: int = 0) -> str:
-    """Rank `root`'s `text` on every rank (a sum in which the other ranks add zeros)."""
-    codes = torch.zeros(width, dtype=torch.int32, device=device)
-    if comm.rank == root:
-        data = text.encode()
-        if len(data) > width:
-            raise ConfigError(f"{text[:60]!r}... is longer than {width} bytes")
-        codes[:len(data)] = torch.tensor(list(data), dtype=torch.int32)
-    comm.all_reduce(codes)
-    return bytes(c for c in codes.tolist() if c).decode()
-
-
 def _mean(comm: pccl.Communicator, device: torch.device, values: list[float]) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     comm.all_reduce(t, op="avg")
@@ -190,7 +178,7 @@ def _reset_peak_memory(device: torch.device) -> None:
         pass
 
 
-def _prepare_data(d, comm: pccl.Communicator, device: torch.device, vocab: int):
+def _prepare_data(d, comm: pccl.Communicator, vocab: int):
     from shard.data import TokenData, prepare
 
     spec = {k: v for k, v in d.items() if k != "cache_dir"}
@@ -201,8 +189,8 @@ def _prepare_data(d, comm: pccl.Communicator, device: torch.device, vocab: int):
         try:
             path = str(prepare(spec, Path(d.cache_dir)).resolve())
         except (OSError, ValueError, RuntimeError) as e:   # RuntimeError: sentencepiece's
-            path = f"!{type(e).__name__}: {e}"[:4000]   # a resolved path starts with "/"
-    path = _share(comm, device, path)
+            path = f"!{type(e).__name__}: {e}"   # a resolved path starts with "/"
+    path = comm.broadcast_object(path)
     if path.startswith("!"):
         raise ConfigError(f"preparing the data failed on rank 0: {path[1:]}")
     return TokenData(path)
@@ -285,7 +273,7 @@ def setup(cfg) -> Run:
     _, accumulation = global_batch(t.global_batch_tokens, t.accumulation, comm.size, t.micro_batch, t.seq_len)
     torch.set_num_threads(t.threads or (1 if comm.size > 1 else os.cpu_count() or 1))
     torch.manual_seed(t.seed)
-    out_dir = Path(_share(comm, device, str(Path(str(t.out_dir)).resolve())))
+    out_dir = Path(comm.broadcast_object(str(Path(str(t.out_dir)).resolve())))
     problem = ""
     if comm.rank == 0:   # rank 0 writes the run's files: it checks, and every rank hears the outcome
         try:
@@ -294,7 +282,7 @@ def setup(cfg) -> Run:
             (out_dir / ".writable").unlink()
         except OSError as e:
             problem = str(e)
-    problem = _share(comm, device, problem)
+    problem = comm.broadcast_object(problem)
     if problem:
         raise ConfigError(f"train.out_dir={out_dir} cannot be written (on rank 0: {problem})")
     resolved["train"]["out_dir"] = str(out_dir)
@@ -309,7 +297,7 @@ def load_data(r: Run) -> None:
     t = r.cfg.train
     if r.faults:
         faults.kill_if_planned(r.faults, "kill-data", 0, r.comm.rank, r.out_dir)
-    r.data = _prepare_data(r.cfg.data, r.comm, r.device, r.model.vocab)
+    r.data = _prepare_data(r.cfg.data, r.comm, r.model.vocab)
     check_vocab(r.model, r.data.vocab_size)
     r.batches = Batches(r.data.train, t.seq_len, t.micro_batch, r.accumulation, r.comm.rank, r.comm.size, t.seed)
     r.held_out = eval_batches(r.data.val, t.seq_len, t.micro_batch, r.comm.rank, r.comm.size, t.eval_batches)
@@ -511,7 +499,7 @@ def find_straggler(r: Run, report: dict, longest: list[float], exposed: list[flo
     waiter = max(range(n), key=longest.__getitem__)
     if longest[waiter] < limit:
         return None
-    operation = _share(r.comm, r.device, report["longest_wait"], root=waiter)
+    operation = r.comm.broadcast_object(report["longest_wait"], root=waiter)
     return {"rank": min(range(n), key=exposed.__getitem__), "waiter": waiter, "operation": operation,
             "wait_s": round(longest[waiter], 3)}
 

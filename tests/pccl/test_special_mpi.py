@@ -21,6 +21,10 @@ def test_tensors_of_any_shape_are_flat_buffers_to_every_executor_and_plan():
     run_ok(4, "shaped")
 
 
+def test_broadcast_and_barrier_on_every_executor():
+    run_ok(3, "broadcast")
+
+
 def test_missing_peer_raises_timeout_on_every_executor():
     run_ok(3, "timeout")
 

@@ -97,6 +97,77 @@ def scenario_native_watchdog() -> None:
     time.sleep(3600)  # only the watchdog's abort ends the job
 
 
+def scenario_broadcast() -> None:
+    """broadcast on every executor and form, each dtype, from every root: every rank ends
+    with the root's bytes exactly (the others' overwritten), async and queued in issue
+    order; broadcast_object of any value; barrier waits for the last rank; bad input is
+    refused on every rank before anything is sent; a missing peer times out where the
+    form is polled."""
+    dtypes = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+    for name, kwargs in EXECUTORS.items():
+        comm = pccl.init(timeout=60, **kwargs)
+        forms = ("auto", "native") + (("native_nonblocking",) if name != "gloo" else ())
+        for form in forms:
+            for dtype in dtypes:
+                for root in range(p):
+                    g = torch.Generator().manual_seed(100 * root + 7)
+                    sent = (torch.randn(1001, generator=g) * 1e3).to(dtype)
+                    mine = sent.clone() if rank == root else torch.full((1001,), -1).to(dtype)
+                    comm.broadcast(mine.view(7, 143), root=root, algorithm=form)
+                    assert torch.equal(mine, sent), f"{name} {form} {dtype} root {root}: not the root's values"
+            empty = torch.empty(0)
+            comm.broadcast(empty, algorithm=form)
+        # async, queued behind an async all-reduce and before a sync one, in issue order
+        x = torch.full((64,), float(rank + 1))
+        w1 = comm.all_reduce(x, algorithm="ring", async_op=True)
+        y = torch.full((1000,), float(rank))
+        w2 = comm.broadcast(y, root=p - 1, async_op=True)
+        comm.all_reduce(y, op="max", algorithm="ring")
+        w1.wait(), w2.wait()
+        assert torch.equal(x, torch.full((64,), float(p * (p + 1) / 2))), f"{name}: async all_reduce wrong"
+        assert torch.equal(y, torch.full((1000,), float(p - 1))), f"{name}: async broadcast wrong"
+        value = {"rank": rank, "text": "x" * 10000 + str(rank), "nested": [1.5, None, (rank,)]}
+        got = comm.broadcast_object(value if rank == 1 else None, root=1)
+        assert got == {"rank": 1, "text": "x" * 10000 + "1", "nested": [1.5, None, (1,)]}, f"{name}: object wrong"
+        assert comm.broadcast_object(None) is None and comm.broadcast_object(b"") == b""
+        # barrier: nobody leaves before the last rank arrives
+        world.Barrier()
+        t0 = time.perf_counter()
+        if rank == p - 1:
+            time.sleep(0.5)
+        comm.barrier()
+        assert time.perf_counter() - t0 >= 0.45, f"{name}: barrier returned before the last rank arrived"
+        # refused before anything is sent, alike on every rank (a hang here would time out the job)
+        for bad, match in (((torch.ones(3), p), "root must be a rank"), ((torch.ones(3), -1), "root must be a rank"),
+                           ((torch.ones(3).t()[None].expand(2, 3), 0), "contiguous"),
+                           ((torch.ones(3, dtype=torch.uint8), 0), "dtype")):
+            try:
+                comm.broadcast(*bad)
+                raise AssertionError(f"{name}: {bad} accepted")
+            except (ValueError, TypeError) as e:
+                assert match in str(e), e
+        try:
+            comm.broadcast(torch.ones(3), algorithm="ring")
+            raise AssertionError(f"{name}: a schedule accepted for broadcast")
+        except ValueError as e:
+            assert "does not implement broadcast" in str(e), e
+        comm.close()
+    # a missing peer: polled forms and torch's time out, naming the operation (a timed-out
+    # communicator is broken, and so is a torch group: one each)
+    for name, kwargs in EXECUTORS.items():
+        base = pccl.init(timeout=1.5, interruptible=True, **kwargs)
+        fresh = {what: base.split([list(range(p))]) for what in ("broadcast", "barrier")}
+        for what, comm in fresh.items():
+            world.Barrier()
+            if rank == 0:
+                try:
+                    comm.broadcast(torch.ones(4), root=1) if what == "broadcast" else comm.barrier()
+                    raise AssertionError(f"{name}: {what} with a missing peer returned")
+                except pccl.CollectiveTimeout as e:
+                    assert what in str(e), e
+            world.Barrier()
+
+
 KEPT = []  # communicators that live until the interpreter exits, as in a user's script
 
 
