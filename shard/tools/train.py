@@ -566,10 +566,27 @@ def summarize(records: list[dict], val_loss: Optional[float], built: dict) -> di
             "warmup_s": warmups[-1] if warmups else None, **built}
 
 
+def launcher_rank() -> int:
+    """This process's rank as its launcher numbered it (mpiexec, torchrun, srun), known
+    before any communicator exists; 0 for a process launched alone."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "RANK", "SLURM_PROCID"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
 def main() -> None:
     import hydra
 
-    hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name="config")(run)()
+    def task(cfg) -> None:
+        try:
+            run(cfg)
+        except ConfigError as e:   # the user's mistake, not the program's: one line (every rank
+            # fails alike: the first says it) and the exit status of bad usage
+            if launcher_rank() == 0:
+                print(f"shard-train: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+    hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name="config")(task)()
 
 
 if __name__ == "__main__":

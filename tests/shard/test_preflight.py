@@ -7,6 +7,7 @@ be covered."""
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,19 @@ def test_null_learning_rates_are_the_presets_and_a_tenth_of_it():
     assert preflight.learning_rates(composed(["optim.lr=2e-3", "optim.min_lr=0"])) == {"lr": 2e-3, "min_lr": 0}
     with pytest.raises(preflight.ConfigError, match="must not exceed optim.lr"):   # min_lr above the preset's
         preflight.check(composed(["model=gpt_13b", "optim.min_lr=1e-3"]))
+
+
+def test_a_bad_setting_on_the_command_line_is_one_line_and_exit_status_2(tmp_path):
+    """The user's mistake, not the program's: no traceback, no Hydra hint; the line names
+    the key, what it got and what it takes. A launched rank other than the first says
+    nothing (every rank fails alike)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "shard.tools.train", "train.micro_batch=-1", f"train.out_dir={tmp_path}"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, "PMI_RANK": "0"})
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == "shard-train: train.micro_batch must be an integer >= 1, got -1\n"
+    assert run.stdout == ""
+    quiet = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, "PMI_RANK": "1"})
+    assert (quiet.returncode, quiet.stderr) == (2, "")
