@@ -342,6 +342,8 @@ class Communicator:
         if transport == "mpi":
             if self.transport != "mpi":
                 raise ValueError("an 'mpi' sub-communicator needs a Communicator built on an mpi4py communicator")
+            if self.interruptible:   # MPI_Comm_split blocks for good on a dead peer: find out first
+                self.barrier()
             sub = self.mpi_comm.Split(index, members.index(self.rank))
             return Communicator(sub, executor=self.executor, **self.level_transports, **options)
         if not self._spans_world():

@@ -39,7 +39,8 @@ Held while a micro-batch runs forward and backward, at two moments:
                  dtype that the reduction reads
     workspace    the collective layer's landing buffer: at most one gradient buffer of the
                  largest unit reduced per micro-batch (a schedule receives at most its
-                 whole input before reducing)
+                 whole input before reducing); none where the transport's own collective
+                 reduces (landing_buffers=False: MPI's and NCCL's buffers are their own)
 
 Held while the optimizer steps (fused AdamW needs no scratch, the norm is a few scalars):
 the largest per-step reduction's landing buffer and, in a reduce dtype other than fp32,
@@ -153,9 +154,13 @@ def _loss_bytes(cfg: GPTConfig, tokens: int, ce: int) -> int:
 def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: int, group: int, *,
               micro_batch: int, seq_len: int, precision: str = "fp32", reduce_dtype: str = "fp32",
               checkpointing: bool = False, prefetch: int = 1, prefetch_bytes=None,
-              min_shard_numel: int = MIN_SHARD_NUMEL, micro_batches: int = 1) -> Footprint:
+              min_shard_numel: int = MIN_SHARD_NUMEL, micro_batches: int = 1,
+              landing_buffers: bool = True) -> Footprint:
     """The engine's memory per rank training `cfg` cut into `sizes` (unit_sizes of the
-    model) with these settings (EngineConfig's names), `micro_batches` per step."""
+    model) with these settings (EngineConfig's names), `micro_batches` per step.
+    `landing_buffers`: the reductions run pccl's schedules, whose received blocks land in a
+    workspace torch allocates (the planner's assumption: the larger); False where they run
+    the transport's own (MPI's, NCCL's), which keeps its buffers outside torch's allocator."""
     state = model_state(sizes, strategy, world, group, precision, reduce_dtype, min_shard_numel)
     ce, re = _element(precision), _element(reduce_dtype)
     tokens = micro_batch * seq_len
@@ -193,7 +198,7 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
              "loss": _loss_bytes(cfg, tokens, ce),
              "gathered": root + ahead,
              "reducing": root_numel * ce + largest * ce + largest_reduced * re,
-             "workspace": max((full(u) for u in reduced), default=0) * re}
+             "workspace": max((full(u) for u in reduced), default=0) * re if landing_buffers else 0}
     # gradients exist from a unit's first reduction in a step to the update: with several
     # micro-batches from the first one's backward on, all of them; with one, they arrive unit
     # by unit as the backward frees the blocks' activations

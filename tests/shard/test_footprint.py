@@ -37,6 +37,17 @@ def test_model_state_equals_the_engines_report_for_every_strategy(tied, precisio
         assert state == {k: report[k] for k in ("parameters", "gradients", "optimizer")}, strategy
 
 
+def plain(t) -> list[torch.Tensor]:
+    """The plain tensors that hold `t`'s data: itself, or a wrapper subclass's inner tensors
+    (FSDP2's DTensor: its local shard, which the ops under the subclass make while this
+    mode is off, so it is counted here)."""
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        return [t]
+    if isinstance(t, torch.Tensor) and hasattr(t, "__tensor_flatten__"):
+        return [p for name in t.__tensor_flatten__()[0] for p in plain(getattr(t, name))]
+    return []
+
+
 class LiveBytes(TorchDispatchMode):
     """Bytes of the storages torch allocated while active and that are still alive, and
     the largest that sum reached (`peak`, which a caller may reset)."""
@@ -48,8 +59,8 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr():
+        for t in (p for t in tree_flatten(out)[0] for p in plain(t)):
+            if t.untyped_storage().data_ptr():
                 storage = t.untyped_storage()
                 if id(storage) not in self.sizes:
                     self.sizes[id(storage)] = storage.nbytes()

@@ -192,15 +192,16 @@ def bad_files(tmp_path_factory) -> Path:
 ])
 def test_bad_input_fails_every_rank_clearly_and_leaves_nothing_to_misread(tmp_path, cache, bad_files, override,
                                                                             message):
-    """2 ranks: each raises the same clear error (rank 0's data or output-directory failure is
-    shared with the others), the job ends without waiting out a timeout, and the output
-    directory holds nothing a later run would read (no checkpoint, no metrics)."""
+    """2 ranks: each stops with the same clear error (rank 0's data or output-directory failure
+    is shared with the others), which the first rank says in one line, without a traceback,
+    and exit status 2; the job ends without waiting out a timeout, and the output directory
+    holds nothing a later run would read (no checkpoint, no metrics)."""
     out = tmp_path / "run"
     small = [a for a in SMALL if not (override.startswith("data=text") and a.startswith("data.documents="))]
     run = mpiexec(2, "-m shard.tools.train", f"train.out_dir={out}", f"data.cache_dir={cache}", "comm.timeout=60",
                   *small, *override.format(d=bad_files).split(), timeout=120)
-    raised = [line for line in run.stderr.splitlines() if "Error: " in line and message in line]
-    assert run.returncode != 0 and len(raised) == 2, run.stderr[-3000:]   # one from each rank
+    raised = [line for line in run.stderr.splitlines() if line.startswith("shard-train: ") and message in line]
+    assert run.returncode == 2 and len(raised) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
 
 

@@ -1,0 +1,114 @@
+"""mpiexec worker: a training step's peak memory on each rank, the engine's ZeRO-3 against
+PyTorch's FSDP2 with the same sharding (fully_shard per block and the root), and against
+the memory model (shard/planning/footprint.py).
+
+Usage: mpiexec -n P python -m tests.shard.workers.run_memory REPORT.json
+
+The same GPT, bf16 compute and fp32 gradient reduction, fused AdamW, one micro-batch a
+step; the second step is measured (optimizer state exists), by a census of the bytes of
+every storage torch allocates on the training loop's thread and frees (the engine's
+lanes run their collectives on that thread, as they do over NCCL; FSDP2's run there on
+CPU). Rank 0 writes {"engine": [peak per rank], "fsdp2": [...], "predicted": bytes}.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import pccl
+import pccl.distributed
+from shard.engine.engine import Engine
+from shard.engine.strategy import Strategy
+from shard.models import GPT, GPTConfig, next_token_loss
+from shard.planning.footprint import footprint, unit_sizes
+from tests.shard.test_footprint import LiveBytes
+
+torch.set_num_threads(1)
+# The memory of a step does not depend on which algorithm moves its bytes: the choice stays
+# the transport's own, and no measurement spends the test's time
+os.environ["PCCL_SELF_CALIBRATION"] = "0"
+world = MPI.COMM_WORLD
+CFG = GPTConfig(vocab=512, context=128, width=256, layers=4, heads=4)
+MICRO_BATCH, SEQ = 2, 128
+
+
+def tokens() -> torch.Tensor:
+    return torch.randint(0, CFG.vocab, (MICRO_BATCH, SEQ + 1), generator=torch.Generator().manual_seed(world.rank))
+
+
+def peak(build) -> int:
+    """The second step's peak of live bytes over the bytes held before it."""
+    with LiveBytes() as live:
+        step = build()
+        for _ in range(2):
+            live.peak = live.now
+            step()
+        del step
+    return live.peak
+
+
+ENGINES = []
+
+
+def engine_step():
+    comm = pccl.init()
+    model = GPT(CFG)
+    engine = Engine(model, comm, strategy="zero3", precision="bf16")
+    engine.gathers.inline = engine.reductions.inline = True   # the census sees one thread
+    engine.reductions.log = []   # the algorithms the reductions ran
+    ENGINES.append(engine)
+    batch = tokens()
+    del model
+
+    def step():
+        engine.backward(next_token_loss(engine, batch))
+        engine.step()
+    return step
+
+
+def fsdp2_step():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (world.size,))
+    model = GPT(CFG)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    batch = tokens()
+
+    def step():
+        next_token_loss(model, batch).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def main() -> None:
+    pccl.distributed.init_process_group("gloo")
+    engine = peak(engine_step)
+    fsdp2 = peak(fsdp2_step)
+    with torch.device("meta"):
+        sizes = unit_sizes(GPT(CFG))
+    # MPI's own reduce-scatter (auto's choice without a measurement) keeps its buffers outside torch
+    native = {call[-1] for call in ENGINES[0].reductions.log} == {"native"}
+    predicted = footprint(CFG, sizes, Strategy.parse("zero3"), world.size, world.size, micro_batch=MICRO_BATCH,
+                          seq_len=SEQ, precision="bf16", landing_buffers=not native).peak
+    ENGINES[0].close()
+    report = {"engine": world.gather(engine), "fsdp2": world.gather(fsdp2), "predicted": predicted,
+              "reductions": sorted({str(call[-1]) for call in ENGINES[0].reductions.log})}
+    dist.destroy_process_group()
+    if world.rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main()
