@@ -524,26 +524,27 @@ class Communicator:
                 self._calls.clear()
             self._calls[key] = call
 
-    def _prepare(self, collective: str, algorithm, like: torch.Tensor, codecs: dict,
-                 native: Callable[..., None], scheduled: Callable[..., None],
-                 planned: Callable[..., None]) -> Call:
-        """Resolve a validated call: native(*buffers), scheduled(schedule, executor, codec,
-        *buffers) or planned(plan, plan executor, *buffers) is what it runs."""
+    def _prepare(self, collective: str, algorithm, like: torch.Tensor, codecs: dict, op: str = "sum") -> Call:
+        """Resolve a validated call into what runs it: the transport's own collective, a
+        schedule on an executor, or a plan on the plan executor (_run_native,
+        _run_schedule, _run_plan), taking the flat buffers."""
         nbytes = like.numel() * like.element_size()
         self.measure_auto(collective, algorithm, like.dtype, like.device.type, codecs, nbytes)
         algorithm = self.resolve(collective, algorithm, nbytes, like.device.type, codecs, like.dtype)
         if not isinstance(algorithm, str):
             plan = plans.build(algorithm, collective, self.topology, self.rank)  # validates the spec
-            fn = lambda *buffers: planned(plan, self._plan_executor(), *buffers)  # noqa: E731
+            # the plan's level communicators are made when it first runs
+            fn = partial(_run_plan, collective, plan, self._plan_executor, op, codecs)
         elif algorithm in NATIVES:
             if codecs:
                 raise ValueError(f"compression runs inside pccl's schedules; {algorithm!r} is the transport's own "
                                  "collective: choose a schedule, a plan or auto")
-            fn = partial(native, polled=True) if algorithm == "native_nonblocking" else native
+            fn = partial(_run_native, collective, self._native, op, algorithm == "native_nonblocking")
         else:
             sched = schedule(collective, algorithm, self.size, self.rank)
             codec = codecs.get("flat")
-            fn = partial(scheduled, sched, self._compressing(codec) if codec is not None else self._executor, codec)
+            runner = self._compressing(codec) if codec is not None else self._executor
+            fn = partial(_run_schedule, collective, sched, runner, op, codec)
         dtype = str(like.dtype).removeprefix("torch.")   # not `like`: a kept call must not keep its buffers
         what = lambda: (f"{self.label}{collective.replace('_', '-')} ({algorithm}, {size_label(nbytes)} bytes of "  # noqa: E731
                         f"{dtype})")
@@ -602,10 +603,7 @@ class Communicator:
         if call is None:
             self._check_buffers(output, input, full="output")
             codecs, resolved = self._compression(compression, output, "all_gather", algorithm)
-            call = self._prepare(
-                "all_gather", resolved, output, codecs, self._native.native_all_gather,
-                lambda sched, runner, codec, out, inp: runner.all_gather(sched, out, inp, codec),
-                lambda plan, run, out, inp: run.run(plan, {"input": inp, "output": out}, inp.numel(), "sum", codecs))
+            call = self._prepare("all_gather", resolved, output, codecs)
             self._keep(key, call)
         return self._issue(call, async_op, flat(output), flat(input))
 
@@ -619,11 +617,7 @@ class Communicator:
             self._check_buffers(output, input, full="input")
             op_code(op, input.dtype)
             codecs, resolved = self._compression(compression, input, "reduce_scatter", algorithm)
-            call = self._prepare(
-                "reduce_scatter", resolved, input, codecs,
-                lambda out, inp, **polled: self._native.native_reduce_scatter(out, inp, op, **polled),
-                lambda sched, runner, codec, out, inp: runner.reduce_scatter(sched, out, inp, op, codec),
-                lambda plan, run, out, inp: run.run(plan, {"input": inp, "output": out}, out.numel(), op, codecs))
+            call = self._prepare("reduce_scatter", resolved, input, codecs, op)
             self._keep(key, call)
         return self._issue(call, async_op, flat(output), flat(input))
 
@@ -635,11 +629,7 @@ class Communicator:
             validation.check_tensor("tensor", tensor, self.devices)
             op_code(op, tensor.dtype)
             codecs, resolved = self._compression(compression, tensor, "all_reduce", algorithm)
-            call = self._prepare(
-                "all_reduce", resolved, tensor, codecs,
-                lambda t, **polled: self._native.native_all_reduce(t, op, **polled),
-                lambda sched, runner, codec, t: runner.all_reduce(sched, t, op, codec),
-                lambda plan, run, t: run.all_reduce(plan, t, op, codecs))
+            call = self._prepare("all_reduce", resolved, tensor, codecs, op)
             self._keep(key, call)
         return self._issue(call, async_op, flat(tensor))
 
@@ -693,6 +683,40 @@ class Communicator:
         fn = partial(self._native.native_barrier, polled=True) if form == "native_nonblocking" \
             else self._native.native_barrier
         self._queue.run(naming_failures(fn, lambda: f"{self.label}barrier ({form})"), async_op=False)
+
+
+# What a resolved call runs, on the flat buffers: (output, input), or (tensor,) for all_reduce.
+
+def _run_native(collective: str, native, op: str, polled: bool, *buffers: torch.Tensor) -> None:
+    """The transport's own collective; polled: MPI's nonblocking form."""
+    kwargs = {"polled": True} if polled else {}
+    if collective == "all_gather":
+        native.native_all_gather(*buffers, **kwargs)
+    elif collective == "reduce_scatter":
+        native.native_reduce_scatter(*buffers, op, **kwargs)
+    else:
+        native.native_all_reduce(*buffers, op, **kwargs)
+
+
+def _run_schedule(collective: str, sched, runner, op: str, codec, *buffers: torch.Tensor) -> None:
+    """A schedule on an executor, compressed with `codec` where one is given."""
+    if collective == "all_gather":
+        runner.all_gather(sched, *buffers, codec)
+    elif collective == "reduce_scatter":
+        runner.reduce_scatter(sched, *buffers, op, codec)
+    else:
+        runner.all_reduce(sched, *buffers, op, codec)
+
+
+def _run_plan(collective: str, plan, executor: Callable[[], PlanExecutor], op: str, codecs: dict,
+              *buffers: torch.Tensor) -> None:
+    """A plan on the plan executor (`executor()`: its level communicators, made at first use)."""
+    if collective == "all_reduce":
+        executor().all_reduce(plan, *buffers, op, codecs)
+        return
+    out, inp = buffers
+    count = inp.numel() if collective == "all_gather" else out.numel()   # elements per rank
+    executor().run(plan, {"input": inp, "output": out}, count, op, codecs)
 
 
 def broadcast_pickled(obj, rank: int, root: int, device: torch.device,

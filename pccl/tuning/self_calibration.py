@@ -17,46 +17,35 @@ A call larger than the sweep's largest size (a sharded engine's units: tens to h
 MB) is measured at its size (the next power of two) at its first use, up to REACH_MAX:
 every candidate where the projection fits REACH times the budget, else the candidate auto
 would run, then the next it would run, until it would run one timed there or the time is
-spent (reach). A candidate's cost need not grow as the model's does past the sizes
-measured (on one H200 shared by 2 ranks, staged, MPI's own reduce-scatter grew 9x from 16
-to 64 MB, and auto, holding its 16 MB ratio, ran it at 3.6x the fastest). The size joins
-the entry in the cache, so it is measured once per shape.
+spent (reach): a candidate's cost need not grow past the sizes measured as the model's
+does. The size joins the entry in the cache, so it is measured once per shape.
 
 Each device type is measured apart, and the host's figures never decide for GPU buffers:
 over MPI a GPU's messages are staged through pinned host memory or handed to a GPU-aware
-library, and either changes every candidate's cost (on one H100 shared by 2 ranks, staged,
-MPI's own 64 MB reduce-scatter took 37 ms, the pairwise schedule 8.7 ms; at 64 B MPI's
-all-gather took 0.25 ms, every schedule 0.5-0.7 ms). On GPUs each timed loop ends with the
+library, and either changes every candidate's cost. On GPUs each timed loop ends with the
 device synchronized, so a loop times the collectives' work, not only their launch.
 
 Each size: every candidate is warmed up once, then timed in ROUNDS rounds, SHORT_ROUNDS
 below DOUBLING_BYTES (the order rotating between rounds, so no candidate always follows
 the same one), each an untimed call (switching from another candidate costs something a
 training loop, which repeats one, does not pay; from SWITCH_BYTES on the buffers outgrow
-the caches a switch leaves cold, and the call is left out), a barrier, and a timed loop of
-calls, about LOOP_SECONDS long (1 to MAX_ITERS calls, from the size before); a round's
-time is the slowest rank's, a candidate's the median of its rounds. The barrier (recursive
-doubling: the ranks leave it about together) matters: without it a loop of few calls timed
-the ranks' skew too, and the calibration's pick was within 5% of the bench's fastest at
-61% of sizes, with it 74-84% (4 ranks of 2 cores, batches of 4 launches). Below
-DOUBLING_BYTES a round is a few calls of tens of microseconds (0.1-0.3 ms on 4 ranks of 2
-cores), and one descheduled rank makes it an outlier: the median of 5 rounds there took
-the pick within 5% at 88-95% of those sizes, of 3 rounds at 77-80% (interleaved batches of
-4-6 launches), for a few milliseconds more. The next size is measured only if its
-projected time fits what is left of the budget: the candidates' summed median time per
-call, extrapolated along the line through the last two sizes, times the calls it makes,
-and MARGIN; from the medians, not the clock, so that a stall of one call (a descheduled
-rank) costs its time but does not end the calibration early. A size's warm-up is charged
-at most its calls' expected time: the first call at a new size can pay a setup (MPICH's
-first large messages and collectives took 0.1-0.3 s on 4-8 ranks of 2 cores) that a run
-pays at its first such call anyway, and the calibration takes that much longer than its
-budget.
+the caches a switch leaves cold, and the call is left out), a barrier, so that the loop
+does not time the ranks' skew, and a timed loop of calls, about LOOP_SECONDS long (1 to
+MAX_ITERS calls, from the size before); a round's time is the slowest rank's, a
+candidate's the median of its rounds (more rounds below DOUBLING_BYTES, where one
+descheduled rank makes a round of a few short calls an outlier). The next size is measured
+only if its projected time fits what is left of the budget: the candidates' summed median
+time per call, extrapolated along the line through the last two sizes, times the calls it
+makes, and MARGIN; from the medians, not the clock, so that a stall of one call costs its
+time but does not end the calibration early. A size's warm-up is charged at most its
+calls' expected time: the first call at a new size can pay a setup that a run pays at its
+first such call anyway. docs/tuning.md gives the figures behind these choices.
 
-Agreement: rank 0 reads the cache and shares what it found; the times are all-reduced
+Agreement: rank 0 reads the cache and broadcasts what it found; the times are all-reduced
 (max), so every rank holds the same figures, stops at the same size and makes the same
-choices. This and the barriers run through the communicator's own schedules, which time
-out as every schedule does (a blocking MPI call would hang an interruptible communicator).
-Rank 0 writes the file, atomically.
+choices. These and the barriers time out on an interruptible communicator (its broadcast
+polled, the rest through pccl's schedules), where a blocking MPI call would hang. Rank 0
+writes the file, atomically.
 
 The cache: PCCL_CACHE_DIR (default $XDG_CACHE_HOME/pccl, else ~/.cache/pccl), file
 calibration/<hash of the key>.json. The key holds what determines the answer: the node type
