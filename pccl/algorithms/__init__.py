@@ -39,11 +39,9 @@ def symmetry_of(algorithm: str, size: int) -> str:
     return "none" if kind == "xor" and size & (size - 1) else kind
 
 
-# Names accepted by the API besides the schedule algorithms: the transport's own collective,
-# and MPI's nonblocking form of it, polled so that it can time out.
+# The transport's own collective, and MPI's nonblocking form of it, polled so that it can
+# time out (the whole vocabulary of algorithm names: pccl/vocabulary.py).
 NATIVES = ("native", "native_nonblocking")
-SPECIAL = ("auto",) + NATIVES
-ALL_NAMES = tuple(sorted(set(SPECIAL).union(*(g.keys() for g in GENERATORS.values()))))
 
 
 def algorithms_for(collective: str) -> tuple[str, ...]:
@@ -60,7 +58,7 @@ def schedule(collective: str, algorithm: str, size: int, rank: int) -> Schedule:
     if algorithm not in table:
         raise ValueError(
             f"algorithm {algorithm!r} does not implement {collective}; "
-            f"expected one of {tuple(table) + SPECIAL}")
+            f"expected one of {tuple(table)}")
     if not (isinstance(size, int) and size >= 1 and 0 <= rank < size):
         raise ValueError(f"need size >= 1 and 0 <= rank < size, got size={size}, rank={rank}")
     steps = tuple(tuple(step) for step in table[algorithm](size, rank))

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from pccl import plans
+from pccl import plans, vocabulary
 from pccl.algorithms import NATIVES, schedule
 from pccl.compression.codecs import per_level
 from pccl.core.dtypes import op_code
@@ -385,7 +385,7 @@ class Communicator:
         different values, are refused (plans.compresses_consistently)."""
         spec = plans.spec_of(algorithm)
         if spec is None:
-            validation.check_algorithm(collective, algorithm)
+            vocabulary.check(collective, algorithm)
             if algorithm == "native_nonblocking" and self.transport != "mpi":
                 raise ValueError(f"'native_nonblocking' is MPI's nonblocking collective; transport {self.backend!r} "
                                  "has none: use 'native'")
@@ -483,7 +483,7 @@ class Communicator:
                 return {}, algorithm
             spec = plans.spec_of(algorithm)
             if spec is None:
-                validation.check_algorithm(collective, algorithm)
+                vocabulary.check(collective, algorithm)
             compression, algorithm = self.tuner_for(like.device.type).choose_compressed(
                 collective, like.numel() * like.element_size(), like.dtype, algorithm if spec is None else spec)
         codecs = per_level(compression)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from pccl.algorithms import ALL_NAMES, SPECIAL, algorithms_for
 from pccl.core.dtypes import DTYPES
 
 
@@ -34,11 +33,3 @@ def check_numel(name: str, actual: int, expected: int, why: str) -> None:
 def check_root(root, size: int) -> None:
     if not (isinstance(root, int) and not isinstance(root, bool) and 0 <= root < size):
         raise ValueError(f"root must be a rank of this communicator, 0..{size - 1}, got {root!r}")
-
-
-def check_algorithm(collective: str, algorithm) -> None:
-    if algorithm not in ALL_NAMES:
-        raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALL_NAMES}")
-    valid = algorithms_for(collective) + SPECIAL
-    if algorithm not in valid:
-        raise ValueError(f"algorithm {algorithm!r} does not implement {collective}; expected one of {valid}")

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import pccl
-from pccl.algorithms import ALL_NAMES, NATIVES, algorithms_for
+from pccl import vocabulary
+from pccl.algorithms import NATIVES
 from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import DATATYPES, OPS, REDUCTION_CLASSES
@@ -261,7 +262,9 @@ def variants(collective: str, algorithms: Optional[list[str]],
     either MPI executor, so it runs once, under the first one listed (label "mpi"), as
     does its nonblocking form "native_nonblocking" (which torch.distributed has not).
     """
-    valid = algorithms_for(collective) + NATIVES + ("auto",) + PLANS
+    # the table's rows: the schedules, the natives, auto, then the plans
+    valid = tuple(n for k in ("schedule", "native", "auto", "plan") for n in vocabulary.names(collective)
+                  if vocabulary.kind(n) == k)
     two_level = all(c.topology.num_nodes > 1 and c.topology.ranks_per_node > 1 for c in comms.values())
     groups = all(three_level.applies(c.topology) for c in comms.values())   # as auto offers it
     default = tuple(a for a in valid if a not in PLANS or (two_level and (a != "three_level" or groups)))
@@ -538,7 +541,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("-d", "--datatype", choices=tuple(DATATYPES), default="float")
     add("-o", "--op", choices=tuple(OPS), default="sum", help="reduction (reduce_scatter, all_reduce)")
     add("--collectives", type=comma_list(COLLECTIVES), default=["all_gather", "reduce_scatter"])
-    add("--algorithms", type=comma_list(ALL_NAMES + PLANS), default=None,
+    add("--algorithms", type=comma_list(vocabulary.names()), default=None,
         help="default: every algorithm of each collective, plus native and auto, plus the "
              "two-level plans when there are several nodes of several ranks")
     add("--ranks-per-node", type=at_least(1), default=None,

@@ -45,8 +45,8 @@ from typing import Optional
 
 import torch
 
-from pccl import plans
-from pccl.algorithms import GENERATORS, NATIVES, algorithms_for
+from pccl import plans, vocabulary
+from pccl.algorithms import NATIVES, algorithms_for
 from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import reduction_class
@@ -65,14 +65,15 @@ GAIN_UNMEASURED = 0.5    # unmeasured (trust_native), a plan is chosen over nati
 
 def forced(collective: str) -> Optional[str]:
     """The algorithm the environment forces for `collective`, if any."""
-    valid = algorithms_for(collective) + NATIVES + PLAN_NAMES
+    valid = vocabulary.names(collective, auto=False)
     for variable in (f"PCCL_{collective.upper()}_ALGO", "PCCL_ALGO"):
         name = os.environ.get(variable)
         if not name:
             continue
         if name in valid:
             return name
-        if variable != "PCCL_ALGO" or name not in set(valid).union(*GENERATORS.values()):
+        # PCCL_ALGO may name another collective's schedule: it forces that one only
+        if variable != "PCCL_ALGO" or name not in vocabulary.names(auto=False):
             raise ValueError(f"{variable}={name!r} is not an algorithm of {collective}; expected one of {valid}")
     return None
 

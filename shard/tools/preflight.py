@@ -146,19 +146,18 @@ def learning_rates(resolved: dict) -> dict:
 
 
 def _algorithm(value) -> None:
-    """comm.algorithm: one name for every collective, or {collective: name}."""
-    from pccl.algorithms import ALL_NAMES
-    from pccl.plans import NAMED
+    """comm.algorithm: one name for every collective, or {collective: name}, each one its
+    collective takes."""
+    from pccl import vocabulary
 
-    names = ALL_NAMES + tuple(NAMED)
-    valid_keys = ("all_gather", "reduce_scatter", "all_reduce")
-    pairs = value.items() if isinstance(value, dict) else [("comm.algorithm", value)]
+    pairs = value.items() if isinstance(value, dict) else [(None, value)]
     for key, name in pairs:
-        if isinstance(value, dict) and key not in valid_keys:
-            raise ConfigError(f"comm.algorithm: unknown collective {key!r}; expected keys among {valid_keys}")
+        if isinstance(value, dict) and key not in vocabulary.COLLECTIVES:
+            raise ConfigError(f"comm.algorithm: unknown collective {key!r}; expected keys among "
+                              f"{vocabulary.COLLECTIVES}")
+        names = vocabulary.names(key)
         if name not in names:
-            raise ConfigError(f"comm.algorithm{'.' + key if isinstance(value, dict) else ''} must be one of {names}, "
-                              f"got {name!r}")
+            raise ConfigError(f"comm.algorithm{'.' + key if key else ''} must be one of {names}, got {name!r}")
 
 
 def _codecs(compression: dict) -> None:
