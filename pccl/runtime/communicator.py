@@ -21,6 +21,7 @@ from pccl.executors.plan import PlanExecutor
 from pccl.executors.streams import StreamWork
 from pccl.executors.torch_p2p import TorchP2PExecutor
 from pccl.runtime import teardown, transports, validation
+from pccl.runtime.choice import Choice
 from pccl.runtime.detect import detect, detect_torch
 from pccl.runtime.rendezvous import init_torch_distributed, mpi_world
 from pccl.runtime.work import SerialQueue, Work
@@ -416,6 +417,15 @@ class Communicator:
         every rank at the same point of its sequence of calls."""
         if algorithm == "auto" and not compression and self.self_calibration is not None and device in MEASURED:
             self.calibration_for(device).ensure(collective, dtype, nbytes)
+
+    def choose(self, collective: str, algorithm, like: torch.Tensor, codec=None) -> Choice:
+        """What a call of `collective` on the full buffer `like` runs (Choice), decided once:
+        auto measured where this is its first call at that size (collective, as the call
+        itself would be), then resolved; `codec`: the one its blocks travel in, or None."""
+        nbytes = like.numel() * like.element_size()
+        self.measure_auto(collective, algorithm, like.dtype, like.device.type, codec, nbytes)
+        resolved = self.resolve(collective, algorithm, nbytes, like.device.type, codec, like.dtype)
+        return Choice(collective, resolved, like.numel(), like.dtype, self.topology, self.rank, codec)
 
     def calibration_for(self, device: str) -> SelfCalibration:
         """The self-calibration of `device` buffers ("cpu" or "cuda"), where this

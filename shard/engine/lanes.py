@@ -17,7 +17,6 @@ from typing import Callable, Optional
 
 import torch
 
-from pccl.analysis.traffic import sent
 from pccl.executors.streams import SideStream
 from pccl.runtime.work import SerialQueue, Work
 from shard.engine.shard_layout import ShardLayout
@@ -45,18 +44,15 @@ class Ledger:
         self._lock = threading.Lock()
         self._cache: dict = {}
 
-    def record(self, stage: str, comm, members: list[int], collective: str, algorithm, count: int,
-               dtype: torch.dtype, codec=None) -> None:
-        """Count a collective's bytes; with a codec, as its encodings (the schedule's bytes
-        times the codec's size ratio)."""
-        key = (id(comm), collective, repr(algorithm), count, dtype, repr(codec))
+    def record(self, stage: str, comm, members: list[int], choice) -> None:
+        """Count the bytes a collective's choice (pccl's Choice, on `comm`, whose rank i is
+        world rank members[i]) sends, as intra-group or inter-group."""
+        key = (id(comm), choice.collective, repr(choice.algorithm), choice.count, choice.dtype, repr(choice.codec))
         split = self._cache.get(key)
         if split is None:
             split = {"intra": 0, "inter": 0}
-            itemsize = dtype.itemsize
-            ratio = 1.0 if codec is None or not count else codec.encoded_nbytes(count, dtype) / (count * itemsize)
-            for peer, nbytes in sent(collective, algorithm, comm.topology, comm.rank, count, itemsize).items():
-                split["intra" if self.layout.same_group(members[peer]) else "inter"] += round(nbytes * ratio)
+            for peer, nbytes in choice.sent().items():
+                split["intra" if self.layout.same_group(members[peer]) else "inter"] += nbytes
             self._cache[key] = split
         with self._lock:
             for kind, nbytes in split.items():
@@ -189,21 +185,18 @@ class Lane:
         """One collective on the `level` communicator, which has more than one rank (the
         callers leave out those of one)."""
         comm, members = self.comms[level]
-        algorithm = self._algorithm(collective)
-        nbytes = full.numel() * full.element_size()
-        comm.measure_auto(collective, algorithm, full.dtype, full.device.type, codec, nbytes)   # a first call measures
-        algorithm = comm.resolve(collective, algorithm, nbytes, full.device.type, codec, full.dtype)
+        choice = comm.choose(collective, self._algorithm(collective), full, codec)   # a first call measures
         if getattr(self._running, "sent", None) is not None:
             self._running.sent[0] = True
         if stage is not None:  # stage None: scalars, not counted
-            self.ledger.record(stage, comm, members, collective, algorithm, full.numel(), full.dtype, codec)
+            self.ledger.record(stage, comm, members, choice)
             if self.log is not None:
-                self.log.append((level, collective, full.numel(), full.dtype, algorithm))
+                self.log.append((level, collective, full.numel(), full.dtype, choice.algorithm))
         if self.trace is not None:
-            call = TracedCall(level, collective, full.numel() * full.element_size(), algorithm, comm)
+            call = TracedCall(level, collective, choice.nbytes, choice.algorithm, comm)
             self.trace.call(getattr(self._running, "task", None), call)
         # "none", not None: the engine's own settings decide, never PCCL_COMPRESSION
-        getattr(comm, collective)(*args, algorithm=algorithm, compression=codec or "none")
+        getattr(comm, collective)(*args, algorithm=choice.algorithm, compression=codec or "none")
 
     def _levels(self, coarse: Scope, fine: Scope) -> list[str]:
         """The communicators that take a buffer from scope `coarse` to the finer `fine`;
