@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from pccl.core.dtypes import DATATYPES, DTYPES, OPS
 from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
+from pccl.util.args import refuse
 from pccl.util.files import write_json_atomic
 from pccl.util.sizes import parse_size, size_label
 
@@ -195,7 +196,7 @@ def run(argv: Optional[list[str]] = None) -> list[Row]:
     try:
         device = pick_device(args.device)
     except ValueError as e:
-        raise SystemExit(f"pccl-kernel-bench: {e}") from None
+        refuse("pccl-kernel-bench", str(e))
     where = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {args.threads} torch thread(s)"
     print(f"# pccl-kernel-bench on {where}: a = op(a, b) in place; GB/s counts bytes read + written "
           f"(3x the size for the ops, 2x for the copy); median of {args.repeats} loops of {args.iters}", flush=True)

@@ -33,7 +33,7 @@ from pccl.core.topology import Topology, TopologyError
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.profiles import topology_for
 from pccl.tuning.selection import Tuner
-from pccl.util.args import at_least
+from pccl.util.args import at_least, refuse
 from pccl.util.files import write_atomic
 from pccl.util.sizes import doubling_range, parse_size, size_label
 
@@ -177,13 +177,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         try:
             topology = topology_for(ranks, prof, args.ranks_per_node, args.nics_per_node, args.nodes_per_group)
         except TopologyError as e:
-            sys.exit(f"pccl-sim: {e}")
+            refuse("pccl-sim", str(e))
         result = evaluate(args.collective, topology, prof, args.sizes, args.codecs)
         records += [record(args.collective, topology, prof, size, result, i) for i, size in enumerate(args.sizes)]
     for name in (args.baseline, args.target):
         if name != "auto" and not any(name in rec["algorithms"] for rec in records):   # three_level needs groups
-            sys.exit(f"pccl-sim: no algorithm {name!r} for {args.collective}; expected auto or one of "
-                     f"{sorted(set().union(*(rec['algorithms'] for rec in records)))}")
+            refuse("pccl-sim", f"no algorithm {name!r} for {args.collective}; expected auto or one of "
+                               f"{sorted(set().union(*(rec['algorithms'] for rec in records)))}")
     if args.json:
         print(json.dumps(records[0] if len(records) == 1 else records, indent=1))
     else:

@@ -3,7 +3,8 @@ launch jobs can use them)."""
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+import sys
+from typing import Callable, NoReturn
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -18,3 +19,23 @@ def at_least(low: int) -> Callable[[str], int]:
         return value
     parse.__name__ = f"integer >= {low}"
     return parse
+
+
+class UsageError(SystemExit):
+    """Bad input to a command, the user's mistake and not the program's, found before
+    anything runs: exit status 2, as argparse's errors have; its text is the one line
+    refuse() prints, "PROG: what was wrong and what is expected"."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(2)
+        self.line = f"{prog}: {message}"
+
+    def __str__(self) -> str:
+        return self.line
+
+
+def refuse(prog: str, message: str) -> NoReturn:
+    """Say what was wrong in one line on stderr and exit with status 2 (UsageError)."""
+    error = UsageError(prog, message)
+    print(error, file=sys.stderr, flush=True)
+    raise error

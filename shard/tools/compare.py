@@ -65,7 +65,7 @@ import sys
 import time
 from pathlib import Path
 
-from pccl.util.args import at_least
+from pccl.util.args import at_least, refuse
 from shard.tools.compare_runs import BETAS, COMMS, EPS, EngineRun, agreement, loss_tolerance, parse_run
 
 
@@ -170,16 +170,15 @@ def prepare_data(args) -> None:
     try:
         data = TokenData(prepare(spec, cache))
     except ValueError as e:
-        raise SystemExit(f"shard-compare: preparing the synthetic corpus: {e} (the model's --vocab is {vocab})") \
-            from None
+        refuse("shard-compare", f"preparing the synthetic corpus: {e} (the model's --vocab is {vocab})")
     if data.vocab_size > vocab:
-        raise SystemExit(f"shard-compare: the corpus' tokenizer has {data.vocab_size} tokens, more than the model's "
-                         f"vocabulary of {vocab}: raise --vocab")
+        refuse("shard-compare", f"the corpus' tokenizer has {data.vocab_size} tokens, more than the model's "
+                                f"vocabulary of {vocab}: raise --vocab")
     args.data = str(data.directory.resolve())
     try:
         rank_batches(args, 0, args.ranks)   # a global batch more than the corpus fails here, not in a launch
     except ValueError as e:
-        raise SystemExit(f"shard-compare: {e}") from None
+        refuse("shard-compare", str(e))
 
 
 def step_batches(batches, device):
@@ -317,7 +316,7 @@ def launch_command(args: argparse.Namespace, name: str) -> list[str]:
     if not args.nodes:
         return [*launcher(), "-n", str(args.ranks), *worker]
     if not EMULATE.exists():
-        raise SystemExit(f"shard-compare: --nodes needs the repository's {EMULATE.relative_to(EMULATE.parents[3])}")
+        refuse("shard-compare", f"--nodes needs the repository's {EMULATE.relative_to(EMULATE.parents[3])}")
     return [sys.executable, str(EMULATE), "--nodes", str(args.nodes[0]), "--ranks-per-node", str(args.nodes[1]),
             "--rate", args.rate, "--", *worker]
 
@@ -456,11 +455,11 @@ def main(argv=None) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise SystemExit("shard-compare: --device cuda, but torch sees no GPU here")
+            refuse("shard-compare", "--device cuda, but torch sees no GPU here")
     try:
         model_config(args)   # a bad --model or shape fails here, before anything launches
     except ValueError as e:
-        raise SystemExit(f"shard-compare: {e}") from None
+        refuse("shard-compare", str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prepare_data(args)   # once, here: every launch reads it

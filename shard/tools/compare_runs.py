@@ -13,6 +13,8 @@ import math
 import os
 from typing import Optional
 
+from pccl.util.args import refuse
+
 COMMS = {"native": "native", "pccl": "auto", "hierarchical": "hierarchical", "ho_ring": "ho_ring"}
 BETAS, EPS = (0.9, 0.95), 1e-8   # the learning rate changes every step: shard/tools/compare.py's schedule
 # The agreement check (agreement()): at every step, |loss - reference loss| may be a
@@ -333,15 +335,15 @@ def parse_run(name: str) -> Run:
     compiled = "compile" in extras
     codecs = [e for e in extras if e != "compile"]
     if len(codecs) > 1:
-        raise SystemExit(f"shard-compare: run {name!r} names two codecs; expected STRATEGY-COMM[+CODEC][+compile]")
+        refuse("shard-compare", f"run {name!r} names two codecs; expected STRATEGY-COMM[+CODEC][+compile]")
     if codecs:
         from pccl.compression.codecs import codec
 
         codec(codecs[0])
     strategy, _, comm = run.rpartition("-")
     if comm not in COMMS or not strategy:
-        raise SystemExit(f"shard-compare: unknown run {run!r}; expected one of {tuple(PLAIN)} or "
-                         f"STRATEGY-COMM[+CODEC][+compile] with COMM one of {tuple(COMMS)}")
+        refuse("shard-compare", f"unknown run {run!r}; expected one of {tuple(PLAIN)} or "
+                                f"STRATEGY-COMM[+CODEC][+compile] with COMM one of {tuple(COMMS)}")
     Strategy.parse(strategy)
     return EngineRun(strategy, comm, codecs[0] if codecs else None, compiled)
 

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from pccl.util.args import refuse
 from shard.planning.throughput import DEFAULT_MFU
 
 # Ratios the PCCL paper measured with DeepSpeed ZeRO-3 on Frontier, PCCL over RCCL (Section 6.2)
@@ -49,7 +50,7 @@ def peak(args, profile) -> float:
         return args.peak_tflops
     device = PROFILE_DEVICES.get(profile.name)
     if device is None:
-        raise SystemExit(f"shard-sim: no device known for profile {profile.name!r}; pass --peak-tflops")
+        refuse("shard-sim", f"no device known for profile {profile.name!r}; pass --peak-tflops")
     return PEAK_TFLOPS[device][args.precision]
 
 
@@ -59,9 +60,9 @@ def workload(args, ranks: int):
     sequences = args.global_batch / args.seq / ranks
     micro_batches = sequences / args.micro_batch
     if micro_batches != int(micro_batches) or micro_batches < 1:
-        raise SystemExit(f"shard-sim: a global batch of {args.global_batch:.0f} tokens is {sequences:g} sequences of "
-                         f"{args.seq} per rank on {ranks} ranks, not a whole number of micro-batches of "
-                         f"{args.micro_batch}")
+        refuse("shard-sim", f"a global batch of {args.global_batch:.0f} tokens is {sequences:g} sequences of "
+                            f"{args.seq} per rank on {ranks} ranks, not a whole number of micro-batches of "
+                            f"{args.micro_batch}")
     return Workload(args.seq, args.micro_batch, int(micro_batches))
 
 
@@ -81,10 +82,15 @@ def simulate(args) -> list[dict]:
     comms = [c for c in args.comms.split(",") if c]
     for c in comms:
         if c not in COMMS:
-            raise SystemExit(f"shard-sim: unknown collective layer {c!r}; expected one of {tuple(COMMS)}")
+            refuse("shard-sim", f"unknown collective layer {c!r}; expected one of {tuple(COMMS)}")
     rows = []
+    presets = []
     for name in args.model.split(","):
-        cfg = GPTConfig.preset(name, context=args.seq)
+        try:
+            presets.append((name, GPTConfig.preset(name, context=args.seq)))
+        except ValueError as e:   # before any row is computed
+            refuse("shard-sim", f"--model: {e}")
+    for name, cfg in presets:
         for ranks in doubling_range(args.ranks, int):
             topology = topology_for(ranks, profile, args.ranks_per_node, None)
             micro = workload(args, ranks)

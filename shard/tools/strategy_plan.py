@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from pccl.tuning import profiles
 from pccl.tuning.profiles import topology_for
-from pccl.util.args import at_least
+from pccl.util.args import at_least, refuse
 from pccl.util.sizes import parse_size
 from shard.engine.config import OBJECTIVES
 from shard.engine.strategy import STRATEGIES
@@ -129,7 +128,7 @@ def main(argv=None) -> None:
         job, cluster, keywords = from_args(args)
         plan = make_plan(job, cluster, **keywords)
     except (PlanError, ValueError) as e:
-        sys.exit(f"shard-plan: {e}")
+        refuse("shard-plan", str(e))
     print(json.dumps(plan.to_json(), indent=1, default=str) if args.json else table(plan))
 
 

@@ -79,3 +79,27 @@ def test_every_numeric_flag_is_in_the_table():
             argparse.ArgumentParser.parse_args = original
         unbounded = [a.option_strings for a in parser._actions if a.type is int and a.choices is None]
         assert unbounded == [], f"{tool}: int flags without a bound: {unbounded}"
+
+
+# Bad input found after parsing, but before anything runs: every command says it in one line
+# and exits with status 2, as the parser's errors do (shard-train's own test is in
+# tests/shard/test_preflight.py).
+LATE = [
+    (["shard-compare", "--runs", "eager,nonsense"], "shard-compare: unknown run 'nonsense'"),
+    (["shard-sim", "--model", "gpt_9000"], "shard-sim: --model: unknown model preset 'gpt_9000'"),
+    (["shard-plan", "--model", "gpt_125m", "--world", "16", "--groups", "3", "--global-batch", "65536"],
+     "shard-plan: group size 3 must divide"),
+    (["pccl-sim", "--ranks", "6", "--ranks-per-node", "4"], "pccl-sim: "),
+]
+
+
+@pytest.mark.parametrize("argv,line", LATE, ids=[a[0] for a, _ in LATE])
+def test_bad_input_is_one_line_and_exit_status_2(argv, line, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    command = Path(sys.executable).parent / argv[0]
+    run = subprocess.run([str(command), *argv[1:]], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith(line) and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
