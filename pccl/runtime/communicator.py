@@ -277,9 +277,11 @@ class Communicator:
                         bool(name or os.environ.get("PCCL_PROFILE")))
             except ValueError as e:
                 mine = str(e)
-        # before the set-up (which takes the profile): straight through the transport's own
-        agreed = mine if self.size == 1 else broadcast_pickled(mine, self.rank, 0, self._host_or_gpu(),
-                                                               self._native.native_broadcast)
+        # before the set-up (which takes the profile): straight through the transport's own,
+        # over MPI its polled form, which times out, not the watchdog's blocking call
+        broadcast = partial(self._native.native_broadcast, polled=True) if self.transport == "mpi" \
+            else self._native.native_broadcast
+        agreed = mine if self.size == 1 else broadcast_pickled(mine, self.rank, 0, self._host_or_gpu(), broadcast)
         if isinstance(agreed, str):
             raise ValueError(f"machine profile on rank 0: {agreed}")
         return Profile.from_dict(agreed[0]), agreed[1]
