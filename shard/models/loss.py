@@ -56,10 +56,11 @@ def _chunk(xs, weight, ts, n: int, grad_x, grad_w) -> torch.Tensor:
     grad[torch.arange(grad.shape[0], device=grad.device), ts] -= 1.0 / n
     grad = grad.to(dtype)
     del exp, logits
+    # (under autocast the products take the weight's cached cast, as the logits' did)
     if grad_x is not None:
-        grad_x.copy_(torch.matmul(grad, weight.to(dtype)))
+        grad_x.copy_(torch.matmul(grad, weight))
     if grad_w is not None:
-        grad_w += torch.matmul(grad.t(), xs.to(dtype))
+        grad_w += torch.matmul(grad.t(), xs)
     return loss
 
 
