@@ -277,11 +277,15 @@ class Communicator:
                         bool(name or os.environ.get("PCCL_PROFILE")))
             except ValueError as e:
                 mine = str(e)
-        # before the set-up (which takes the profile): straight through the transport's own,
-        # over MPI its polled form, which times out, not the watchdog's blocking call
-        broadcast = partial(self._native.native_broadcast, polled=True) if self.transport == "mpi" \
-            else self._native.native_broadcast
-        agreed = mine if self.size == 1 else broadcast_pickled(mine, self.rank, 0, self._host_or_gpu(), broadcast)
+        # before the set-up (which takes the profile), so not through broadcast_object: the
+        # transport's own object broadcast (over MPI, mpi4py's on this communicator's
+        # duplicate, apart from the executors'; a timeout here could not be named anyway)
+        if self.mpi_comm is not None:
+            agreed = self.mpi_comm.bcast(mine, root=0)
+        else:
+            box = [mine]
+            dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
+            agreed = box[0]
         if isinstance(agreed, str):
             raise ValueError(f"machine profile on rank 0: {agreed}")
         return Profile.from_dict(agreed[0]), agreed[1]

@@ -14,8 +14,6 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from pccl.runtime import teardown  # noqa: F401  (its exit bound must be registered before shut_down)
-
 
 def mpi_world():
     """MPI.COMM_WORLD, with MPI_THREAD_MULTIPLE requested where MPI is not started yet (its

@@ -15,22 +15,15 @@ def exit_if_finalize_hangs() -> None:
     """From now on, a process exit that MPI_Finalize holds up past FINALIZE_LIMIT ends
     without it (once; nothing where MPI was never started, as under torchrun)."""
     global _armed
-    if "mpi4py.MPI" in sys.modules:
-        _armed = True
+    if _armed or "mpi4py.MPI" not in sys.modules:
+        return
+    _armed = True
+    atexit.register(_bound_finalize)   # atexit runs last-registered first: before mpi4py's finalize
 
 
 def _bound_finalize() -> None:
-    if not _armed:
-        return
     from pccl.executors.mpi_cpp import exit_if_stuck
 
     sys.stdout.flush()
     sys.stderr.flush()
     exit_if_stuck(FINALIZE_LIMIT, 1)
-
-
-# Registered when pccl's runtime is first imported, so before the torch.distributed
-# shut-down that a later rendezvous registers: atexit runs the last registered first, so
-# that shut-down runs, then this bounds MPI_Finalize alone (mpi4py finalizes through
-# Py_AtExit, after every atexit function).
-atexit.register(_bound_finalize)
