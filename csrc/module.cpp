@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -28,6 +30,34 @@ namespace nb = nanobind;
 using namespace pccl;
 
 namespace {
+
+class ExitTimer {
+ public:
+  ExitTimer(double seconds, int code) : thread_([this, seconds, code] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (cancelled_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
+    static const char msg[] =
+        "pccl: MPI_Finalize still waits for a peer after a failed collective (a peer is gone): exiting without it\n";
+    (void)!write(2, msg, sizeof msg - 1);
+    _exit(code);
+  }) {}
+  ~ExitTimer() { cancel(); }
+
+  void cancel() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cancelled_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cancelled_;
+  bool done_ = false;
+  std::thread thread_;   // last: it starts once the members it reads exist
+};
 
 using OpsTable = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
@@ -147,18 +177,12 @@ NB_MODULE(_native, m) {
       },
       timeout);
   m.attr("compiled_mpi") = compiled_mpi();
-  // A process whose collective failed may hang in MPI_Finalize, waiting for the dead peer:
-  // this thread ends it after `seconds` (it needs no GIL: at that point Python is
-  // shutting down). If the process exits first, the thread goes with it.
-  m.def("exit_if_stuck", [](double seconds, int code) {
-    std::thread([seconds, code] {
-      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-      static const char msg[] =
-          "pccl: still finalizing MPI after a failed collective (a peer is gone): exiting without it\n";
-      (void)!write(2, msg, sizeof msg - 1);
-      _exit(code);
-    }).detach();
-  }, nb::arg("seconds"), nb::arg("code"));
+  // A process whose collective failed may hang in MPI_Finalize, which waits for every
+  // peer, forever for a dead one: a native thread (it needs no GIL, which the finalizing
+  // thread may hold) ends the process with `code` unless cancel() comes within `seconds`.
+  nb::class_<ExitTimer>(m, "ExitTimer")
+      .def(nb::init<double, int>(), nb::arg("seconds"), nb::arg("code"))
+      .def("cancel", &ExitTimer::cancel, nb::call_guard<nb::gil_scoped_release>());
   m.def("mpi_gpu_support", &mpi_gpu_support, nb::arg("platform"),
         "1 if the MPI library says it takes device pointers of platform ('cuda' or 'hip'), 0 if it says "
         "not, -1 if it has no query");

@@ -14,6 +14,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+_span: timedelta | None = None   # while torch.distributed is pccl's to shut down at exit
+
 
 def mpi_world():
     """MPI.COMM_WORLD, with MPI_THREAD_MULTIPLE requested where MPI is not started yet (its
@@ -33,7 +35,7 @@ def init_torch_distributed(backend: str, timeout: float, pg_options=None) -> Non
     span = timedelta(seconds=timeout)
     if all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
         dist.init_process_group(backend, timeout=span, pg_options=pg_options)
-        atexit.register(shut_down, span)
+        _shut_down_at_exit(span)
         return
     comm = mpi_world()
     hosts = comm.allgather(socket.gethostname())
@@ -52,13 +54,22 @@ def init_torch_distributed(backend: str, timeout: float, pg_options=None) -> Non
     dist.init_process_group(backend, store=store, rank=comm.rank, world_size=comm.size, timeout=span,
                             pg_options=pg_options)
     # Tear down before MPI_Finalize (mpi4py's exit hook, registered earlier, runs after this).
-    atexit.register(shut_down, span)
+    _shut_down_at_exit(span)
 
 
-def shut_down(span: timedelta) -> None:
-    """Destroy the process groups once every rank got here: a rank that tore its gloo
-    connections down while a peer still read from them would crash that peer."""
-    if not dist.is_initialized():
+def _shut_down_at_exit(span: timedelta) -> None:
+    global _span
+    _span = span
+    atexit.register(shut_down)
+
+
+def shut_down() -> None:
+    """Destroy the process groups pccl made once every rank got here (once: later calls do
+    nothing): a rank that tore its gloo connections down while a peer still read from them
+    would crash that peer."""
+    global _span
+    span, _span = _span, None
+    if span is None or not dist.is_initialized():
         return
     if dist.get_backend() == "gloo":
         dist.monitored_barrier(timeout=span)  # raises instead of hanging if a rank is gone

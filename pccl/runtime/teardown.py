@@ -1,13 +1,18 @@
 """After a collective failed (a peer died or never came), MPI_Finalize at exit can wait
-forever for the missing peer: the process then exits without it after FINALIZE_LIMIT
-seconds, with status 1, so a failed run ends (the launcher sees a rank fail and ends the
-others) rather than hanging. A run that finalizes in time exits as it would have."""
+forever for the missing peer: MPI_Finalize waits for every peer to reach it. The process
+then shuts torch.distributed down and finalizes MPI itself, before mpi4py's exit hook
+would, and exits without the finalize after FINALIZE_LIMIT seconds, with status 1, so a
+failed run ends (the launcher sees a rank fail and ends the others) rather than hanging.
+The limit bounds the finalize alone: a run that finalizes in time exits as it would have,
+however long the rest of its exit takes."""
 from __future__ import annotations
 
 import atexit
 import sys
 
-FINALIZE_LIMIT = 3.0   # seconds; a finalize with every peer alive takes milliseconds
+# seconds; finalize waits for the slowest peer's own exit (its torch.distributed shut-down,
+# on loaded shared cores), then takes milliseconds
+FINALIZE_LIMIT = 5.0
 _armed = False
 
 
@@ -18,12 +23,23 @@ def exit_if_finalize_hangs() -> None:
     if _armed or "mpi4py.MPI" not in sys.modules:
         return
     _armed = True
-    atexit.register(_bound_finalize)   # atexit runs last-registered first: before mpi4py's finalize
+    atexit.register(_bounded_finalize)   # atexit runs last-registered first: before mpi4py's finalize
 
 
-def _bound_finalize() -> None:
-    from pccl.executors.mpi_cpp import exit_if_stuck
+def _bounded_finalize() -> None:
+    from mpi4py import MPI
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    exit_if_stuck(FINALIZE_LIMIT, 1)
+    from pccl.executors.mpi_cpp import exit_timer
+    from pccl.runtime.rendezvous import shut_down
+
+    try:
+        # first: the peers' torch.distributed shut-down waits for this rank's, and this
+        # rank's finalize for theirs (its own exit hook then finds nothing to do)
+        shut_down()
+    finally:
+        if not MPI.Is_finalized():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            timer = exit_timer(FINALIZE_LIMIT, 1)
+            MPI.Finalize()   # mpi4py's own exit hook then finds MPI finalized and does nothing
+            timer.cancel()
