@@ -50,4 +50,4 @@ if dist.get_rank() == 0:
     result = {name: round(statistics.median(s) * 1e6, 1) for name, s in samples.items()}
     print(json.dumps({"ranks": dist.get_world_size(), "bytes": 4, "algorithm": args.algorithm,
                       "median_us_per_call": result,
-                      "resolved": repr(comm.resolve("all_reduce", args.algorithm, 4))}), flush=True)
+                      "resolved": repr(comm.selector.resolve("all_reduce", args.algorithm, 4))}), flush=True)

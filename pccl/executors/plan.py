@@ -64,6 +64,20 @@ def side_stream(device: torch.device) -> SideStream:
     return SideStream(torch.cuda.Stream(device))
 
 
+def level_communicators(comm) -> dict:
+    """{level: communicator}: `comm` split along its topology's levels, each over its level
+    transport ("intra", "inter", and where the network has groups "group" and "global",
+    which ride the inter-node transport). Collective over `comm`."""
+    wanted = dict(comm.level_transports)
+    if comm.topology.has_groups:
+        for level in ("group", "global"):
+            wanted[level] = wanted["inter"]
+    levels = {level: comm.split(comm.topology.level_groups(level), transport) for level, transport in wanted.items()}
+    for level, child in levels.items():
+        child.label = f"the {level}-node level's "
+    return levels
+
+
 class PlanExecutor:
     def __init__(self, levels: dict, new_side: Callable[[torch.device], SideStream] = side_stream):
         self.levels = levels          # "intra"/"inter" -> Communicator
@@ -92,7 +106,7 @@ class PlanExecutor:
         compression = codecs.get(phase.level) or "none"
         # a plan's "native" is the level transport's own collective in the form the level
         # runs it: on an interruptible communicator one that times out, never MPI's blocking one
-        algorithm = comm.own_native if phase.algorithm == "native" else phase.algorithm
+        algorithm = comm.selector.own_native if phase.algorithm == "native" else phase.algorithm
         if phase.collective == "all_gather":
             return comm.all_gather(out, inp, algorithm=algorithm, async_op=async_op, compression=compression)
         return comm.reduce_scatter(out, inp, op=op, algorithm=algorithm, async_op=async_op, compression=compression)

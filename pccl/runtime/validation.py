@@ -25,6 +25,16 @@ def check_pair(output: torch.Tensor, input: torch.Tensor) -> None:
                          f"input on {input.device}")
 
 
+def check_blocks(output: torch.Tensor, input: torch.Tensor, full: str, size: int, devices: tuple[str, ...]) -> None:
+    """An (output, input) pair whose `full` side holds `size` blocks of the other."""
+    check_tensor("output", output, devices)
+    check_tensor("input", input, devices)
+    check_pair(output, input)
+    big, small = (output, input) if full == "output" else (input, output)
+    other = "input" if full == "output" else "output"
+    check_numel(full, big.numel(), size * small.numel(), f"size * {other}.numel() = {size} * {small.numel()}")
+
+
 def check_numel(name: str, actual: int, expected: int, why: str) -> None:
     if actual != expected:
         raise ValueError(f"{name}.numel() must be {expected} ({why}), got {actual}")

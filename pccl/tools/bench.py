@@ -234,7 +234,7 @@ def measure(case: Case, todo: list[tuple[str, pccl.Communicator, str, str]], arg
             wrong = check(case, call, world)
         algbw, busbw = bandwidths(case.collective, case.nbytes, seconds, case.ranks)
         # auto's pick for these buffers' device (the plans only where their levels carry it)
-        tuner = comm.tuner_for(case.device)
+        tuner = comm.selector.tuner_for(case.device)
         picked = tuner.name(case.collective, case.nbytes, case.dtype) if algorithm == "auto" else algorithm
         rows.append(Row(case.collective, case.nbytes, case.count, args.datatype, args.op, executor, algorithm,
                         picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error, case.device))
@@ -391,7 +391,8 @@ def runs(collective: str, args: argparse.Namespace, comms: dict[str, pccl.Commun
     dtype = DATATYPES[args.datatype]
     for executor, comm, algorithm in variants(collective, args.algorithms, comms):
         for name in ["none"] + ([] if algorithm in NATIVES else args.compression):
-            reason = row_skip(collective, executor, algorithm, name, dtype, args.device, comm.plan_devices, gpus)
+            reason = row_skip(collective, executor, algorithm, name, dtype, args.device,
+                              comm.selector.plan_devices, gpus)
             if reason is None:
                 todo.append((executor, comm, algorithm, name))
             else:
@@ -590,8 +591,8 @@ def time_candidates(comm: pccl.Communicator, maxbytes: int) -> dict:
     return {(collective, klass, name): points
             for collective in COLLECTIVES
             for klass in (("full",) if collective == "all_gather" else REDUCTION_CLASSES)
-            for name, points in self_calibration.measure(comm, collective, self_calibration.DTYPE_OF[klass], math.inf,
-                                                         maxbytes).items()}
+            for name, points in self_calibration.measure(comm, collective, comm.selector.tuner.candidates(collective),
+                                                         self_calibration.DTYPE_OF[klass], math.inf, maxbytes).items()}
 
 
 def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:

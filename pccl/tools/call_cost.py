@@ -48,10 +48,10 @@ def main(argv=None) -> None:
     array = np.ones(n, dtype=np.float32)
     out = np.empty_like(array)
     sched = schedule("all_reduce", "ring", comm.size, comm.rank)   # what call(ring) runs
-    executor = comm._executor
+    executor = comm.carrier.runner
     rows = {
         "mpi4py": lambda: world.Allreduce(array, out, op=MPI.SUM),
-        "native entry": lambda: comm._native.native_all_reduce(tensor, "sum"),
+        "native entry": lambda: comm.carrier.native.native_all_reduce(tensor, "sum"),
         "schedule": lambda: executor.all_reduce(sched, tensor, "sum"),
         "call(ring)": lambda: comm.all_reduce(tensor, algorithm="ring"),
         "call(native)": lambda: comm.all_reduce(tensor, algorithm="native"),

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import os
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -214,3 +215,19 @@ class Tuner:
                 times = {n: predict(n) for n in self.compressible(collective)}
             return min(times, key=times.get)
         return self._decided(("coded", collective, dtype, cost_model.coded_levels(compression)), nbytes, fastest)
+
+
+def shared_tuner(topology: Topology, profile: Profile, with_plans: bool = True, natives: tuple = ("native",),
+                 trust_native: bool = False) -> Tuner:
+    """Tuner(...), one per distinct arguments and PCCL_*ALGO settings in a process: each
+    decision is made once for every communicator that decides alike (a planner's dry runs
+    make one per strategy on one world)."""
+    environment = tuple(forced(c) for c in COLLECTIVES)
+    return _shared(topology, profile, with_plans, tuple(natives), trust_native, environment)
+
+
+@lru_cache(maxsize=256)
+def _shared(topology: Topology, profile: Profile, with_plans: bool, natives: tuple, trust_native: bool,
+            environment: tuple) -> Tuner:
+    return Tuner(topology, profile, with_plans, natives, trust_native)
+

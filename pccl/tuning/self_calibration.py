@@ -168,12 +168,13 @@ def library_of(comm) -> dict:
 def key_of(comm, device: str = "cpu") -> dict:
     """What the calibration of `comm`'s shape (a pccl.Communicator) on `device` buffers
     depends on (host buffers: no device field, as before GPUs were measured; GPU buffers:
-    the GPU and how MPI moves its memory, Communicator.gpu_type)."""
+    the GPU and how MPI moves its memory, Transport.gpu_type)."""
     t = comm.topology
     key = {"format": FORMAT, "pccl": metadata.version("pccl"), "node": node_type(), **library_of(comm),
            "transport": comm.transport, "executor": comm.executor, "ranks": t.size, "nodes": [len(n) for n in t.nodes],
            "nics_per_node": t.nics_per_node, "interruptible": comm.interruptible}
-    return key if device == "cpu" else {**key, "device": comm.gpu_type(device)}
+    return key if device == "cpu" else {**key, "device": comm.carrier.gpu_type(device)}
+
 
 
 def path_of(key: dict, env=os.environ) -> Path:
@@ -268,13 +269,12 @@ def calls_per_candidate(nbytes: int, iters: int) -> int:
     return 1 + rounds_at(nbytes) * (iters + (nbytes < SWITCH_BYTES))
 
 
-def measure(comm, collective: str, dtype: torch.dtype, seconds: float,
+def measure(comm, collective: str, names: tuple, dtype: torch.dtype, seconds: float,
             largest: int = MAX_BYTES, device: str = "cpu") -> dict:
-    """{candidate: [[bytes, seconds per call], ...]}: every candidate of auto for `device`
-    buffers ("cpu", or "cuda": the current GPU's) timed through `comm` from 4 B up until
-    `seconds` are spent (the slowest rank's clock, so that every rank stops at the same
-    size). Collective over `comm`."""
-    names = comm.tuner_for(device).candidates(collective)
+    """{candidate: [[bytes, seconds per call], ...]}: every candidate in `names` (auto's,
+    for `device` buffers: "cpu", or "cuda", the current GPU's) timed through `comm` from 4 B
+    up until `seconds` are spent (the slowest rank's clock, so that every rank stops at the
+    same size). Collective over `comm`."""
     element = dtype.itemsize
     out: dict = {name: [] for name in names}
     spent = 0.0
@@ -400,15 +400,18 @@ def calls(comm, collective: str, count: int, dtype: torch.dtype, device: str = "
 
 class SelfCalibration:
     """The calibration of one communicator's shape on one device type's buffers ("cpu",
-    "cuda"): read from the cache at first need, measured where missing, and applied to the
-    communicator's profile for those buffers."""
+    "cuda"): read from the cache at first need, measured where missing, and published to
+    the communicator's selector (pccl/runtime/selector.py) as the profile for those
+    buffers. `comm`, the bench: the communicator, which times the candidates, drains what
+    it queued before, and agrees rank 0's cache entry and the figures."""
 
-    def __init__(self, comm, device: str = "cpu"):
+    def __init__(self, comm, selector, device: str = "cpu"):
         self.comm = comm
+        self.selector = selector
         self.device = device
         self.on = enabled()
         self.budget = budget()
-        self.base = comm.given_profile    # what the measured ratios are taken against
+        self.base = selector.given_profile    # what the measured ratios are taken against
         self.measured: Optional[dict] = None   # {entry: {candidate: points}}, once read
         self.seconds: dict[str, float] = {}    # entry -> seconds this process spent measuring it
         self.settled: dict[str, int] = {}      # entry -> the largest call size reach() was asked about
@@ -438,7 +441,9 @@ class SelfCalibration:
             _account(self.path, 0.0)
         if not self._current(entry, collective):
             start = time.perf_counter()
-            self.measured[entry] = measure(self.comm, collective, DTYPE_OF[klass], self.budget, device=self.device)
+            names = self.selector.tuner_for(self.device).candidates(collective)
+            self.measured[entry] = measure(self.comm, collective, names, DTYPE_OF[klass], self.budget,
+                                           device=self.device)
             self._keep(entry, time.perf_counter() - start)
         if self._beyond(entry, nbytes):
             self._reach(entry, collective, DTYPE_OF[klass], nbytes)
@@ -464,7 +469,7 @@ class SelfCalibration:
         them from then on, as it will once they are kept)."""
         self.measured[entry] = figures
         self._apply()
-        return self.comm.tuner_for(self.device).name(collective, reach_size(
+        return self.selector.tuner_for(self.device).name(collective, reach_size(
             collective, self.comm.size, dtype.itemsize, nbytes), dtype)
 
     def _keep(self, entry: str, seconds: float) -> None:
@@ -477,7 +482,7 @@ class SelfCalibration:
 
     def _current(self, entry: str, collective: str) -> bool:
         """Whether the cache's figures for `entry` cover every candidate auto has now."""
-        names = set(self.comm.tuner_for(self.device).candidates(collective))
+        names = set(self.selector.tuner_for(self.device).candidates(collective))
         return entry in self.measured and names <= set(self.measured[entry])
 
     def _agreed_cache(self) -> dict:
@@ -507,8 +512,8 @@ class SelfCalibration:
                    for collective, klass in [entry_parts(entry)]
                    for name, points in by_name.items()}
         if figures:
-            self.comm.use_profile(calibrated(self.base, self.comm.topology, figures,
-                                             f"self-calibration, {self.path}"), self.device)
+            self.selector.use_profile(calibrated(self.base, self.selector.topology, figures,
+                                                 f"self-calibration, {self.path}"), self.device)
 
 
 def _account(path: Path, seconds: float) -> None:
@@ -527,10 +532,11 @@ def basis(comm, device: str = "cpu") -> str:
     """What auto's choices for `device` buffers of `comm` (a pccl.Communicator) rest on,
     in words: its self-calibration's figures (measured in this run, with the seconds each
     took, or read from the cache), a chosen profile, or neither and why."""
-    own = comm.calibration_for(device) if comm.self_calibration is not None else None
+    selector = comm.selector
+    own = selector.calibration_for(device) if selector.self_calibration is not None else None
     if own is None:
-        if not comm.trust_native:
-            return f"profile {comm.profile.name!r}"
+        if not selector.trust_native:
+            return f"profile {selector.profile.name!r}"
         why = "one rank, nothing to measure" if comm.size == 1 else "no self-calibration on this transport"
         return f"unmeasured ({why}): the transport's own collective"
     if not own.on:

@@ -376,7 +376,7 @@ def plan_for(model: torch.nn.Module, comm, config: EngineConfig, workload: Optio
     memory, flops = int(agreed[0].item()), float(agreed[1].item())
     source = (f"{DEFAULT_MFU:.0%} of {peak} TFLOP/s" if peak
               else f"{flops / 1e9:.3g} GFLOP/s, one block's forward and backward measured on {device.type}")
-    profile = comm.tuner.profile
+    profile = comm.selector.profile
     rate = ComputeRate.on(profile, flops, source + " (the slowest rank's)")
     cluster = Cluster(comm.topology, profile, memory, rate, config.auto.headroom,
                       peak * 1e12 if peak else None, shared_cores=device.type == "cpu")

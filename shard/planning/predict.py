@@ -131,8 +131,8 @@ def trace_many(model: torch.nn.Module, comm, micro: Workload, **settings) -> tup
 
 
 def call_seconds(call: TracedCall) -> float:
-    """The dry-run communicator's prediction (it remembers them, by value)."""
-    return call.comm.predict(call.collective, call.algorithm, call.nbytes)
+    """The dry-run transport's prediction (it remembers them, by value)."""
+    return call.comm.carrier.predict(call.collective, call.algorithm, call.nbytes)
 
 
 def replay(trace: StepTrace, compute_seconds: Callable[[str, Optional[str]], float],

@@ -256,7 +256,8 @@ def test_rows_that_cannot_run_are_skipped_with_the_reason(collective, executor, 
 
 def fake_comms(device_of_plans: dict[str, tuple[str, ...]]) -> dict:
     """Communicators as runs() sees them: 2 nodes of 2 ranks, plan levels carrying these devices."""
-    return {e: SimpleNamespace(topology=Topology.regular(4, 2), plan_devices=d) for e, d in device_of_plans.items()}
+    return {e: SimpleNamespace(topology=Topology.regular(4, 2), selector=SimpleNamespace(plan_devices=d))
+            for e, d in device_of_plans.items()}
 
 
 @pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter", "all_reduce"])

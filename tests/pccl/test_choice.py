@@ -18,7 +18,7 @@ def test_a_choice_knows_its_algorithm_and_what_each_peer_receives():
     assert plan.kind == "plan" and sum(plan.sent().values()) > 0
     auto = comm.choose("all_reduce", "auto", buffer)
     assert auto.kind in ("native", "schedule", "plan") and auto.algorithm != "auto"
-    assert auto.algorithm == comm.resolve("all_reduce", "auto", 8192, dtype=torch.bfloat16)
+    assert auto.algorithm == comm.selector.resolve("all_reduce", "auto", 8192, dtype=torch.bfloat16)
     # int8 blocks: each byte count times the codec's encoded size over the exact one
     int8 = codec("int8")
     coded = comm.choose("all_gather", "ring", torch.empty(4096), int8)

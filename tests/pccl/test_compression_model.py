@@ -84,17 +84,17 @@ def test_auto_compresses_only_where_it_clearly_pays():
 
 def test_compression_auto_resolves_before_anything_is_sent(monkeypatch):
     comm = DryRunCommunicator(Topology.regular(8, 4), profiles.load("emulated-1gbit"))
-    codecs, algorithm = comm._compression("auto", torch.empty(16 * MB // 4), "all_reduce", "auto")
+    codecs, algorithm = comm._codecs("auto", torch.empty(16 * MB // 4), "all_reduce", "auto")
     assert codecs["flat"].name == codecs["inter"].name == "int8" and isinstance(algorithm, str)
-    assert comm._compression("auto", torch.empty(16), "all_reduce", "auto")[0] == {}
-    assert comm._compression("auto", torch.empty(16 * MB // 4, device="meta"), "all_reduce", "ring") == ({}, "ring")
+    assert comm._codecs("auto", torch.empty(16), "all_reduce", "auto")[0] == {}
+    assert comm._codecs("auto", torch.empty(16 * MB // 4, device="meta"), "all_reduce", "ring") == ({}, "ring")
     monkeypatch.setenv("PCCL_COMPRESSION", "auto")   # read when a communicator is made
-    assert comm._compression(None, torch.empty(16 * MB // 4), "all_reduce", "auto") == ({}, "auto")
+    assert comm._codecs(None, torch.empty(16 * MB // 4), "all_reduce", "auto") == ({}, "auto")
     comm = DryRunCommunicator(Topology.regular(8, 4), profiles.load("emulated-1gbit"))
-    assert comm._compression(None, torch.empty(16 * MB // 4), "all_reduce", "ring")[1] == "ring"
-    assert comm._compression(None, torch.empty(16 * MB // 4), "all_reduce", "auto")[0]["flat"].name == "int8"
+    assert comm._codecs(None, torch.empty(16 * MB // 4), "all_reduce", "ring")[1] == "ring"
+    assert comm._codecs(None, torch.empty(16 * MB // 4), "all_reduce", "auto")[0]["flat"].name == "int8"
     with pytest.raises(ValueError, match="algorithm"):
-        comm._compression("auto", torch.empty(16), "all_reduce", "no-such-algorithm")
+        comm._codecs("auto", torch.empty(16), "all_reduce", "no-such-algorithm")
 
 
 def test_a_compressed_calls_auto_is_the_fastest_predicted_with_its_codec(monkeypatch):
@@ -113,6 +113,6 @@ def test_a_compressed_calls_auto_is_the_fastest_predicted_with_its_codec(monkeyp
     assert frontier.choose_for("all_gather", 64 * MB, torch.float32, "int8") != "ho_ring"
     comm = DryRunCommunicator(topo, prof)
     chosen = tuner.choose_for("all_reduce", 4 * MB, torch.float32, "int8")   # what a compressed call's auto runs
-    assert comm.resolve("all_reduce", "auto", 4 * MB, compression="int8") == plans.NAMED.get(chosen, chosen)
+    assert comm.selector.resolve("all_reduce", "auto", 4 * MB, compression="int8") == plans.NAMED.get(chosen, chosen)
     monkeypatch.setenv("PCCL_ALGO", "ring")
     assert Tuner(topo, prof).choose_for("all_gather", MB, torch.float32, "int8") == "ring"

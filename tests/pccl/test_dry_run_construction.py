@@ -1,6 +1,7 @@
-"""The dry-run communicator is made by Communicator's own set-up (Communicator._set_up), so a
-field added to every communicator is one it has; and it makes no MPI or torch.distributed
-call doing so (a singleton MPI world for the real communicator: no mpiexec)."""
+"""The dry-run communicator is made by Communicator's own constructor over a transport that
+moves nothing (RecordingTransport), so a field added to every communicator is one it has;
+and it makes no MPI or torch.distributed call doing so (a singleton MPI world for the real
+communicator: no mpiexec)."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -9,15 +10,12 @@ from mpi4py import MPI
 import pccl
 from pccl import plans
 from pccl.core.topology import Topology
-from pccl.runtime import communicator
+from pccl.runtime import transport
 from pccl.runtime.communicator import Communicator
-from pccl.runtime.dry_run import DEVICES, DryRunCommunicator
+from pccl.runtime.dry_run import DEVICES, DryRunCommunicator, RecordingTransport
+from pccl.runtime.transport import Transport
 from pccl.tuning import profiles
 from pccl.tuning.selection import PLAN_NAMES
-
-# The objects that move a real communicator's data: read only by the collectives and the
-# split that the dry run overrides.
-MOVES_DATA = {"_executor", "_native"}
 
 
 def dry(size=8, per_node=4, rank=0) -> DryRunCommunicator:
@@ -25,41 +23,42 @@ def dry(size=8, per_node=4, rank=0) -> DryRunCommunicator:
 
 
 @pytest.fixture
-def set_up_writes(monkeypatch):
-    """The names each Communicator._set_up call assigns, by the class of the communicator made."""
-    written: dict[str, set] = {}
-    original = Communicator._set_up
+def constructed(monkeypatch):
+    """The transports each Communicator.__init__ call was given, by the class of the communicator made."""
+    made: dict[str, list] = {}
+    original = Communicator.__init__
 
-    def recording(self, *args, **kwargs):
-        before = set(vars(self))
-        original(self, *args, **kwargs)
-        written.setdefault(type(self).__name__, set()).update(set(vars(self)) - before)
-    monkeypatch.setattr(Communicator, "_set_up", recording)
-    return written
+    def recording(self, comm, *args, **kwargs):
+        original(self, comm, *args, **kwargs)
+        made.setdefault(type(self).__name__, []).append(type(self.carrier).__name__)
+    monkeypatch.setattr(Communicator, "__init__", recording)
+    return made
 
 
-def test_a_dry_run_is_made_by_the_communicators_own_set_up(set_up_writes):
+def test_a_dry_run_is_made_by_the_communicators_own_constructor(constructed):
     comm = dry()
     child = comm.split([[0, 1, 2, 3], [4, 5, 6, 7]])
     real = pccl.Communicator(MPI.COMM_SELF, timeout=10)
     try:
-        assert set_up_writes["DryRunCommunicator"] == set_up_writes["Communicator"]
-        assert "tuner" in set_up_writes["Communicator"] and "_queue" in set_up_writes["Communicator"]
-        for c in (comm, child):
-            assert set_up_writes["Communicator"] <= set(vars(c))
+        assert constructed == {"DryRunCommunicator": ["RecordingTransport"],
+                               "Communicator": ["RecordingTransport", "Transport"]}
+        assert type(child) is Communicator and isinstance(child.carrier, RecordingTransport)
+        assert isinstance(real.carrier, Transport)
     finally:
         real.close()
 
 
 def test_a_dry_run_has_every_field_a_real_communicator_has():
-    """Its transport's own fields too (rank, timeout, devices...), which it sets itself: a
-    field added to Communicator.__init__ outside _set_up fails here until the dry run sets it
-    (or it joins MOVES_DATA, read only where the dry run overrides)."""
+    """Every field a real communicator has, and every field of its selector; and its
+    transport every field a real transport's has but the executors that move data."""
     real = pccl.Communicator(MPI.COMM_SELF, timeout=10)
     try:
-        wanted = set(vars(real)) - MOVES_DATA
         for c in (dry(), dry(rank=5).split([[0, 4], [1, 5], [2, 6], [3, 7]])):
-            assert wanted <= set(vars(c)), f"{type(c).__name__} lacks {sorted(wanted - set(vars(c)))}"
+            assert set(vars(real)) == set(vars(c)), f"{type(c).__name__}: {set(vars(real)) ^ set(vars(c))}"
+            assert set(vars(real.selector)) == set(vars(c.selector))
+            public = {k for k in vars(real.carrier) if not k.startswith("_")} - {"runner", "native", "gpu_mpi",
+                                                                                   "owns_group"}
+            assert public <= set(vars(c.carrier)), sorted(public - set(vars(c.carrier)))
     finally:
         real.close()
 
@@ -67,19 +66,20 @@ def test_a_dry_run_has_every_field_a_real_communicator_has():
 def test_a_dry_runs_fields_are_a_transport_that_moves_nothing_and_plans_on_every_device(monkeypatch):
     monkeypatch.setenv("PCCL_COMPRESSION", "int8")   # read when a communicator is made
     comm = dry(rank=5)
-    assert (comm.rank, comm.size, comm.topology, comm.profile) == (5, 8, Topology.regular(8, 4),
-                                                                   profiles.load("frontier"))
+    assert (comm.rank, comm.size, comm.topology, comm.selector.profile) == (
+        5, 8, Topology.regular(8, 4), profiles.load("frontier"))
     assert comm.transport == comm.backend == comm.executor == "dry-run" and comm.timeout == float("inf")
-    assert comm.group is None and comm.mpi_comm is None and comm._root is None and comm.calls == []
-    assert comm.devices == comm.plan_devices == DEVICES == ("cpu", "cuda", "meta")
+    assert comm.group is None and comm.mpi_comm is None and comm.carrier.root is None and comm.carrier.calls == []
+    assert comm.devices == comm.selector.plan_devices == DEVICES == ("cpu", "cuda", "meta")
     assert comm.level_transports == {"intra": "dry-run", "inter": "dry-run"}
     assert comm.default_compression == "int8" and comm.label == "" and not comm.interruptible
-    assert comm._plans is None and comm._compressed is None and not comm._owns_group and comm._calls == {}
+    assert comm._plans is None and comm._calls == {}
     # auto weighs the plans and the transport's own collective; the flat tuner no plans
-    assert comm.tuner.with_plans and comm.tuner.natives == ("native",) and comm.tuner.plans_apply
-    assert set(comm.tuner.candidates("all_reduce")) >= {"native", *PLAN_NAMES} - {"three_level"}
-    assert not comm._flat_tuner.with_plans and comm._flat_tuner.natives == ("native",)
-    assert comm.tuner_for("meta") is comm.tuner and comm.queues_on_device("cpu") and not comm.uses_nccl()
+    tuner, flat = comm.selector.tuner, comm.selector._flat_tuner
+    assert tuner.with_plans and tuner.natives == ("native",) and tuner.plans_apply
+    assert set(tuner.candidates("all_reduce")) >= {"native", *PLAN_NAMES} - {"three_level"}
+    assert not flat.with_plans and flat.natives == ("native",)
+    assert comm.selector.tuner_for("meta") is tuner and comm.queues_on_device("cpu") and not comm.uses_nccl()
     assert repr(comm) == f"DryRunCommunicator(rank=5, size=8, {comm.topology.describe()})"
 
 
@@ -88,11 +88,12 @@ def test_a_dry_run_makes_no_mpi_or_torch_distributed_call(monkeypatch):
         raise AssertionError("a dry run made a collective call")
     # Communicator's collective steps (detection, rank 0's profile, the level groups) and
     # torch.distributed's group calls.
-    for name in ("_topology", "_agreed_profile", "_spans_world", "_plan_executor", "_world_ranks"):
-        monkeypatch.setattr(Communicator, name, refused)
+    for name in ("topology", "agreed_profile", "spans_world", "world_ranks", "split"):
+        monkeypatch.setattr(Transport, name, refused)
+    monkeypatch.setattr(Communicator, "_plan_executor", refused)
     for name in ("init_process_group", "new_group", "barrier", "broadcast_object_list", "get_world_size"):
         monkeypatch.setattr(dist, name, refused)
-    monkeypatch.setattr(communicator, "init_torch_distributed", refused)
+    monkeypatch.setattr(transport, "init_torch_distributed", refused)
     comm = dry()
     child = comm.split([[0, 1, 2, 3], [4, 5, 6, 7]])
     cross = comm.split([[0, 4], [1, 5], [2, 6], [3, 7]])
@@ -102,8 +103,9 @@ def test_a_dry_run_makes_no_mpi_or_torch_distributed_call(monkeypatch):
         c.reduce_scatter(torch.empty(n // c.size, device="meta"), torch.empty(n, device="meta"))
         c.all_reduce(torch.empty(n, dtype=torch.bfloat16, device="meta"))
         c.all_reduce(torch.empty(n, device="meta"), algorithm=plans.NAMED["hierarchical"])
-        assert [call[0] for call in c.calls] == ["all_gather", "reduce_scatter", "all_reduce", "all_reduce"]
-        assert all(seconds > 0 for *_, seconds in c.calls)
-        assert c.calls[0][1] == c.resolve("all_gather", "auto", 4 * n, "meta")
+        calls = c.carrier.calls
+        assert [call[0] for call in calls] == ["all_gather", "reduce_scatter", "all_reduce", "all_reduce"]
+        assert all(seconds > 0 for *_, seconds in calls)
+        assert calls[0][1] == c.selector.resolve("all_gather", "auto", 4 * n, "meta")
         c.close()
     assert not dist.is_initialized()

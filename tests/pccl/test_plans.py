@@ -1,6 +1,7 @@
 """Two-level plans: the symbolic plan verifier, their structure, and the local steps (single process)."""
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -471,10 +472,10 @@ def test_three_level_phases_run_the_least_data_between_groups():
 
 class RecordingLevel:
     """A plan level's communicator stand-in (MPI: it blocks the caller) that records the
-    algorithm each phase asked for; `own_native` as an interruptible MPI level's."""
+    algorithm each phase asked for; its selector's `own_native` as an interruptible MPI level's."""
 
     def __init__(self, own_native, log):
-        self.own_native, self.log = own_native, log
+        self.selector, self.log = SimpleNamespace(own_native=own_native), log
 
     def queues_on_device(self, device):
         return False

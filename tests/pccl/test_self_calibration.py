@@ -135,10 +135,16 @@ def test_short_calls_take_more_rounds(monkeypatch):
     # measure() makes those calls: 10 us a call on a fake clock, loops of MAX_ITERS, 5 candidates
     comm = FakeClockComm(lambda n: 1e-5)
     monkeypatch.setattr(sc.time, "perf_counter", comm.clock)
-    sc.measure(comm, "all_gather", torch.float32, 1.0, largest=sc.DOUBLING_BYTES)
+    sc.measure(comm, "all_gather", candidates(comm), torch.float32, 1.0, largest=sc.DOUBLING_BYTES)
     short = len(sc.sizes_of("all_gather", 1, 4, sc.DOUBLING_BYTES - 1))
     calls = 5 * (short * (1 + sc.SHORT_ROUNDS * (sc.MAX_ITERS + 1)) + (1 + sc.ROUNDS * (sc.MAX_ITERS + 1)))
     assert comm.now == pytest.approx(calls * 1e-5)
+
+
+def candidates(comm) -> tuple:
+    """What auto weighs for an all-gather on a fake communicator's shape (as the
+    self-calibration asks its selector)."""
+    return comm.tuner_for("cpu").candidates("all_gather")
 
 
 class FakeClockComm:
@@ -175,7 +181,7 @@ class FakeClockComm:
 def test_a_stalled_call_does_not_end_the_calibration(monkeypatch, stall_call, stall, seconds):
     comm = FakeClockComm(lambda n: 2e-5, stall_at=4096, stall_call=stall_call, stall=stall)
     monkeypatch.setattr(sc.time, "perf_counter", comm.clock)
-    measured = sc.measure(comm, "all_gather", torch.float32, seconds, largest=MB)
+    measured = sc.measure(comm, "all_gather", candidates(comm), torch.float32, seconds, largest=MB)
     assert [n for n, _ in measured["ring"]] == sc.sizes_of("all_gather", 1, 4, MB)   # every size, to the largest
     assert all(t == pytest.approx(2e-5) for n, t in measured["ring"])                # the medians drop the stall
     assert stall < comm.now < stall + seconds
@@ -184,7 +190,7 @@ def test_a_stalled_call_does_not_end_the_calibration(monkeypatch, stall_call, st
 def test_the_budget_holds_where_calls_grow_with_their_bytes(monkeypatch):
     comm = FakeClockComm(lambda n: 1e-5 + n / 1e8)   # 100 MB/s: 64 MiB would take 0.67 s a call
     monkeypatch.setattr(sc.time, "perf_counter", comm.clock)
-    measured = sc.measure(comm, "all_gather", torch.float32, 0.5)
+    measured = sc.measure(comm, "all_gather", candidates(comm), torch.float32, 0.5)
     reach = measured["ring"][-1][0]
     assert 64 << 10 <= reach < 8 * MB and comm.now <= 0.5
     # it stopped for want of time: the next size, with the margin, would not have fitted
@@ -218,7 +224,7 @@ def test_a_call_beyond_the_sweep_is_measured_at_its_size_and_auto_follows(monkey
     comm = GrowingComm(None)
     comm.seconds = staged_mpi
     monkeypatch.setattr(sc.time, "perf_counter", comm.clock)
-    swept = sc.measure(comm, "all_gather", torch.float32, 100.0, largest=16 * MB)
+    swept = sc.measure(comm, "all_gather", candidates(comm), torch.float32, 100.0, largest=16 * MB)
     assert max(n for n, _ in swept["ring"]) == 16 * MB
 
     def auto(entry, nbytes):
@@ -340,7 +346,7 @@ def test_gpu_buffers_have_a_key_and_file_of_their_own():
     from types import SimpleNamespace
 
     comm = SimpleNamespace(topology=Topology.regular(4, 4), transport="mpi", executor="cpp", interruptible=False,
-                           gpu_type=lambda device: {**STAND_IN_GPU, "type": device})
+                           carrier=SimpleNamespace(gpu_type=lambda device: {**STAND_IN_GPU, "type": device}))
     host, gpu = sc.key_of(comm), sc.key_of(comm, "cuda")
     assert "device" not in host and gpu == {**host, "device": STAND_IN_GPU}
     assert sc.path_of(host) != sc.path_of(gpu)
@@ -362,7 +368,7 @@ def test_on_a_gpu_each_timed_loop_ends_with_the_device_synchronized(monkeypatch)
         synced.append(comm.now)
         comm.now += 5e-5
     monkeypatch.setattr(sc.torch.cuda, "synchronize", synchronize)
-    measured = sc.measure(comm, "all_gather", torch.float32, 1.0, largest=64, device="cuda")
+    measured = sc.measure(comm, "all_gather", candidates(comm), torch.float32, 1.0, largest=64, device="cuda")
     sizes = sc.sizes_of("all_gather", 1, 4, 64)
     assert len(synced) == len(sizes) * (1 + 5 * sc.SHORT_ROUNDS)   # 5 candidates
     assert all(t == pytest.approx(1e-5 + 5e-5 / sc.MAX_ITERS) for _, t in measured["ring"])
@@ -376,17 +382,19 @@ def test_a_gpus_profile_decides_for_its_buffers_only_and_the_hosts_never_for_a_g
 
     topo = Topology.regular(4, 4)
     comm = DryRunCommunicator(topo, FAST_LINKS, trust_native=True)
-    given = comm.tuner_for("cuda")
-    comm.use_profile(measured_profile(topo, "full", "ring"), "cpu")
-    assert comm.tuner_for("cpu").name("all_reduce", MB) == "ring"
-    assert comm.tuner_for("cuda") is given and given.name("all_reduce", MB) == "native", "host figures stay the host's"
-    comm.use_profile(measured_profile(topo, "full", "rabenseifner"), "cuda")
-    assert comm.tuner_for("cuda").name("all_reduce", MB) == "rabenseifner"
-    assert comm.tuner_for("cpu").name("all_reduce", MB) == "ring" and comm.tuner_for("meta") is given
-    assert comm.resolve("all_reduce", "auto", MB, "cuda") == "rabenseifner"
-    assert comm.resolve("all_reduce", "auto", MB) == "ring"
-    comm.use_profile(FAST_LINKS)   # a profile for every device: the devices' own are dropped
-    assert comm.tuner_for("cuda").name("all_reduce", MB) == "native" == comm.tuner_for("cpu").name("all_reduce", MB)
+    given = comm.selector.tuner_for("cuda")
+    comm.selector.use_profile(measured_profile(topo, "full", "ring"), "cpu")
+    assert comm.selector.tuner_for("cpu").name("all_reduce", MB) == "ring"
+    assert comm.selector.tuner_for("cuda") is given
+    assert given.name("all_reduce", MB) == "native", "host figures stay the host's"
+    comm.selector.use_profile(measured_profile(topo, "full", "rabenseifner"), "cuda")
+    assert comm.selector.tuner_for("cuda").name("all_reduce", MB) == "rabenseifner"
+    assert comm.selector.tuner_for("cpu").name("all_reduce", MB) == "ring" and comm.selector.tuner_for("meta") is given
+    assert comm.selector.resolve("all_reduce", "auto", MB, "cuda") == "rabenseifner"
+    assert comm.selector.resolve("all_reduce", "auto", MB) == "ring"
+    comm.selector.use_profile(FAST_LINKS)   # a profile for every device: the devices' own are dropped
+    tuner_for = comm.selector.tuner_for
+    assert tuner_for("cuda").name("all_reduce", MB) == "native" == tuner_for("cpu").name("all_reduce", MB)
 
 # ----------------------------------------------------------------- a world of one rank
 
@@ -416,8 +424,8 @@ def test_a_world_of_one_rank_never_calibrates_on_any_executor(tmp_path, monkeypa
         comm.all_gather(out, x)
         comm.reduce_scatter(out, x)
         comm.all_reduce(x.bfloat16())
-        comm.measure_auto("all_reduce", "auto", torch.float32, "cuda")   # GPU buffers: the same rule
-        assert comm.self_calibration is None and comm._device_calibrations == {}
+        comm.selector.measure_auto("all_reduce", "auto", torch.float32, "cuda")   # GPU buffers: the same rule
+        assert comm.selector.self_calibration is None and comm.selector._device_calibrations == {}
         assert torch.equal(x, torch.arange(8.0)) and torch.equal(out, torch.arange(8.0))
         assert [f for f in tmp_path.rglob("*.json")] == [old] and old.read_bytes() == before
     finally:

@@ -133,7 +133,7 @@ def test_the_papers_design_nccl_inside_mpi_across(recorded):
     assert child.transport == "mpi" and child.level_transports == {"intra": "nccl", "inter": "mpi"}
     # Without a GPU build of the native module the MPI level carries host tensors only, so
     # no device suits both levels: a plan is refused before sending, auto runs flat.
-    assert comm.plan_devices == ()
+    assert comm.selector.plan_devices == ()
     with pytest.raises(ValueError, match="intra='nccl', inter='mpi' takes"):
         comm.all_gather(torch.empty(4), torch.ones(4), algorithm="hierarchical")
     x = torch.arange(4.0)
@@ -249,7 +249,7 @@ def test_async_nccl_calls_are_issued_on_the_calling_thread(recorded, monkeypatch
     comm = pccl.Communicator(dist.new_group([0], backend="nccl"), timeout=10)
     threads, handles = [], []
     monkeypatch.setattr(communicator, "StreamWork", lambda: handles.append("stream") or "stream")
-    monkeypatch.setattr(comm._native, "native_all_reduce", lambda t, op: threads.append(threading.get_ident()))
+    monkeypatch.setattr(comm.carrier.native, "native_all_reduce", lambda t, op: threads.append(threading.get_ident()))
     cuda_like = torch.ones(4)
     monkeypatch.setattr(comm, "queues_on_device", lambda device: True)
     monkeypatch.setattr(communicator.validation, "check_tensor", lambda *args: None)

@@ -99,8 +99,8 @@ def test_a_call_is_resolved_once_per_shape_and_still_checked_every_time(monkeypa
     an unhashable argument) is checked on every call."""
     c = pccl.Communicator(MPI.COMM_SELF)
     resolved = []
-    real = c.resolve
-    monkeypatch.setattr(c, "resolve", lambda *a, **k: resolved.append(a[:3]) or real(*a, **k))
+    real = c.selector.resolve
+    monkeypatch.setattr(c.selector, "resolve", lambda *a, **k: resolved.append(a[:3]) or real(*a, **k))
     out, x = torch.empty(4), torch.arange(4.0)
     for _ in range(3):
         c.all_gather(out, x)
@@ -146,17 +146,18 @@ def test_an_interruptible_communicator_never_lets_auto_run_mpis_own_collectives(
     engine's communicators) auto chooses among pccl's schedules only, in its children too;
     "native" named explicitly still runs."""
     c = pccl.Communicator(MPI.COMM_SELF, interruptible=True)
-    assert "native" not in c.tuner.candidates("all_gather") and "native" not in c._flat_tuner.candidates("all_reduce")
+    assert "native" not in c.selector.tuner.candidates("all_gather")
+    assert "native" not in c.selector._flat_tuner.candidates("all_reduce")
     assert c.split([[0]]).interruptible
     t = torch.ones(4)
     c.all_reduce(t, algorithm="native")
     assert torch.equal(t, torch.ones(4))
-    assert "native" in pccl.Communicator(MPI.COMM_SELF).tuner.candidates("all_gather")
+    assert "native" in pccl.Communicator(MPI.COMM_SELF).selector.tuner.candidates("all_gather")
 
 
 def test_the_own_native_of_an_interruptible_mpi_communicator_is_the_one_that_times_out():
     """What a plan's "native" phases run on each level communicator (pccl.executors.plan)."""
     c = pccl.Communicator(MPI.COMM_SELF, interruptible=True)
-    assert c.own_native == "native_nonblocking" and c.split([[0]]).own_native == "native_nonblocking"
-    assert c.tuner.candidates("all_gather").count("native_nonblocking") == 1
-    assert pccl.Communicator(MPI.COMM_SELF).own_native == "native"
+    assert c.selector.own_native == "native_nonblocking" and c.split([[0]]).selector.own_native == "native_nonblocking"
+    assert c.selector.tuner.candidates("all_gather").count("native_nonblocking") == 1
+    assert pccl.Communicator(MPI.COMM_SELF).selector.own_native == "native"

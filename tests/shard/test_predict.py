@@ -132,14 +132,14 @@ def test_dry_run_communicator_checks_like_a_real_one_and_records_what_it_would_r
         comm.all_reduce(torch.empty(4), algorithm="no-such-algorithm")
     comm.all_gather(torch.empty(16, device="meta"), torch.empty(2, device="meta"), algorithm="ring")
     comm.all_reduce(torch.empty(1 << 20, dtype=torch.bfloat16, device="meta"))
-    (collective, algorithm, nbytes, seconds), auto = comm.calls
+    (collective, algorithm, nbytes, seconds), auto = comm.carrier.calls
     assert (collective, algorithm, nbytes) == ("all_gather", "ring", 64)
     assert seconds == pytest.approx(cost_model.predict("all_gather", "ring", comm.topology, HAND, 64))
-    assert auto[1] == comm.tuner.choose("all_reduce", 2 << 20) and auto[2] == 2 << 20
+    assert auto[1] == comm.selector.tuner.choose("all_reduce", 2 << 20) and auto[2] == 2 << 20
     child = comm.split([[0, 1, 2, 3], [4, 5, 6, 7]])
     assert (child.rank, child.size, child.topology.num_nodes) == (1, 4, 1)
     cross = comm.split([[0, 4], [1, 5], [2, 6], [3, 7]])
-    assert cross.rank == 1 and cross.predict("all_gather", "ring", 1 << 20) == pytest.approx(
+    assert cross.rank == 1 and cross.carrier.predict("all_gather", "ring", 1 << 20) == pytest.approx(
         cost_model.predict_groups("all_gather", "ring", comm.topology, ((0, 4), (1, 5), (2, 6), (3, 7)), HAND,
                                   1 << 20))
     with pytest.raises(ValueError, match="symmetric"):

@@ -117,7 +117,8 @@ def counted(comm, collective):
 world = dist.group.WORLD
 for collective in ("all_gather", "reduce_scatter", "all_reduce"):
     setattr(world.comm, collective, counted(world.comm, collective))
-report["resolved"] = {c: repr(world.comm.resolve(c, "auto", 1 << 20)) for c in ("all_gather", "reduce_scatter")}
+report["resolved"] = {c: repr(world.comm.selector.resolve(c, "auto", 1 << 20))
+                      for c in ("all_gather", "reduce_scatter")}
 meshes = {"pccl": init_device_mesh(DEVICE.type, (p,)), "gloo": DeviceMesh.from_group(gloo, DEVICE.type)}
 bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 runs = {"fsdp2_fp32": lambda name: fsdp2(meshes[name]),

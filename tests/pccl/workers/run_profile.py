@@ -24,10 +24,10 @@ report: dict = {}
 
 os.environ["PCCL_PROFILE"] = "frontier" if world.rank == 0 else "perlmutter"
 comm = pccl.init(ranks_per_node=2)
-report["names"] = world.allgather(comm.profile.name)
-reference = Tuner(comm.topology, profile.load("frontier"), natives=comm.tuner.natives)
+report["names"] = world.allgather(comm.selector.profile.name)
+reference = Tuner(comm.topology, profile.load("frontier"), natives=comm.selector.tuner.natives)
 sizes = [1 << k for k in range(10, 31, 2)]
-report["same_choice"] = all(comm.resolve(c, "auto", n) == reference.choose(c, n)
+report["same_choice"] = all(comm.selector.resolve(c, "auto", n) == reference.choose(c, n)
                             for c in ("all_gather", "reduce_scatter", "all_reduce") for n in sizes)
 x = torch.arange(8, dtype=torch.float32) + world.rank
 out = torch.empty(8 * world.size)

@@ -22,6 +22,7 @@ import torch
 from mpi4py import MPI
 
 import pccl
+from pccl.runtime.transport import Transport
 from pccl.tuning import self_calibration as sc
 
 root, report_path = Path(sys.argv[1]), Path(sys.argv[2])
@@ -43,11 +44,11 @@ def step(comm_options: dict, dtype=torch.bfloat16) -> dict:
         expected = ((torch.arange(1000) % 7) * p + p * (p - 1) // 2).float()
         gathered = torch.empty(4 * p)
         comm.all_gather(gathered, torch.full((4,), float(rank)))
-    own = comm.self_calibration
+    own = comm.selector.self_calibration
     exact = torch.equal(x.float(), expected) and torch.equal(gathered, torch.arange(p).repeat_interleave(4).float())
-    choices = [comm.resolve(c, "auto", n, dtype=d) for c in ("all_gather", "all_reduce") for n in SIZES
+    choices = [comm.selector.resolve(c, "auto", n, dtype=d) for c in ("all_gather", "all_reduce") for n in SIZES
                for d in (torch.float32, torch.bfloat16)]
-    mine = json.dumps([own.measured, [str(c) for c in choices], sorted(map(str, comm.profile.calibration))],
+    mine = json.dumps([own.measured, [str(c) for c in choices], sorted(map(str, comm.selector.profile.calibration))],
                       sort_keys=True)
     agree = len(set(world.allgather(mine))) == 1 and world.allreduce(int(exact), op=MPI.MIN) == 1
     files = world.gather(len(list(Path(os.environ["PCCL_CACHE_DIR"]).rglob("*.json"))), root=0)
@@ -80,20 +81,20 @@ def reaching() -> dict:
     sc.REACH = 1e6
     comm = pccl.init()
     comm.all_reduce(torch.ones(1000))
-    own = comm.self_calibration
+    own = comm.selector.self_calibration
     swept = [n for n, _ in next(iter(own.measured["all_reduce/full"].values()))]
     x = torch.full((swept[-1] // 2,), float(rank))   # 2x the largest in bytes: fp32 elements
     comm.all_reduce(x)
     comm.all_reduce(torch.ones(swept[-1] // 8))
     grown = [n for n, _ in next(iter(own.measured["all_reduce/full"].values()))]
-    mine = json.dumps([own.measured, str(comm.resolve("all_reduce", "auto", 2 * swept[-1]))], sort_keys=True)
+    mine = json.dumps([own.measured, str(comm.selector.resolve("all_reduce", "auto", 2 * swept[-1]))], sort_keys=True)
     out = {"swept": swept, "grown": grown, "agree": len(set(world.allgather(mine))) == 1,
            "exact": bool(world.allreduce(int(torch.equal(x, torch.full_like(x, p * (p - 1) / 2))), op=MPI.MIN))}
     comm.close()
     again = pccl.init()
     again.all_reduce(torch.full((swept[-1] // 2,), 1.0))
-    out["read_back"] = again.self_calibration.measured["all_reduce/full"] == own.measured["all_reduce/full"]
-    out["measured_again"] = sorted(again.self_calibration.seconds)
+    out["read_back"] = again.selector.self_calibration.measured["all_reduce/full"] == own.measured["all_reduce/full"]
+    out["measured_again"] = sorted(again.selector.self_calibration.seconds)
     again.close()
     sc.REACH = REACH
     return out
@@ -110,8 +111,7 @@ report["gloo"] = step({"transport": "gloo"})
 def on_stand_in_gpu() -> dict:
     """Two communicators' first auto all-reduce of GPU buffers: the first measures them
     (with synchronized loops), the second reads its file; neither touches the host's."""
-    pccl.Communicator.gpu_type = lambda self, device: {"type": device, "gpu": "Stand-in GPU", "visible": 1,
-                                                       "mpi": "staged"}
+    Transport.gpu_type = lambda self, device: {"type": device, "gpu": "Stand-in GPU", "visible": 1, "mpi": "staged"}
     host_calls = sc.calls
     sc.calls = lambda comm, collective, count, dtype, device="cpu": host_calls(comm, collective, count, dtype)
     synced = [0]
@@ -120,12 +120,12 @@ def on_stand_in_gpu() -> dict:
     out = {}
     for name in ("first", "second"):
         comm = pccl.init()
-        comm.measure_auto("all_reduce", "auto", torch.float32, "cuda")
-        gpu = comm.calibration_for("cuda")
-        choices = [str(comm.resolve("all_reduce", "auto", n, "cuda")) for n in SIZES]
+        comm.selector.measure_auto("all_reduce", "auto", torch.float32, "cuda")
+        gpu = comm.selector.calibration_for("cuda")
+        choices = [str(comm.selector.resolve("all_reduce", "auto", n, "cuda")) for n in SIZES]
         mine = json.dumps([gpu.measured, choices], sort_keys=True)
         out[name] = {"agree": len(set(world.allgather(mine))) == 1, "measured_now": sorted(gpu.seconds),
-                     "figures": gpu.measured, "path": str(gpu.path), "host": comm.self_calibration.measured,
+                     "figures": gpu.measured, "path": str(gpu.path), "host": comm.selector.self_calibration.measured,
                      "device": gpu.key.get("device"), "synchronized": world.allreduce(synced[0], op=MPI.MIN)}
         comm.close()
     return out

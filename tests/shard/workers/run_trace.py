@@ -57,8 +57,8 @@ def compare(strategy: str, algorithm: str) -> dict:
     real, _ = trace_step(TinyTransformer(), comm, MICRO, **settings)
     with torch.device("meta"):
         model = TinyTransformer()
-    dry, _ = trace_step(model, DryRunCommunicator(comm.topology, comm.profile, comm.rank,
-                                                trust_native=comm.trust_native), MICRO, **settings)
+    dry, _ = trace_step(model, DryRunCommunicator(comm.topology, comm.selector.profile, comm.rank,
+                                                trust_native=comm.selector.trust_native), MICRO, **settings)
     a, b = events(real), events(dry)
     return {"equal": a == b, "events": len(a), "collectives": len(real.calls()),
             "first_difference": next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None),
