@@ -78,7 +78,7 @@ endif
 
 # The editable install maps the package's files when it is made, so adding or removing a
 # file (a folder's time changes) re-runs it; edits to existing Python files need nothing.
-$(NATIVE): $(VENV)/.deps pyproject.toml CMakeLists.txt $(shell find csrc -type f) $(shell find pccl shard -type d -not -name __pycache__)
+$(NATIVE): $(VENV)/.deps pyproject.toml CMakeLists.txt $(shell find csrc -type f) $(shell find pccl shard runkit -type d -not -name __pycache__)
 	$(PY) -m pip install -q --no-build-isolation --no-deps $(GPU_FLAGS) -C build-dir=build/$(notdir $(abspath $(VENV))) -e .
 	rm -f $(VENV)/.native*
 	touch $@

@@ -48,7 +48,7 @@ fi
 PYTHON_PATH=$(command -v "$PYTHON") || die "PYTHON '$PYTHON' not found"
 
 # The mpiexec next to the interpreter, with what Open MPI needs to run as root and with
-# more ranks than cores (as pccl.util.mpirun.launcher(); MPICH needs nothing).
+# more ranks than cores (as runkit.mpirun.launcher(); MPICH needs nothing).
 if [[ -z ${MPIEXEC:-} ]]; then
     if [[ -x $(dirname "$PYTHON_PATH")/mpiexec ]]; then
         MPIEXEC=$(dirname "$PYTHON_PATH")/mpiexec

@@ -39,7 +39,7 @@ from pccl.analysis import traffic
 from pccl.core.topology import Topology
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.profiles import Network
-from pccl.util.sizes import parse_size, size_label
+from runkit.sizes import parse_size, size_label
 
 ROOT = Path(__file__).resolve().parents[2]
 

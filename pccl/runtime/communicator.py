@@ -22,7 +22,7 @@ from pccl.runtime.selector import Selector, uncompressed
 from pccl.runtime.transport import DEFAULT_TIMEOUT, Transport
 from pccl.runtime.work import SerialQueue, Work
 from pccl.tuning.profiles import Profile
-from pccl.util.sizes import size_label
+from runkit.sizes import size_label
 
 MAX_CACHED_CALLS = 4096   # resolved calls kept per communicator (then the cache starts over)
 

@@ -34,9 +34,9 @@ from pccl.tools.cli import comma_list, size_arg, size_sweep, time_calls
 from pccl.tuning import self_calibration
 from pccl.tuning.calibrate import calibrate
 from pccl.tuning.cost_model import calibrated
-from pccl.util.args import at_least
-from pccl.util.files import write_atomic
-from pccl.util.sizes import parse_size
+from runkit.args import at_least
+from runkit.files import write_atomic
+from runkit.sizes import parse_size
 
 EXECUTORS = ("cpp", "python", "gloo", "nccl")
 DEFAULT_EXECUTORS = {"cpu": ["cpp", "python", "gloo"], "cuda": ["cpp", "nccl"]}

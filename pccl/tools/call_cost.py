@@ -29,7 +29,7 @@ from mpi4py import MPI
 import pccl
 from pccl.algorithms import schedule
 from pccl.tools.cli import time_calls
-from pccl.util.args import at_least
+from runkit.args import at_least
 
 
 def main(argv=None) -> None:

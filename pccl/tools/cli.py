@@ -9,7 +9,7 @@ from typing import Callable
 
 from mpi4py import MPI
 
-from pccl.util.sizes import parse_size
+from runkit.sizes import parse_size
 
 
 def round_size(nbytes: int, ranks: int, element_size: int) -> int:

@@ -24,9 +24,9 @@ from mpi4py import MPI
 
 from pccl.core.dtypes import DATATYPES, DTYPES, OPS
 from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
-from pccl.util.args import refuse
-from pccl.util.files import write_json_atomic
-from pccl.util.sizes import parse_size, size_label
+from runkit.args import refuse
+from runkit.files import write_json_atomic
+from runkit.sizes import parse_size, size_label
 
 KERNEL_OPS = ("sum", "max", "min")  # avg runs as sum (the division is a separate pass)
 TORCH_OPS = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}

@@ -33,9 +33,9 @@ from pccl.core.topology import Topology, TopologyError
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.profiles import topology_for
 from pccl.tuning.selection import Tuner
-from pccl.util.args import at_least, refuse
-from pccl.util.files import write_atomic
-from pccl.util.sizes import doubling_range, parse_size, size_label
+from runkit.args import at_least, refuse
+from runkit.files import write_atomic
+from runkit.sizes import doubling_range, parse_size, size_label
 
 
 def evaluate(collective: str, topology: Topology, prof: profiles.Profile, sizes: list[int],

@@ -85,7 +85,7 @@ import torch
 
 from pccl.core.dtypes import reduction_class
 from pccl.tuning.cost_model import calibrated
-from pccl.util.files import write_atomic
+from runkit.files import write_atomic
 
 FORMAT = 6   # what is measured and how: an entry of another format is measured again (6: 5 rounds below 64 KiB)
 BUDGET = 0.4            # seconds per collective and reduction class (PCCL_CALIBRATION_BUDGET)

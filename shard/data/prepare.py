@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Mapping
 
-from pccl.util.files import fsync_dir, write_atomic, write_json_atomic
+from runkit.files import fsync_dir, write_atomic, write_json_atomic
 from shard.data import tokenizer
 from shard.data.pack import pack
 from shard.data.sources import load_documents

@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 
 import sentencepiece as spm
 
-from pccl.util.files import write_atomic
+from runkit.files import write_atomic
 
 UNK_ID, EOS_ID = 0, 1
 MAX_TRAINING_CHARS = 10_000_000  # beyond a few MB of text the merges barely change, the time does

@@ -41,7 +41,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from pccl.util.files import fsync_dir, write_atomic
+from runkit.files import fsync_dir, write_atomic
 
 FORMAT = 2   # 2: meta.json's "files" maps each file to its size and SHA-256
 READABLE = (1, 2)   # 1: "files" lists the names only (nothing to verify them against)

@@ -88,7 +88,7 @@ class AutoConfig:
     def __post_init__(self) -> None:
         _one_of("objective", self.objective, OBJECTIVES)
         if self.memory is not None:
-            from pccl.util.sizes import parse_size
+            from runkit.sizes import parse_size
 
             memory = self.memory
             if not isinstance(memory, int) or isinstance(memory, bool):

@@ -24,8 +24,8 @@ from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._pytree import tree_flatten, tree_map
 
+from pccl import Communicator
 from pccl.compression.codecs import codec
-from pccl.runtime.communicator import Communicator
 from shard.engine import checkpoint
 from shard.engine.adamw import OPTIMIZER_BYTES, FlatAdamW
 from shard.engine.config import PRECISIONS, EngineConfig, OptimizerConfig

@@ -17,8 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
-from pccl.executors.streams import SideStream
-from pccl.runtime.work import SerialQueue, Work
+from pccl import SerialQueue, SideStream, Work
 from shard.engine.shard_layout import ShardLayout
 from shard.engine.strategy import Scope
 from shard.engine.trace import StepTrace, TracedCall

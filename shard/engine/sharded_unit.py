@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from pccl.core.dtypes import average_
+from pccl import average_
 from shard.engine.flat import FlatParams
 from shard.engine.lanes import Handle, Lane
 from shard.engine.shard_layout import ShardLayout

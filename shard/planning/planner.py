@@ -29,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from pccl.core.topology import Topology
+from pccl import Topology
 from pccl.tuning.profiles import Profile
 from shard.engine.config import OBJECTIVES, EngineConfig
 from shard.engine.engine import Engine

@@ -27,8 +27,7 @@ from typing import Callable, Optional
 
 import torch
 
-from pccl.core.topology import Topology
-from pccl.runtime.dry_run import DryRunCommunicator
+from pccl import DryRunCommunicator, Topology
 from pccl.tuning.profiles import Profile
 from shard.engine.trace import StepTrace, TracedCall
 from shard.models.loss import next_token_loss

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from pccl.util.args import at_least
+from runkit.args import at_least
 
 
 def main(argv=None) -> None:

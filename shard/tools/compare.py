@@ -65,7 +65,7 @@ import sys
 import time
 from pathlib import Path
 
-from pccl.util.args import at_least, refuse
+from runkit.args import at_least, refuse
 from shard.tools.compare_runs import BETAS, COMMS, EPS, EngineRun, agreement, loss_tolerance, parse_run
 
 
@@ -202,7 +202,7 @@ def worker(args: argparse.Namespace) -> dict:
     """One run on this launch's ranks; rank 0 returns its row."""
     import torch
 
-    from pccl.runtime.rendezvous import mpi_world
+    from pccl import mpi_world
     from shard.models import GPT
     from shard.planning.throughput import Throughput, peak_rss_bytes, peak_tflops
     from shard.tools.compare_runs import device_of
@@ -304,7 +304,7 @@ EMULATE = Path(__file__).resolve().parents[2] / "launch" / "emulate" / "run.py"
 def launch_command(args: argparse.Namespace, name: str) -> list[str]:
     """The command of one run: mpiexec on this machine, or launch/emulate/run.py's
     emulated nodes (network namespaces, shaped links) with --nodes."""
-    from pccl.util.mpirun import launcher
+    from runkit.mpirun import launcher
 
     worker = [sys.executable, "-m", "shard.tools.compare", f"--worker={name}", f"--model={args.model}",
               f"--steps={args.steps}", f"--batch={args.batch}", f"--micro={args.micro}", f"--seq={args.seq}",
@@ -364,7 +364,7 @@ def predicted(args, rows: list[dict], probe: dict) -> None:
     measurement, in place."""
     import torch
 
-    from pccl.core.topology import Topology
+    from pccl import Topology
     from pccl.tuning import profiles
     from shard.models import GPT
     from shard.planning.predict import ComputeRate, Workload, micro_batch_flops, predict_step

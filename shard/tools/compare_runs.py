@@ -13,7 +13,7 @@ import math
 import os
 from typing import Optional
 
-from pccl.util.args import refuse
+from runkit.args import refuse
 
 COMMS = {"native": "native", "pccl": "auto", "hierarchical": "hierarchical", "ho_ring": "ho_ring"}
 BETAS, EPS = (0.9, 0.95), 1e-8   # the learning rate changes every step: shard/tools/compare.py's schedule

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from pccl.compression.codecs import codec
-from pccl.util.mpirun import launcher
+from runkit.mpirun import launcher
 from shard.tools.compare_runs import COMPRESSED_LOSS_TOLERANCE
 from shard.tools.run_log import plot_losses
 

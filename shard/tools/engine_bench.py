@@ -232,7 +232,7 @@ def configurations(args: argparse.Namespace) -> list[tuple[str, int | None]]:
 
 
 def launch(args: argparse.Namespace, strategy: str, prefetch: int | None) -> dict:
-    from pccl.util.mpirun import launcher
+    from runkit.mpirun import launcher
 
     passthrough = [f"--{k}={getattr(args, k)}" for k in ("group", "micro", "batch", "width", "layers", "vocab",
                                                           "context", "steps", "warmup", "algorithm")]

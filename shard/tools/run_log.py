@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from pccl.util.files import write_atomic
+from runkit.files import write_atomic
 
 
 def _fmt(value, spec: str) -> str:

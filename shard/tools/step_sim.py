@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from pccl.util.args import refuse
+from runkit.args import refuse
 from shard.planning.throughput import DEFAULT_MFU
 
 # Ratios the PCCL paper measured with DeepSpeed ZeRO-3 on Frontier, PCCL over RCCL (Section 6.2)
@@ -71,7 +71,7 @@ def simulate(args) -> list[dict]:
 
     from pccl.tuning import profiles
     from pccl.tuning.profiles import topology_for
-    from pccl.util.sizes import doubling_range
+    from runkit.sizes import doubling_range
     from shard.models import GPT, GPTConfig
     from shard.planning.predict import ComputeRate, predict_step
     from shard.tools.compare_runs import COMMS

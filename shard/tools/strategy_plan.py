@@ -15,8 +15,8 @@ import json
 
 from pccl.tuning import profiles
 from pccl.tuning.profiles import topology_for
-from pccl.util.args import at_least, refuse
-from pccl.util.sizes import parse_size
+from runkit.args import at_least, refuse
+from runkit.sizes import parse_size
 from shard.engine.config import OBJECTIVES
 from shard.engine.strategy import STRATEGIES
 from shard.models.gpt import GPTConfig

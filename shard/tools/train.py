@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 
 import pccl
-from pccl.util.files import write_atomic
+from runkit.files import write_atomic
 from shard.engine import checkpoint
 from shard.engine.config import EngineConfig
 from shard.engine.engine import Engine, StepResult

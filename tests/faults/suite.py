@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from pccl.util.mpirun import launcher
+from runkit.mpirun import launcher
 from tests.support.mpirun import ROOT, job_env
 
 TIMEOUT = 2.0            # the communicators' timeout in every scenario, seconds

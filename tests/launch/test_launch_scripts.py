@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pccl.core.topology import FRONTIER_ENV, MACHINES
-from pccl.util.mpirun import launcher
+from runkit.mpirun import launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch"

@@ -11,7 +11,7 @@ from pccl.core.dtypes import DATATYPES
 from pccl.tools import cli
 from pccl.tools.bench import Case, bandwidths, bus_factor, value_modulus
 from pccl.tools.cli import round_size, size_sweep
-from pccl.util.sizes import parse_size
+from runkit.sizes import parse_size
 from tests.support.mpirun import MPIEXEC, mpiexec
 
 

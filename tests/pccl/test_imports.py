@@ -18,9 +18,8 @@ PCCL = ROOT / "pccl"
 
 # Who may import whom (docs/architecture.md). "native" is the C++ extension pccl._native,
 # "facade" the lazy top-level `import pccl`.
-BELOW_TUNING = {"analysis", "vocabulary", "plans", "algorithms", "ir", "core", "util"}
+BELOW_TUNING = {"analysis", "vocabulary", "plans", "algorithms", "ir", "core"}
 ALLOWED = {
-    "util": set(),
     "core": set(),
     "ir": {"core"},
     "compression": {"core", "native"},

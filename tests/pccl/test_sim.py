@@ -14,7 +14,7 @@ from pccl.core.topology import Topology
 from pccl.tools.sim import main
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.calibrate import fit
-from pccl.util.sizes import doubling_range
+from runkit.sizes import doubling_range
 from tests.support.mpirun import mpiexec
 
 

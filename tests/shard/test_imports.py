@@ -1,8 +1,8 @@
 """shard's architecture, checked as pccl's is (tests/pccl/test_imports.py): its sub-packages
 import each other only down the layers tools -> planning -> engine -> pccl, wherever an
-import stands (at module level or inside a function), no module imports pccl's command-line
-tools, no command-line tool imports another, and no chain of imports between shard's
-modules comes back to where it started."""
+import stands (at module level or inside a function), pccl only through its public API
+(PUBLIC), no command-line tool imports another, no chain of imports between shard's
+modules comes back to where it started, and runkit, which both share, imports neither."""
 from __future__ import annotations
 
 import ast
@@ -16,8 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Who may import whom (docs/architecture.md). "facade" is `import shard`; "pccl" is any of
-# pccl but its tools.
+# Who may import whom (docs/architecture.md). "facade" is `import shard`; "pccl" is pccl's
+# public API: `import pccl` (pccl/__init__.py) and the packages it declares public.
+PUBLIC = {"compression", "tuning", "distributed"}
 ALLOWED = {
     "models": set(),
     "data": {"pccl"},
@@ -43,7 +44,7 @@ def module_files():
 def part_of(module: str) -> str:
     parts = module.split(".")
     if parts[0] == "pccl":
-        return "pccl-tools" if parts[1:2] == ["tools"] else "pccl"
+        return "pccl" if len(parts) == 1 or parts[1] in PUBLIC else "pccl-internal"
     return "facade" if len(parts) == 1 else parts[1]
 
 
@@ -85,6 +86,22 @@ def test_sub_packages_import_only_down_the_layers():
             if theirs != mine and theirs not in ALLOWED[mine]:
                 wrong.append(f"{path.relative_to(ROOT)}:{line}: {mine} imports {target} ({theirs})")
     assert not wrong, "\n".join(wrong)
+
+
+def test_shard_reaches_pccl_through_its_public_api_only():
+    """What test_sub_packages_import_only_down_the_layers holds, said once: pccl's runtime,
+    executors, core and tools are its own."""
+    inside = sorted({target for edges in graph().values() for target, _, _ in edges
+                     if target.startswith("pccl") and part_of(target) != "pccl"})
+    assert not inside, inside
+    assert part_of("pccl.runtime.communicator") == part_of("pccl.tools.bench") == "pccl-internal"
+    assert part_of("pccl") == part_of("pccl.tuning.profiles") == "pccl"
+
+
+def test_runkit_imports_neither_pccl_nor_shard():
+    wrong = [f"{path.relative_to(ROOT)}:{line}: {name}" for path in sorted((ROOT / "runkit").rglob("*.py"))
+             for name, line in imports("runkit", path, set())]
+    assert not wrong, wrong
 
 
 def test_no_tool_imports_another_tools_command():

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pccl.util.mpirun import MPIEXEC, launcher  # noqa: F401 - MPIEXEC is used by tests
+from runkit.mpirun import MPIEXEC, launcher  # noqa: F401 - MPIEXEC is used by tests
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -52,7 +52,7 @@ import numpy as np
 from pccl.algorithms import GENERATORS
 from pccl.core.dtypes import REDUCTION_CLASSES
 from pccl.core.topology import Topology, TopologyError
-from pccl.util.files import write_atomic
+from runkit.files import write_atomic
 
 BUILTIN_DIR = Path(__file__).resolve().parent  # the JSON files beside this module
 DEFAULT = "generic"
