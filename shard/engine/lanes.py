@@ -132,6 +132,7 @@ class Lane:
             for level, groups in (("group", layout.group_members()), ("cross", layout.cross_members())):
                 mine = next(g for g in groups if layout.rank in g)
                 self.comms[level] = (comm.split(groups), mine)
+        self._choices: dict[tuple, tuple] = {}   # call site -> (selector version, Choice): see _choose
         self.log: list | None = None   # when a list: (level, collective, numel, dtype, algorithm) of each call
         self.trace: Optional[StepTrace] = None   # when set: the step's events (shard/engine/trace.py)
         self._running = threading.local()        # .task, .sent: the traced task this thread runs now, and
@@ -180,11 +181,24 @@ class Lane:
     def _algorithm(self, collective: str):
         return self.algorithm.get(collective, "auto") if isinstance(self.algorithm, dict) else self.algorithm
 
+    def _choose(self, comm, level: str, collective: str, full: torch.Tensor, codec):
+        """The Choice of a call site (level, collective, buffer size, dtype and device,
+        codec), made at its first call (which measures, where auto measures: every rank
+        reaches it at the same call) and kept while the communicator decides with the same
+        profiles (a self-calibration that measured since may decide otherwise)."""
+        key = (level, collective, full.numel(), full.dtype, full.device.type, codec and codec.name)
+        version = comm.selector.version
+        kept = self._choices.get(key)
+        if kept is None or kept[0] != version:
+            choice = comm.choose(collective, self._algorithm(collective), full, codec)
+            kept = self._choices[key] = (comm.selector.version, choice)   # (choosing may have measured)
+        return kept[1]
+
     def _run(self, stage: str, level: str, collective: str, full: torch.Tensor, *args, codec=None) -> None:
         """One collective on the `level` communicator, which has more than one rank (the
         callers leave out those of one)."""
         comm, members = self.comms[level]
-        choice = comm.choose(collective, self._algorithm(collective), full, codec)   # a first call measures
+        choice = self._choose(comm, level, collective, full, codec)
         if getattr(self._running, "sent", None) is not None:
             self._running.sent[0] = True
         if stage is not None:  # stage None: scalars, not counted
