@@ -23,6 +23,15 @@ from shard.engine.units import MIN_SHARD_NUMEL
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class SettingError(ValueError):
+    """A bad setting, raised by the field that holds it: `field` is its name
+    ("auto.memory" for AutoConfig's inside EngineConfig); the message starts with it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -31,12 +40,12 @@ def _positive(name: str, value, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if not _number(value) or not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+        raise SettingError(name, f"{name} must be a positive number, got {value!r}")
 
 
 def _integer(name: str, value, low: int, meaning: str) -> None:
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
-        raise ValueError(f"{name} must be an integer >= {low} ({meaning}), got {value!r}")
+        raise SettingError(name, f"{name} must be an integer >= {low} ({meaning}), got {value!r}")
 
 
 def _compile_backends() -> list[str]:
@@ -47,7 +56,7 @@ def _compile_backends() -> list[str]:
 
 def _one_of(name: str, value, valid) -> None:
     if value not in valid:
-        raise ValueError(f"{name} must be one of {tuple(valid)}, got {value!r}")
+        raise SettingError(name, f"{name} must be one of {tuple(valid)}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -66,10 +75,10 @@ class OptimizerConfig:
         _positive("grad_clip", self.grad_clip, allow_none=True)
         betas = self.betas
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+            raise SettingError("betas", f"betas must be two numbers in [0, 1), got {betas!r}")
         object.__setattr__(self, "betas", tuple(betas))   # a list from YAML compares equal to a tuple
         if not (_number(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay must be a number >= 0, got {self.weight_decay!r}")
+            raise SettingError("weight_decay", f"weight_decay must be a number >= 0, got {self.weight_decay!r}")
 
 
 OBJECTIVES = ("throughput", "memory")
@@ -95,12 +104,13 @@ class AutoConfig:
                 try:
                     memory = parse_size(memory)
                 except ValueError as e:
-                    raise ValueError(f"memory must be a size such as 64GB or a number of bytes: {e}") from None
+                    raise SettingError("memory", f"memory must be a size such as 64GB or a number of bytes: "
+                                                 f"{e}") from None
             if memory <= 0:
-                raise ValueError(f"memory must be a positive size such as 64GB, got {self.memory!r}")
+                raise SettingError("memory", f"memory must be a positive size such as 64GB, got {self.memory!r}")
             object.__setattr__(self, "memory", memory)
         if not (_number(self.headroom) and 0 <= self.headroom < 1):
-            raise ValueError(f"headroom must be a fraction in [0, 1), got {self.headroom!r}")
+            raise SettingError("headroom", f"headroom must be a fraction in [0, 1), got {self.headroom!r}")
 
 
 @dataclass(frozen=True)
@@ -136,36 +146,46 @@ class EngineConfig:
         if self.strategy != "auto":
             object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
         if isinstance(self.auto, dict):   # from YAML
-            object.__setattr__(self, "auto", AutoConfig(**self.auto))
+            try:
+                object.__setattr__(self, "auto", AutoConfig(**self.auto))
+            except SettingError as e:
+                raise SettingError(f"auto.{e.field}", str(e)) from None
         if not isinstance(self.auto, AutoConfig):
-            raise ValueError(f"auto must be an AutoConfig or a dict of its fields, got {type(self.auto).__name__}")
+            raise SettingError("auto", f"auto must be an AutoConfig or a dict of its fields, got "
+                                       f"{type(self.auto).__name__}")
         group = self.group_size
         if group is not None and not (isinstance(group, int) and not isinstance(group, bool) and group >= 1):
             raise StrategyError(f"group_size must be a positive integer, or None for the topology's ranks per node, "
-                                f"got {group!r}")
+                                f"got {group!r}", field="group_size")
         _one_of("precision", self.precision, PRECISIONS)
         _one_of("reduce_dtype", self.reduce_dtype, PRECISIONS)
         _integer("prefetch", self.prefetch, 0, "units gathered ahead")
         _positive("prefetch_bytes", self.prefetch_bytes, allow_none=True)
         _integer("min_shard_numel", self.min_shard_numel, 0, "elements below which a unit stays replicated")
         if not isinstance(self.algorithm, (str, dict)):
-            raise ValueError("algorithm must be a pccl algorithm name such as 'auto' or 'ring', or a dict of one per "
-                             f"collective name, got {self.algorithm!r}")
+            raise SettingError("algorithm", "algorithm must be a pccl algorithm name such as 'auto' or 'ring', or a "
+                                            f"dict of one per collective name, got {self.algorithm!r}")
         if not isinstance(self.activation_checkpointing, bool):
-            raise ValueError(f"activation_checkpointing must be True or False, got {self.activation_checkpointing!r}")
+            raise SettingError("activation_checkpointing", f"activation_checkpointing must be True or False, got "
+                                                           f"{self.activation_checkpointing!r}")
         if not isinstance(self.compile, (bool, str)) or self.compile == "":
-            raise ValueError(f"compile must be True, False or a torch.compile backend such as 'inductor', got "
-                             f"{self.compile!r}")
+            raise SettingError("compile", f"compile must be True, False or a torch.compile backend such as "
+                                          f"'inductor', got {self.compile!r}")
         if isinstance(self.compile, str) and self.compile not in _compile_backends():
-            raise ValueError(f"compile must be True, False or a torch.compile backend here, one of "
-                             f"{_compile_backends()}; got {self.compile!r}")
+            raise SettingError("compile", f"compile must be True, False or a torch.compile backend here, one of "
+                                          f"{_compile_backends()}; got {self.compile!r}")
         for name in ("compress_params", "compress_grads"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name} must be a codec name (int8, bf16, fp16, zfp:RATE) or None, got {value!r}")
-            codec(value)   # an unknown name fails here, with the names it knows
+                raise SettingError(name, f"{name} must be a codec name (int8, bf16, fp16, zfp:RATE) or None, got "
+                                         f"{value!r}")
+            try:
+                codec(value)   # an unknown name fails here, with the names it knows
+            except ValueError as e:
+                raise SettingError(name, f"{name}: {e}") from None
         if not isinstance(self.optimizer, OptimizerConfig):
-            raise ValueError(f"optimizer must be an OptimizerConfig, got {type(self.optimizer).__name__}")
+            raise SettingError("optimizer", f"optimizer must be an OptimizerConfig, got "
+                                            f"{type(self.optimizer).__name__}")
 
     @classmethod
     def from_keywords(cls, **settings) -> EngineConfig:

@@ -17,7 +17,12 @@ from itertools import product
 
 
 class StrategyError(ValueError):
-    """An unknown strategy, one Principle 1 rules out, or a group size that does not fit."""
+    """An unknown strategy, one Principle 1 rules out, or a group size that does not fit;
+    `field`: the setting that raised it (EngineConfig's "strategy" or "group_size")."""
+
+    def __init__(self, message: str, field: str = "strategy"):
+        super().__init__(message)
+        self.field = field
 
 
 class Scope(enum.IntEnum):

@@ -575,17 +575,26 @@ def launcher_rank() -> int:
     return 0
 
 
+def refused(e: ConfigError) -> SystemExit:
+    """The user's mistake, not the program's: one line (every rank fails alike: the first
+    says it) and the exit status of bad usage."""
+    if launcher_rank() == 0:
+        print(f"shard-train: {e}", file=sys.stderr, flush=True)
+    return SystemExit(2)
+
+
 def main() -> None:
     import hydra
 
     def task(cfg) -> None:
         try:
             run(cfg)
-        except ConfigError as e:   # the user's mistake, not the program's: one line (every rank
-            # fails alike: the first says it) and the exit status of bad usage
-            if launcher_rank() == 0:
-                print(f"shard-train: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
+        except ConfigError as e:
+            raise refused(e) from None
+    try:
+        preflight.check_choices(sys.argv[1:])
+    except ConfigError as e:
+        raise refused(e) from None
     hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name="config")(task)()
 
 

@@ -37,12 +37,15 @@ def test_check_says_what_a_collective_takes():
 
 
 def test_shard_trains_preflight_asks_the_registry_per_collective():
-    from shard.tools.preflight import ConfigError, _algorithm
-    _algorithm("hierarchical")
-    _algorithm({"all_gather": "bruck", "reduce_scatter": "pairwise"})
+    from functools import partial
+
+    from shard.tools.settings import ConfigError, algorithm
+    check = partial(algorithm, "comm.algorithm")   # the comm.algorithm field's check
+    check("hierarchical")
+    check({"all_gather": "bruck", "reduce_scatter": "pairwise"})
     with pytest.raises(ConfigError, match=r"comm.algorithm.all_gather must be one of \(.*\), got 'pairwise'"):
-        _algorithm({"all_gather": "pairwise"})   # a reduce-scatter's schedule: refused before anything starts
+        check({"all_gather": "pairwise"})   # a reduce-scatter's schedule: refused before anything starts
     with pytest.raises(ConfigError, match=r"comm.algorithm must be one of \(.*\), got 'tree'"):
-        _algorithm("tree")
+        check("tree")
     with pytest.raises(ConfigError, match="unknown collective 'broadcast'"):
-        _algorithm({"broadcast": "ring"})
+        check({"broadcast": "ring"})

@@ -15,7 +15,8 @@ import pytest
 from shard.tools import preflight
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir())
+# the groups of configs/, and the strategy group, whose options are presets of one schema
+GROUPS = sorted({p.name for p in CONFIGS.iterdir() if p.is_dir()} | {"strategy"})
 # Keys for which zero, or a negative number, is a valid value.
 ZERO_VALID = {"train.seed", "train.eval_interval", "train.checkpoint_interval", "train.max_skipped_steps",
               "train.straggler_seconds", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay",
@@ -39,7 +40,7 @@ NULL_DEFAULTS = {
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+    return preflight.group_options()[group]
 
 
 def composed(overrides: list[str]) -> dict:
@@ -148,3 +149,8 @@ def test_a_bad_setting_on_the_command_line_is_one_line_and_exit_status_2(tmp_pat
     assert run.stdout == ""
     quiet = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, "PMI_RANK": "1"})
     assert (quiet.returncode, quiet.stderr) == (2, "")
+    # a group's option that does not exist: refused before Hydra composes, in the same form
+    unknown = subprocess.run([sys.executable, "-m", "shard.tools.train", "strategy=zero9"], capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "PMI_RANK": "0"})
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1, unknown.stderr
+    assert unknown.stderr.startswith("shard-train: strategy=zero9: no such option; expected one of ['auto', 'ddp'")
