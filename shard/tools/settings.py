@@ -110,8 +110,11 @@ class Section:
     def of(cls, values, path: str = ""):
         """The section from `values` (the group's dict): each field's check run with its
         key; keys the section does not name are left to the classes that check them."""
-        if not isinstance(values, dict):
+        if values is None:
             raise ConfigError(f"the configuration has no {path} group")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path} must be a group of keys ({', '.join(f.name for f in fields(cls))}), "
+                              f"got {values!r}")
         built = {}
         for f in fields(cls):
             key = f"{path}.{f.name}" if path else f.name

@@ -108,7 +108,8 @@ def test_cross_key_checks():
     for path, value, words in (("train.seq_len", 10 ** 6, "exceeds the model's context"),
                                ("optim.min_lr", 1.0, "must not exceed optim.lr"),
                                ("comm.algorithm", {"all_gather": "ring", "broadcast": "ring"}, "unknown collective"),
-                               ("model.preset", "gpt_9000", "unknown model preset")):
+                               ("model.preset", "gpt_9000", "unknown model preset"),
+                               ("comm.compression", 3, r"comm.compression must be a group of keys \(params, grads\)")):
         with pytest.raises(preflight.ConfigError, match=words):
             preflight.check(with_value(resolved, path, value))
 
