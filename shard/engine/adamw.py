@@ -81,5 +81,5 @@ class FlatAdamW:
                                 beta1=beta1, beta2=beta2, weight_decay=decay, eps=self.eps, amsgrad=False,
                                 maximize=False, grad_scale=None, found_inf=found_inf)
 
-    def state(self) -> dict[str, torch.Tensor]:
-        return {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+    def moments(self) -> dict[str, torch.Tensor]:
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}

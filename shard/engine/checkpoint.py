@@ -21,13 +21,17 @@ manifest; a missing, truncated or corrupted file is named with what is wrong) an
 CheckpointError on every rank. With fallback, it takes the newest intact snapshot instead
 and says which it skipped and why.
 
-What is saved is each rank's Engine.state_dict(): the optimizer state (fp32 master
-weights and both moments), the only state a rank cannot rebuild, as ranges of each unit's
-flat buffer, and the step counters and loss scale. The metadata records which parameter
-sits where in every unit, so a loader with another world size, group size, strategy or
-unit split finds each of its elements by parameter name and offset, and hands the pieces
-its own state_dict() describes to load_state_dict(). Ranks that hold a replica of another
-rank's shard (I and N scopes) write nothing.
+    checkpoint.save(engine, optimizer, path, extra={"step": step}, keep=2)
+    extra = checkpoint.load(engine, optimizer, path).extra
+
+What is saved is each rank's Engine.state_dict() with its optimizer's
+(ShardedAdamW.state_dict()): the fp32 master weights and both moments, the only state a
+rank cannot rebuild, as ranges of each unit's flat buffer, and the step counters and loss
+scale. The metadata records which parameter sits where in every unit, so a loader with
+another world size, group size, strategy or unit split finds each of its elements by
+parameter name and offset, and hands the pieces its own state_dict()s describe to their
+load_state_dict(). Ranks that hold a replica of another rank's shard (I and N scopes)
+write nothing.
 """
 from __future__ import annotations
 
@@ -90,16 +94,27 @@ def snapshots(path) -> list[Path]:
     return sorted(Path(path).glob("snap-*"), reverse=True)
 
 
-def save(engine, path, extra: Optional[dict] = None, keep: int = 1,
+def _state(engine, optimizer) -> dict:
+    """engine.state_dict(), the optimizer's counters and each piece's moments merged in."""
+    state, theirs = engine.state_dict(), optimizer.state_dict()
+    return {**state, **{k: theirs[k] for k in COUNTERS},
+            "units": [{**u, **o} for u, o in zip(state["units"], theirs["units"])]}
+
+
+def save(engine, optimizer, path, extra: Optional[dict] = None, keep: int = 1,
          written: Optional[Callable[[], None]] = None) -> None:
-    """Write a snapshot of `engine` under `path`, keeping the newest `keep` snapshots.
-    `written`: called on each rank once its files are written, before the ranks agree
-    (where fault injection kills a rank mid-save)."""
+    """Write a sharded snapshot of `engine` and its `optimizer` under the directory `path`,
+    with a manifest of every file's size and checksum, keeping the newest `keep`
+    snapshots: a crash or a failed write mid-save leaves the previous snapshot there
+    loadable (a failure raises CheckpointSaveError on every rank). `extra`: rank 0's
+    JSON-serializable state of the caller (a training loop's step, data position), kept
+    with the snapshot. `written`: called on each rank once its files are written, before
+    the ranks agree (where fault injection kills a rank mid-save). Collective."""
     if not (isinstance(keep, int) and keep >= 1):
         raise ValueError(f"keep must be an integer >= 1 (snapshots kept), got {keep!r}")
     root = Path(path)
     token = engine.agree(int(uuid.uuid4().int % (1 << 62)))
-    state, rank = engine.state_dict(), engine.layout.rank
+    state, rank = _state(engine, optimizer), engine.layout.rank
     snap = root / f"snap-{state['steps']:08d}-{token:016x}"
     shards = {u["name"]: {"start": u["start"], "end": u["end"], **{k: u[k].cpu().clone() for k in STATE}}
               for u in state["units"] if u["first_replica"]}
@@ -295,11 +310,15 @@ class _Source:
                                   "a shard file is missing")
 
 
-def load(engine, path, fallback: bool = False) -> Restored:
-    """Restore a verified snapshot into `engine` (see choose())."""
+def load(engine, optimizer, path, fallback: bool = False) -> Restored:
+    """Restore the latest snapshot under `path` into `engine` and its `optimizer`, written at
+    any world size, group size or strategy for a model with the same parameters. Verified
+    first: a damaged snapshot raises CheckpointError naming the file (with `fallback`, the
+    newest intact one is loaded instead, and Restored.skipped says which were passed over;
+    see choose()). Collective."""
     snap, skipped = choose(engine, path, fallback)
     meta = json.loads((snap / "meta.json").read_text())
-    mine = engine.state_dict()   # which pieces this engine holds
+    mine = _state(engine, optimizer)   # which pieces this rank holds
     _check_model(mine, meta)
     source = _Source(snap, meta)
     units = []
@@ -311,5 +330,7 @@ def load(engine, path, fallback: bool = False) -> Restored:
             if a < b:
                 source.read(name, a - start, b - start, {k: t[a - lo:b - lo] for k, t in piece.items()})
         units.append({**u, **piece})
-    engine.load_state_dict({**mine, **{k: meta[k] for k in COUNTERS}, "units": units})
+    state = {**mine, **{k: meta[k] for k in COUNTERS}, "units": units}
+    optimizer.load_state_dict(state)
+    engine.load_state_dict(state)
     return Restored(meta.get("extra"), snap, skipped)

@@ -1,12 +1,13 @@
 """The engine's settings: frozen dataclasses that check their values when built, so a bad
 setting fails with its name and what was expected, before any communication starts.
 
-    config = EngineConfig(strategy="zero3", precision="bf16", optimizer=OptimizerConfig(lr=1e-3, grad_clip=1.0))
-    engine = Engine(model, comm, config=config)
-    engine = Engine(model, comm, strategy="zero3", precision="bf16", lr=1e-3, grad_clip=1.0)   # the same
+    engine = Engine(model, comm, config=EngineConfig(strategy="zero3", precision="bf16"))
+    engine = Engine(model, comm, strategy="zero3", precision="bf16")            # the same
+    optimizer = ShardedAdamW(engine, OptimizerConfig(lr=1e-3, grad_clip=1.0))
+    optimizer = ShardedAdamW(engine, lr=1e-3, grad_clip=1.0)                   # the same
 
 What belongs to one model rather than to a run's settings (its units, which of its
-parameters decay, how to materialize it) stays an argument of Engine.
+parameters decay, how to materialize it) stays an argument of Engine or ShardedAdamW.
 """
 from __future__ import annotations
 
@@ -63,10 +64,10 @@ def _one_of(name: str, value, valid) -> None:
 class OptimizerConfig:
     """AdamW (decoupled weight decay) and gradient clipping."""
 
-    lr: float = 3e-4                     # the initial rate; a schedule may change Engine.lr later
+    lr: float = 3e-4                     # the initial rate; a schedule may change ShardedAdamW.lr later
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
-    weight_decay: float = 0.1            # for the parameters Engine's `decay` selects
+    weight_decay: float = 0.1            # for the parameters ShardedAdamW's `decay` selects
     grad_clip: Optional[float] = None    # largest global gradient norm; None: no clipping
 
     def __post_init__(self) -> None:
@@ -79,6 +80,11 @@ class OptimizerConfig:
         object.__setattr__(self, "betas", tuple(betas))   # a list from YAML compares equal to a tuple
         if not (_number(self.weight_decay) and self.weight_decay >= 0):
             raise SettingError("weight_decay", f"weight_decay must be a number >= 0, got {self.weight_decay!r}")
+
+    @classmethod
+    def given(cls, config: Optional[OptimizerConfig], settings: dict) -> OptimizerConfig:
+        """The config passed as config= or as keywords (ShardedAdamW's two forms), not both."""
+        return _given(cls, config, settings, "ShardedAdamW", "lr=")
 
 
 OBJECTIVES = ("throughput", "memory")
@@ -115,7 +121,7 @@ class AutoConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How the engine shards, computes, communicates and updates."""
+    """How the engine shards, computes and communicates."""
 
     # a name (zero3, paro-iig) or letters (IIG), kept as a Strategy; or "auto": the planner's
     # choice for the model, the world and its machine, made before the engine is built
@@ -139,7 +145,6 @@ class EngineConfig:
     # reductions (qgZ); None: exact. Master weights and optimizer state are never compressed.
     compress_params: Optional[str] = None
     compress_grads: Optional[str] = None
-    optimizer: OptimizerConfig = OptimizerConfig()
     auto: AutoConfig = AutoConfig()       # how strategy="auto" chooses
 
     def __post_init__(self) -> None:
@@ -183,30 +188,29 @@ class EngineConfig:
                 codec(value)   # an unknown name fails here, with the names it knows
             except ValueError as e:
                 raise SettingError(name, f"{name}: {e}") from None
-        if not isinstance(self.optimizer, OptimizerConfig):
-            raise SettingError("optimizer", f"optimizer must be an OptimizerConfig, got "
-                                            f"{type(self.optimizer).__name__}")
-
-    @classmethod
-    def from_keywords(cls, **settings) -> EngineConfig:
-        """The config of Engine's keyword form, in which the optimizer's settings (lr=,
-        betas=, eps=, weight_decay=, grad_clip=) sit beside the others."""
-        optimizer = {f.name for f in fields(OptimizerConfig)}
-        unknown = sorted(set(settings) - optimizer - {f.name for f in fields(cls) if f.name != "optimizer"})
-        if unknown:
-            raise TypeError(f"unknown engine settings {unknown}; expected fields of EngineConfig or OptimizerConfig")
-        return cls(**{k: v for k, v in settings.items() if k not in optimizer},
-                   optimizer=OptimizerConfig(**{k: v for k, v in settings.items() if k in optimizer}))
 
     @classmethod
     def given(cls, config: Optional[EngineConfig], settings: dict) -> EngineConfig:
         """The config passed as config= or as keywords (Engine's two forms), not both."""
-        if config is None:
-            return cls.from_keywords(**settings)
-        if not isinstance(config, EngineConfig):
-            raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}; pass settings such as "
-                            "strategy= by keyword")
-        if settings:
-            raise TypeError(f"pass the settings either as config= or as keywords, not both; got config= and "
-                            f"{sorted(settings)}")
-        return config
+        return _given(cls, config, settings, "Engine", "strategy=")
+
+
+def _given(cls, config, settings: dict, taker: str, example: str):
+    """`config`, or a `cls` made of the keywords `settings` (not both), for `taker`."""
+    if config is None:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - names)
+        if unknown:
+            other = OptimizerConfig if cls is EngineConfig else EngineConfig
+            theirs = sorted(set(unknown) & {f.name for f in fields(other)})
+            where = (f" ({theirs} are settings of {other.__name__}, for "
+                     f"{'ShardedAdamW' if other is OptimizerConfig else 'Engine'})" if theirs else "")
+            raise TypeError(f"unknown {taker} settings {unknown}; expected fields of {cls.__name__}{where}")
+        return cls(**settings)
+    if not isinstance(config, cls):
+        raise TypeError(f"config must be an {cls.__name__}, got {type(config).__name__}; pass settings such as "
+                        f"{example} by keyword")
+    if settings:
+        raise TypeError(f"pass the settings either as config= or as keywords, not both; got config= and "
+                        f"{sorted(settings)}")
+    return config

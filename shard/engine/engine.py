@@ -1,23 +1,24 @@
 """The training engine: a model cut into units, each unit's state sharded by a PaRO
 strategy, parameters gathered just in time (and prefetched), gradients reduced as soon as
-each unit's backward ends, and AdamW over this rank's optimizer shard.
+each unit's backward ends into this rank's optimizer shard, whose fp32 master weights an
+optimizer beside the engine updates (shard/engine/optimizer.py).
 
     engine = Engine(model, comm, strategy="paro-iig")       # or config=EngineConfig(...)
+    optimizer = ShardedAdamW(engine, lr=3e-4)
     loss = loss_fn(engine(inputs), targets)
     engine.backward(loss)        # once per micro-batch
-    engine.step()                # reduce what is left, clip, update, refresh parameters
+    optimizer.step()             # engine.gradients(), clip, update, engine.refresh()
 
 Gradients are averaged over ranks and micro-batches, so k micro-batches of b samples on
 N ranks give the update one process would make from the mean loss over all k*N*b samples.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -26,9 +27,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from pccl import Communicator
 from pccl.compression.codecs import codec
-from shard.engine import checkpoint
-from shard.engine.adamw import OPTIMIZER_BYTES, FlatAdamW
-from shard.engine.config import PRECISIONS, EngineConfig, OptimizerConfig
+from shard.engine.adamw import OPTIMIZER_BYTES
+from shard.engine.config import PRECISIONS, EngineConfig
 from shard.engine.lanes import STAGES, Handle, Lane, Ledger, shared_queue
 from shard.engine.shard_layout import ShardLayout
 from shard.engine.sharded_unit import ShardedUnit
@@ -44,63 +44,22 @@ def compile_forward(module: nn.Module, backend=True) -> None:
     module.forward = torch.compile(module.forward, **({} if backend is True else {"backend": backend}))
 
 
-def default_decay(name: str, param: nn.Parameter) -> bool:
-    """Decay matrices and embeddings, not biases and norm gains (nanoGPT, torchtitan)."""
-    return param.dim() >= 2
-
-
 def _placement(state: dict) -> list[dict]:
     """Where each unit's piece of a state_dict() lies: what a load must match."""
     keys = ("name", "params", "shapes", "offsets", "padded", "start", "end")
     return [{k: u[k] for k in keys} for u in state["units"]]
 
 
-class StepResult:
-    """What a step did: grad_norm, the global norm of the averaged gradient before clipping
-    (nan when not finite); skipped, whether its gradients were not finite so no update was
-    made; loss_scale, the fp16 dynamic loss scale after it (1.0 otherwise). The engine
-    leaves them on the device, so a step never waits for it: the first read copies all
-    three to the host at once (and so waits for the step to finish)."""
+@dataclass(frozen=True)
+class Gradients:
+    """A step's gradient (Engine.gradients): `pieces`, one per piece of the master weights;
+    the mean gradient over ranks and micro-batches, unscaled, is `scale` times them (a
+    number, or a tensor on the device under fp16); `norm` is the mean's global L2 norm (a
+    device tensor, not finite when some gradient was not)."""
 
-    def __init__(self, grad_norm: float, skipped: bool, loss_scale: float):
-        self._values = (grad_norm, skipped, loss_scale)
-
-    @classmethod
-    def on_device(cls, values: torch.Tensor) -> StepResult:
-        """The result whose three values are `values`, read when first asked for."""
-        result = cls(0.0, False, 1.0)
-        result._values = values
-        return result
-
-    def _read(self) -> tuple:
-        values = self._values
-        if torch.is_tensor(values):
-            values = (0.0, 0.0, 1.0) if values.is_meta else tuple(values.tolist())   # a dry run has no values
-            self._values = values
-        return values
-
-    @property
-    def grad_norm(self) -> float:
-        norm = float(self._read()[0])
-        return norm if math.isfinite(norm) else float("nan")
-
-    @property
-    def skipped(self) -> bool:
-        return bool(self._read()[1])
-
-    @property
-    def loss_scale(self) -> float:
-        return float(self._read()[2])
-
-    def __eq__(self, other) -> bool:
-        if not isinstance(other, StepResult):
-            return NotImplemented
-        mine, theirs = (self.grad_norm, self.skipped, self.loss_scale), (other.grad_norm, other.skipped,
-                                                                         other.loss_scale)
-        return all(a == b or (a != a and b != b) for a, b in zip(mine, theirs))
-
-    def __repr__(self) -> str:
-        return f"StepResult(grad_norm={self.grad_norm}, skipped={self.skipped}, loss_scale={self.loss_scale})"
+    pieces: list[torch.Tensor]
+    norm: torch.Tensor
+    scale: Union[float, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -120,53 +79,13 @@ class _GatheredView:
         return full.as_strided(self.shape, self.stride, self.offset)
 
 
-class LossScaler:
-    """fp16 dynamic loss scaling: halve on overflow (the step is skipped, never below 1),
-    double after each `growth_interval` clean steps in a row. Kept on the device and
-    updated there, so the step needs no value on the host. A no-op scale of 1 for bf16
-    and fp32."""
-
-    def __init__(self, enabled: bool, device, init: float = 2.0 ** 16, growth_interval: int = 2000):
-        self.enabled, self.growth_interval = enabled, growth_interval
-        # scale, clean steps since the last overflow (float64: exact counts)
-        self._state = torch.tensor([init, 0.0], dtype=torch.float64, device=device) if enabled else None
-
-    @property
-    def factor(self):
-        """What the loss is multiplied by: the scale on the device, or 1.0."""
-        return self._state[0] if self.enabled else 1.0
-
-    @property
-    def scale(self) -> float:
-        return float(self._state[0].item()) if self.enabled else 1.0
-
-    @property
-    def clean(self) -> int:
-        return int(self._state[1].item()) if self.enabled else 0
-
-    def load(self, scale: float, clean: int) -> None:
-        if self.enabled:
-            self._state.copy_(torch.tensor([scale, clean], dtype=torch.float64))
-
-    def update(self, found_inf: torch.Tensor) -> None:
-        """After a step: `found_inf` (1.0 or 0.0, on the device) says it overflowed."""
-        if not self.enabled:
-            return
-        scale, clean = self._state.unbind()
-        found = found_inf.to(torch.float64)
-        clean = (clean + 1) * (1 - found)
-        grow = (clean > 0) & (torch.remainder(clean, self.growth_interval) == 0)
-        scale = torch.where(found > 0, torch.clamp(scale / 2, min=1.0), torch.where(grow, scale * 2, scale))
-        self._state.copy_(torch.stack((scale, clean)))
-
-
 class Engine:
     def __init__(self, model: nn.Module, comm: Communicator, config: Optional[EngineConfig] = None, *,
-                 units: Optional[list[nn.Module]] = None, decay: Callable[[str, nn.Parameter], bool] = default_decay,
-                 device=None, init: Optional[Callable[[str, torch.Tensor], None]] = None, **settings):
+                 units: Optional[list[nn.Module]] = None, device=None,
+                 init: Optional[Callable[[str, torch.Tensor], None]] = None, **settings):
         """config: the engine's settings (shard/engine/config.py), or `settings`, the same as keywords
-        (strategy="zero3", lr=1e-3, ...), not both. units: the submodules gathered together
-        (default: see shard/engine/units.py); decay(name, param): which parameters weight decay applies to.
+        (strategy="zero3", precision="bf16", ...), not both. units: the submodules gathered together
+        (default: see shard/engine/units.py).
 
         A model built on the meta device is materialized one unit at a time on `device`:
         `init(name, tensor)` (default: the model's `init_parameter`) fills each parameter,
@@ -197,7 +116,6 @@ class Engine:
         cut = split_units(model, units)   # before any communication: bad units fail alone
 
         self.model, self.comm = model, comm
-        self.lr = float(config.optimizer.lr)   # a schedule sets it before each step
         self.compute_dtype, self.reduce_dtype = PRECISIONS[config.precision], PRECISIONS[config.reduce_dtype]
         self.layout = ShardLayout(comm.size, group, comm.rank, nested=self.strategy.uses_groups())
         self.ledger = Ledger(self.layout)
@@ -206,12 +124,14 @@ class Engine:
         self.gathers = Lane("gather", comm, self.layout, levels, config.algorithm, self.ledger, self.device, shared)
         self.reductions = Lane("reduce", comm, self.layout, levels, config.algorithm, self.ledger, self.device,
                                shared)
-        self.scaler = LossScaler(config.precision == "fp16", self.device)
+        # what backward multiplies the loss by (a tensor on the device, or 1.0): fp16's loss
+        # scale, which the optimizer sets and moves; gradients() divides it out
+        self.loss_scale = 1.0
 
         self.units = self._shard_units(cut, config)
         self.root = self.units[0] if self.units[0].name == "<root>" else None
         self._dtypes = {id(p): p.dtype for u in self.units for p in u.flat.params}
-        self._init_optimizer(config.optimizer, decay, init)
+        self._init_master(init)
         self.ledger.reset()
 
         self._forward_order: list[ShardedUnit] = []
@@ -223,7 +143,6 @@ class Engine:
         self.gather_stats = {"needed": 0, "prefetched": 0}   # sharded units at the moment they ran
         self._trace: Optional[StepTrace] = None
         self._gathered: dict[int, ShardedUnit] = {}   # this forward's gathered buffers, by address (_pack)
-        self._counts = torch.zeros(2, dtype=torch.float64, device=self.device)   # steps made, skipped
         self._register_hooks(config.activation_checkpointing, config.compile)
 
     # Set-up.
@@ -283,19 +202,14 @@ class Engine:
                              "or build them on a real device")
         return torch.device(device), init
 
-    def _init_optimizer(self, settings: OptimizerConfig, decay, init) -> None:
+    def _init_master(self, init) -> None:
+        """The fp32 master weights of this rank's optimizer shard of every unit, one flat
+        buffer (`master`), the parameters placed from it."""
         offsets = self._os_offsets = [0]
         for u in self.units:
             offsets.append(offsets[-1] + u.os_numel)
-        master = torch.empty(offsets[-1], dtype=torch.float32, device=self.device)
-        self._os_views = [master[a:b] for a, b in zip(offsets, offsets[1:])]
-        decayed = []
-        for u, base in zip(self.units, offsets):
-            lo, hi = u.os_span
-            for (name, p), start, end in zip(u.unit.params, u.flat.offsets, u.flat.offsets[1:]):
-                a, b = max(start, lo), min(end, hi)
-                if p.requires_grad and a < b and decay(name, p):
-                    decayed.append((base + a - lo, base + b - lo))
+        self.master = torch.empty(offsets[-1], dtype=torch.float32, device=self.device)
+        self._os_views = [self.master[a:b] for a, b in zip(offsets, offsets[1:])]
         if init is not None:   # meta parameters become real, empty ones (the same objects, so ties hold)
             for u in self.units:
                 for p in u.flat.params:
@@ -303,8 +217,6 @@ class Engine:
                     torch.utils.swap_tensors(p, empty)
         for u, view in zip(self.units, self._os_views):
             u.load_master(self.reductions, view, init)
-        self.optimizer = FlatAdamW(master, decayed, settings.betas, settings.eps, settings.weight_decay,
-                                   pieces=offsets[:-1])
         # each optimizer shard is held by `replicas` ranks: the norm counts it once
         self._norm_weights = torch.tensor([1.0 / self.layout.replicas(u.strategy.optimizer) for u in self.units],
                                           dtype=torch.float32, device=self.device)
@@ -316,6 +228,28 @@ class Engine:
                 u.flat.release()   # the model's own full copy is no longer needed
             else:
                 u.flat.bind(u.params)   # for good: steps and refreshes write into it
+
+    @property
+    def pieces(self) -> list[int]:
+        """Where each unit's piece of `master` starts (its gradient is one tensor a piece)."""
+        return self._os_offsets[:-1]
+
+    def spans(self):
+        """(name, parameter, start, end) of each trainable parameter with elements in this
+        rank's shard: where in `master` they lie (weight decay's selection). The parameter
+        is a stand-in on the meta device with the original's shape and dtype: the engine
+        has released the storage of the parameters it gathers."""
+        for u, base in zip(self.units, self._os_offsets):
+            lo, hi = u.os_span
+            for (name, p), shape, start, end in zip(u.unit.params, u.flat.shapes, u.flat.offsets, u.flat.offsets[1:]):
+                a, b = max(start, lo), min(end, hi)
+                if p.requires_grad and a < b:
+                    like = nn.Parameter(torch.empty(shape, dtype=self._dtypes[id(p)], device="meta"))
+                    yield name, like, base + a - lo, base + b - lo
+
+    def refresh(self) -> None:
+        """The parameters from `master`, after an update wrote it."""
+        self._refresh("update")
 
     def _refresh(self, stage: str) -> None:
         """Parameter shards of their own from the master weights (units whose shard is the
@@ -424,7 +358,8 @@ class Engine:
         self._this_backward = []
         if self.root is not None:
             self._mark("backward", self.root)
-        (loss * self.scaler.factor if self.scaler.enabled else loss).backward()
+        scaled = torch.is_tensor(self.loss_scale) or self.loss_scale != 1.0
+        (loss * self.loss_scale if scaled else loss).backward()
         # Units whose gradients did not all arrive (unused parameters) and the root unit
         # reduce now, in unit order, so every rank issues the same collectives.
         for u in self.units:
@@ -467,49 +402,28 @@ class Engine:
 
     # Update.
 
-    def step(self) -> StepResult:
-        """Finish the gradient reduction, clip, update with AdamW, refresh the parameters.
-        Nothing in it waits for the device: the clipping factor and whether to skip the
-        update (non-finite gradients) are decided there, and the result stays there until
-        read (StepResult)."""
+    def gradients(self) -> Gradients:
+        """Finish the step's gradient reduction: this rank's piece of every unit's gradient
+        (one fp32 tensor per piece of `master`), still sums over micro-batches of the scaled
+        losses, with what makes them the mean unscaled gradient and that gradient's global
+        norm (every rank's shard counted once), both on the device: nothing here waits for
+        it. The next backward starts the next step's gradient."""
         if not self._micro_batches:
-            raise RuntimeError("step() needs at least one backward() since the last step")
+            raise RuntimeError("step() needs at least one backward() since the last step (the optimizer's step "
+                               "asks the engine for the gradients of the backward passes since)")
         if self.root is not None:
             self.root.release()
         for handle in self._reductions:
             handle.wait()
         self._reductions = []
-        # the gradients are sums over micro-batches of scaled losses: their mean, unscaled
-        scale = 1.0 / (self._micro_batches * self.scaler.factor)
+        scale = 1.0 / (self._micro_batches * self.loss_scale)
         self._micro_batches = 0
         grads = [u.ensure_grad() for u in self.units]
-        squares = self._finish_gradients(grads)
-        norm = squares.sqrt() * scale
-        found_inf = (~torch.isfinite(norm)).to(torch.float32)
-        clip = self.config.optimizer.grad_clip
-        if clip is not None:   # torch.nn.utils.clip_grad_norm_'s factor, applied with the mean's
-            scale = torch.clamp(clip / (norm + 1e-6), max=1.0) * scale
-        self._mark("update", None)
-        if torch.is_tensor(scale) or scale != 1.0:
-            torch._foreach_mul_(grads, scale)
-        self.optimizer.step(self.lr, grads, found_inf)
+        norm = self._finish_gradients(grads).sqrt() * scale
         for u in self.units:
-            u.grad = None   # until the next step's first gradient
-        self._counts.add_(torch.stack((1 - found_inf, found_inf)).to(self._counts.dtype))
-        self.scaler.update(found_inf)
-        self._refresh("update")
-        loss_scale = self.scaler.factor if self.scaler.enabled else torch.ones_like(found_inf)
-        return StepResult.on_device(torch.stack((norm.float(), found_inf, loss_scale.float())))
-
-    @property
-    def steps(self) -> int:
-        """Updates made (reading it waits for the device)."""
-        return int(self._counts[0].item())
-
-    @property
-    def skipped_steps(self) -> int:
-        """Steps skipped for non-finite gradients (reading it waits for the device)."""
-        return int(self._counts[1].item())
+            u.grad = None   # the optimizer holds this step's; the next backward starts anew
+        self._mark("update", None)
+        return Gradients(grads, norm, scale)
 
     def _finish_gradients(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """Complete every unit's gradient into the optimizer's; the sum of its squares over
@@ -548,15 +462,16 @@ class Engine:
     # Reports.
 
     def memory_report(self) -> dict:
-        """Bytes per rank of parameters, gradients and optimizer state as this strategy holds
-        them (PaRO Table 2's P, G and OS, padding included; P only where it is a buffer of
-        its own, not the master weights), and the element counts."""
+        """Bytes per rank of parameters, gradients and optimizer state (ShardedAdamW's: the
+        master weights and both moments) as this strategy holds them (PaRO Table 2's P, G
+        and OS, padding included; P only where it is a buffer of its own, not the master
+        weights), and the element counts."""
         return {
             "parameters": sum(u.params.numel() * u.params.element_size() for u in self.units if not u.local_refresh),
             "gradients": sum(4 * u.os_numel
                              + (0 if u.direct else u.flat.padded // self.layout.shards(u.strategy.grads)
                                 * self.reduce_dtype.itemsize) for u in self.units),
-            "optimizer": OPTIMIZER_BYTES * self.optimizer.master.numel(),
+            "optimizer": OPTIMIZER_BYTES * self.master.numel(),
             "numel": sum(u.flat.numel for u in self.units),
             "padded_numel": sum(u.flat.padded for u in self.units),
             "units": {u.name: {"numel": u.flat.numel, "padded": u.flat.padded, "strategy": u.strategy.letters}
@@ -601,26 +516,23 @@ class Engine:
                 for k, v in self.model.state_dict(keep_vars=True).items()}
 
     def state_dict(self) -> dict:
-        """This rank's part of the training state: the counters, and each unit's piece of
-        the optimizer state (fp32 master weights, from which the parameters are refreshed,
-        and both moments) with where the piece lies, so a checkpoint can place its elements
-        at another world size or strategy. The tensors are views of the live state, as in
-        nn.Module.state_dict: clone them to keep a snapshot.
+        """This rank's part of the model's training state: each unit's piece of the fp32
+        master weights, from which the parameters are refreshed, with where the piece lies,
+        so a checkpoint (shard/engine/checkpoint.py, with the optimizer's state_dict()) can
+        place its elements at another world size or strategy. The tensors are views of the
+        live state, as in nn.Module.state_dict: clone them to keep a snapshot.
 
-        Keys: world, group, strategy (letters); steps, skipped_steps, optimizer_steps,
-        loss_scale, loss_scale_clean; units: per unit, name, params (names), shapes,
-        offsets (of the parameters in the unit's flat buffer), padded (its length), start
-        and end (this rank's piece of it), first_replica (no lower rank holds the same
-        piece), and the piece's master, exp_avg and exp_avg_sq."""
-        state, offsets = self.optimizer.state(), self._os_offsets
+        Keys: world, group, strategy (letters); units: per unit, name, params (names),
+        shapes, offsets (of the parameters in the unit's flat buffer), padded (its length),
+        start and end (this rank's piece of it), first_replica (no lower rank holds the
+        same piece), and master (the piece)."""
+        offsets = self._os_offsets
         return {
             "world": self.layout.world, "group": self.layout.group, "strategy": self.strategy.letters,
-            "steps": self.steps, "skipped_steps": self.skipped_steps, "optimizer_steps": self.optimizer.steps,
-            "loss_scale": self.scaler.scale, "loss_scale_clean": self.scaler.clean,
             "units": [{"name": u.name, "params": list(u.flat.names), "shapes": [list(s) for s in u.flat.shapes],
                        "offsets": list(u.flat.offsets), "padded": u.flat.padded, "start": u.os_span[0],
                        "end": u.os_span[1], "first_replica": self.layout.is_first_replica(u.strategy.optimizer),
-                       **{k: v[a:b] for k, v in state.items()}}
+                       "master": self.master[a:b]}
                       for u, a, b in zip(self.units, offsets, offsets[1:])],
         }
 
@@ -628,44 +540,18 @@ class Engine:
         """Restore what state_dict() returned on an engine holding the same pieces (world
         size, strategy and units); the parameters are refreshed from the restored master
         weights. Collective. Across world sizes, group sizes or strategies, go through a
-        checkpoint (save, load), which places every element by parameter name."""
+        checkpoint, which places every element by parameter name."""
         mine = self.state_dict()
         if _placement(state) != _placement(mine):
             raise ValueError(
                 f"the state's units or pieces differ from this engine's: it was taken at world {state['world']}, "
                 f"group {state['group']}, strategy {state['strategy']}, this engine has world {mine['world']}, group "
                 f"{mine['group']}, strategy {mine['strategy']}; to change world size, group size or strategy, go "
-                "through a checkpoint (Engine.save, Engine.load)")
+                "through a checkpoint (shard.engine.checkpoint: save, load)")
         for piece, target in zip(state["units"], mine["units"]):
-            for k in self.optimizer.state():
-                target[k].copy_(piece[k])
-        self._counts.copy_(torch.tensor([state["steps"], state["skipped_steps"]], dtype=self._counts.dtype))
-        self.optimizer.steps = state["optimizer_steps"]
-        self.scaler.load(state["loss_scale"], state["loss_scale_clean"])
+            target["master"].copy_(piece["master"])
         self._refresh("update")
         self.ledger.reset()   # restoring is not training traffic
-
-    def save(self, path, extra: Optional[dict] = None, keep: int = 1,
-             written: Optional[Callable[[], None]] = None) -> None:
-        """Write a sharded checkpoint into the directory `path` (see shard/engine/checkpoint.py),
-        with a manifest of every file's size and checksum, keeping the newest `keep`
-        snapshots: a crash or a failed write mid-save leaves the previous checkpoint there
-        loadable (a failure raises checkpoint.CheckpointSaveError on every rank). `extra`:
-        rank 0's JSON-serializable state of the caller (a training loop's step, data
-        position), kept with the snapshot. `written`: see checkpoint.save. Collective."""
-        checkpoint.save(self, path, extra, keep, written)
-
-    def load(self, path, fallback: bool = False) -> Optional[dict]:
-        """Restore the latest checkpoint in `path`, written at any world size, group size or
-        strategy for a model with the same parameters; returns the `extra` saved with it.
-        Verified first: a damaged snapshot raises CheckpointError naming the file (with
-        `fallback`, the newest intact one is loaded instead; restore() says which).
-        Collective."""
-        return self.restore(path, fallback).extra
-
-    def restore(self, path, fallback: bool = False) -> checkpoint.Restored:
-        """load(), returning also the snapshot loaded and those skipped, with why."""
-        return checkpoint.load(self, path, fallback)
 
     def barrier(self) -> None:
         """Every rank reached this point (after the reductions queued before it)."""

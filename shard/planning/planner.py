@@ -41,7 +41,7 @@ from shard.planning.predict import ComputeRate, Workload, predict_step, unit_flo
 from shard.planning.throughput import DEFAULT_MFU, peak_tflops
 
 GIB = 1 << 30
-# Engine's own keyword arguments (units=, decay=, device=, init=), beside its settings
+# Engine's own keyword arguments (units=, device=, init=), beside its settings
 ENGINE_ARGUMENTS = tuple(name for name, p in inspect.signature(Engine).parameters.items() if p.kind is p.KEYWORD_ONLY)
 
 
@@ -336,7 +336,7 @@ def build_engine(model: torch.nn.Module, comm, config: Optional[EngineConfig] = 
     `workload` (Workload: sequence length, micro-batch and micro-batches per step), on this
     communicator's world, machine profile and device memory (config.auto says by which
     objective); every rank takes part. The plan is None when a strategy is named.
-    `keywords`: Engine's (units=, decay=, device=, init=) and its settings (strategy=, lr=, ...)."""
+    `keywords`: Engine's (units=, device=, init=) and its settings (strategy=, precision=, ...)."""
     arguments = {k: keywords.pop(k) for k in ENGINE_ARGUMENTS if k in keywords}
     config = EngineConfig.given(config, keywords)
     plan = None

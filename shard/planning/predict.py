@@ -94,10 +94,12 @@ def trace_step(model: torch.nn.Module, comm, micro: Workload, **settings) -> tup
     with a model on the meta device (nothing is computed or sent), or a real one (the
     trace the dry run must reproduce); `settings` as Engine's keywords (strategy=, ...)."""
     from shard.engine.engine import Engine
+    from shard.engine.optimizer import ShardedAdamW
 
     device = next(model.parameters()).device
     meta = {"device": "meta", "init": lambda name, tensor: None} if device.type == "meta" else {}
     engine = Engine(model, comm, **meta, **settings)
+    optimizer = ShardedAdamW(engine)
     tokens = torch.zeros(micro.micro_batch, micro.seq + 1, dtype=torch.long, device=device)
 
     def step(trace: Optional[StepTrace] = None) -> None:
@@ -107,7 +109,7 @@ def trace_step(model: torch.nn.Module, comm, micro: Workload, **settings) -> tup
             engine.backward(next_token_loss(engine, tokens))
         if trace is not None:
             trace.micro_batch()   # the step's own part begins
-        engine.step()
+        optimizer.step()
 
     try:
         step()   # the backward order prefetch follows is learned here
@@ -253,7 +255,7 @@ def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, m
     skeleton = Skeleton(model, settings.pop("units", None))
     trace, engine = trace_many(skeleton, DryRunCommunicator(topology, profile), micro, units=skeleton.units,
                                **settings)
-    update = rate.update_s_per_element * engine.optimizer.master.numel()
+    update = rate.update_s_per_element * engine.master.numel()
 
     def compute_seconds(kind: str, unit: Optional[str]) -> float:
         if kind == "update":

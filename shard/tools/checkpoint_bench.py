@@ -3,8 +3,8 @@ checkpoints). Under mpiexec, one model and strategy per launch:
 
     mpiexec -n 4 python -m shard.tools.checkpoint_bench --model gpt_125m --repeats 5 --dir /tmp/ckpt
 
-Per repeat: engine.save() (writing every rank's shard, hashing it, the manifest), then
-engine.load() (the ranks verify the files against the manifest together, then each rank
+Per repeat: checkpoint.save() (writing every rank's shard, hashing it, the manifest), then
+checkpoint.load() (the ranks verify the files against the manifest together, then each rank
 reads what it needs). Measured apart in the same run: the hashing alone (each rank's SHA-256 of its
 own files) and the verification alone (checkpoint.choose: every rank re-hashing its share
 of the files), so "without the manifest" is the same save and load less those. Medians
@@ -35,11 +35,13 @@ def main(argv=None) -> None:
     import pccl
     from shard.engine import checkpoint
     from shard.engine.engine import Engine
+    from shard.engine.optimizer import ShardedAdamW
     from shard.models import GPT, GPTConfig
 
     torch.set_num_threads(1)
     comm = pccl.init()
     engine = Engine(GPT(GPTConfig.preset(args.model)), comm, strategy=args.strategy)
+    optimizer = ShardedAdamW(engine)
     root = Path(args.dir)
     rows = {"save_s": [], "load_s": [], "hash_s": [], "verify_s": []}
 
@@ -51,7 +53,7 @@ def main(argv=None) -> None:
     for _ in range(args.repeats):
         engine.barrier()
         start = time.perf_counter()
-        engine.save(root, extra={"step": 0}, keep=1)
+        checkpoint.save(engine, optimizer, root, extra={"step": 0}, keep=1)
         rows["save_s"].append(slowest(time.perf_counter() - start))
         snap = checkpoint.latest(root)
         start = time.perf_counter()
@@ -63,7 +65,7 @@ def main(argv=None) -> None:
         rows["verify_s"].append(slowest(time.perf_counter() - start))
         engine.barrier()
         start = time.perf_counter()
-        engine.load(root)
+        checkpoint.load(engine, optimizer, root)
         rows["load_s"].append(slowest(time.perf_counter() - start))
     if comm.rank == 0:
         nbytes = sum(f.stat().st_size for f in checkpoint.latest(root).iterdir())

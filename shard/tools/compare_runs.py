@@ -254,7 +254,8 @@ class DeepSpeedRun(TorchRun):
 
     def step(self, micro_batches, lr: float):
         set_lr(self.client, lr)
-        return backward_step(self.engine, micro_batches, step_every_micro_batch=True)   # it updates at the last
+        # it updates at the last micro-batch
+        return backward_step(self.engine, self.engine.step, micro_batches, step_every_micro_batch=True)
 
     def full_state(self) -> Optional[dict]:
         import deepspeed
@@ -278,8 +279,8 @@ class EngineRun(Run):
         import torch
 
         import pccl
-        from shard.engine import Engine
-        from shard.engine.config import EngineConfig, OptimizerConfig
+        from shard.engine import Engine, ShardedAdamW
+        from shard.engine.config import EngineConfig
 
         device = device_of(args)
         # NCCL where each rank has a GPU of its own (it refuses two ranks on one), else MPI
@@ -288,13 +289,13 @@ class EngineRun(Run):
                          interruptible=transport == "mpi")   # as shard-train
         self.engine = Engine(model.to(device), comm, EngineConfig(
             strategy=self.strategy, algorithm=COMMS[self.comm], group_size=args.ranks_per_node or world.size,
-            precision=args.precision, compile=self.compiled, compress_params=self.codec, compress_grads=self.codec,
-            optimizer=OptimizerConfig(betas=BETAS, eps=EPS, weight_decay=0.0)))
+            precision=args.precision, compile=self.compiled, compress_params=self.codec, compress_grads=self.codec))
+        self.optimizer = ShardedAdamW(self.engine, betas=BETAS, eps=EPS, weight_decay=0.0)
         self.params, self.world = model.cfg.num_params(), world.size
 
     def step(self, micro_batches, lr: float):
-        self.engine.lr = lr
-        return backward_step(self.engine, micro_batches, step_every_micro_batch=False)
+        self.optimizer.lr = lr
+        return backward_step(self.engine, self.optimizer.step, micro_batches, step_every_micro_batch=False)
 
     def reset(self) -> None:
         self.engine.comm_report(reset=True)
@@ -387,9 +388,10 @@ def set_lr(optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def backward_step(engine, micro_batches, step_every_micro_batch: bool):
-    """One training step on an engine that takes backward(loss) per micro-batch and step()
-    (DeepSpeed's, every micro-batch; shard's, once); this rank's mean loss, on the device."""
+def backward_step(engine, step, micro_batches, step_every_micro_batch: bool):
+    """One training step on an engine that takes backward(loss) per micro-batch, and `step`
+    (DeepSpeed's engine.step, every micro-batch; shard's optimizer.step, once); this rank's
+    mean loss, on the device."""
     from shard.models.loss import next_token_loss
 
     total = 0.0
@@ -397,10 +399,10 @@ def backward_step(engine, micro_batches, step_every_micro_batch: bool):
         loss = next_token_loss(engine, tokens)
         engine.backward(loss)
         if step_every_micro_batch:
-            engine.step()
+            step()
         total = total + loss.detach()
     if not step_every_micro_batch:
-        engine.step()
+        step()
     return total / len(micro_batches)
 
 

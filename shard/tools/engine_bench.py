@@ -11,7 +11,7 @@ rank alone, no communication. Strategies that shard parameters run once per --pr
 (default 0 and 1); the others gather nothing ahead and run once (pf "-").
 
 Columns, all per step. A step is timed on each rank from its first forward to the end of
-engine.step(); a step's time is that of its slowest rank, and "step s" the median over the
+optimizer.step(); a step's time is that of its slowest rank, and "step s" the median over the
 timed steps.
   +comm s   step - compute, where compute is the compute-only row's step time.
   alone s   one step's collectives replayed back to back with no compute, on the same
@@ -135,6 +135,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     import pccl
     from shard.engine.engine import Engine
+    from shard.engine.optimizer import ShardedAdamW
     from shard.models import GPT, GPTConfig
     from shard.models.loss import next_token_loss
 
@@ -148,6 +149,7 @@ def worker(args: argparse.Namespace) -> dict:
     engine = Engine(model, comm, strategy="ddp" if args.strategy == "none" else args.strategy,
                     group_size=1 if args.strategy == "none" else args.group, prefetch=args.prefetch,
                     algorithm=args.algorithm)
+    optimizer = ShardedAdamW(engine)
     gen = torch.Generator().manual_seed(world.rank)
     tokens = torch.randint(0, args.vocab, (args.micro, args.batch, args.context + 1), generator=gen)
 
@@ -155,7 +157,7 @@ def worker(args: argparse.Namespace) -> dict:
         start = time.perf_counter()
         for j in range(args.micro):
             engine.backward(next_token_loss(engine, tokens[j]))
-        engine.step()
+        optimizer.step()
         return time.perf_counter() - start
 
     for _ in range(args.warmup):

@@ -52,6 +52,7 @@ def check(resolved: dict) -> GPTConfig:
     if train["seq_len"] > model.context:
         raise ConfigError(f"train.seq_len={train['seq_len']} exceeds the model's context of {model.context}")
     engine_config(resolved, "fp32" if train["precision"] == "auto" else train["precision"])
+    optimizer_config(resolved)
     rates = learning_rates(resolved)
     if rates["min_lr"] > rates["lr"]:
         preset = " (the model preset's)" if resolved["optim"]["lr"] is None else ""
@@ -80,25 +81,29 @@ def learning_rates(resolved: dict) -> dict:
     return {"lr": lr, "min_lr": lr / 10 if optim["min_lr"] is None else optim["min_lr"]}
 
 
-def engine_config(resolved: dict, precision: str) -> EngineConfig:
-    """The engine's settings from the resolved configuration: the strategy group (its name
-    is the strategy), the optimizer group's AdamW fields (a null lr: learning_rates'),
-    comm.algorithm, comm.compression and `precision`. A bad one is named by the field of
-    EngineConfig or OptimizerConfig that raised it, as the key its value came from."""
-    strategy, optim = dict(resolved["strategy"]), {**resolved["optim"], **learning_rates(resolved)}
-    compression = resolved["comm"].get("compression") or {}
+def optimizer_config(resolved: dict) -> OptimizerConfig:
+    """The optimizer's settings: the optim group's AdamW fields (a null lr: learning_rates').
+    A bad one is named by the field that raised it."""
+    optim = {**resolved["optim"], **learning_rates(resolved)}
     try:
-        optimizer = OptimizerConfig(**{f.name: optim[f.name] for f in fields(OptimizerConfig)})
+        return OptimizerConfig(**{f.name: optim[f.name] for f in fields(OptimizerConfig)})
     except SettingError as e:
         raise ConfigError(f"optim.{e.field}: {e}") from None
+
+
+def engine_config(resolved: dict, precision: str) -> EngineConfig:
+    """The engine's settings from the resolved configuration: the strategy group (its name
+    is the strategy), comm.algorithm, comm.compression and `precision`. A bad one is named
+    by the field of EngineConfig that raised it, as the key its value came from."""
+    strategy = dict(resolved["strategy"])
+    compression = resolved["comm"].get("compression") or {}
     elsewhere = {"strategy": "strategy.name", "precision": "train.precision", "compile": "train.compile",
                  "algorithm": "comm.algorithm", "compress_params": "comm.compression.params",
                  "compress_grads": "comm.compression.grads"}   # the other fields are the strategy group's keys
     try:
         return EngineConfig(strategy=strategy.pop("name"), **strategy, precision=precision,
                             compile=resolved["train"].get("compile", False), algorithm=resolved["comm"]["algorithm"],
-                            compress_params=compression.get("params"), compress_grads=compression.get("grads"),
-                            optimizer=optimizer)
+                            compress_params=compression.get("params"), compress_grads=compression.get("grads"))
     except (SettingError, StrategyError) as e:
         raise ConfigError(f"{elsewhere.get(e.field, f'strategy.{e.field}')}: {e}") from None
 

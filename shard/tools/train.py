@@ -25,7 +25,8 @@ import pccl
 from runkit.files import write_atomic
 from shard.engine import checkpoint
 from shard.engine.config import EngineConfig
-from shard.engine.engine import Engine, StepResult
+from shard.engine.engine import Engine
+from shard.engine.optimizer import ShardedAdamW, StepResult
 from shard.models import GPT, GPTConfig
 from shard.planning.planner import StrategyPlan, build_engine, label
 from shard.planning.predict import Workload
@@ -229,6 +230,7 @@ class Run:
     batches: Any = None                 # this rank's training micro-batches (Batches: resumable)
     held_out: list = field(default_factory=list)   # this rank's validation micro-batches
     engine: Optional[Engine] = None
+    optimizer: Optional[ShardedAdamW] = None
     plan: Optional[StrategyPlan] = None   # strategy=auto: the planner's, which the engine follows
     meter: Optional[Throughput] = None
     log: Optional[RunLog] = None
@@ -305,7 +307,8 @@ def load_data(r: Run) -> None:
 
 def make_engine(r: Run) -> None:
     """The model (on the meta device when model.meta_init says so, materialized shard by
-    shard by the engine) in the engine; what was built goes into config.yaml."""
+    shard by the engine) in the engine, and the optimizer beside it; what was built goes
+    into config.yaml."""
     meta = r.cfg.model.meta_init
     meta = r.model.num_params() > META_INIT_PARAMS if meta == "auto" else bool(meta)
     with torch.device("meta" if meta else r.device):
@@ -314,6 +317,7 @@ def make_engine(r: Run) -> None:
     workload = Workload(r.cfg.train.seq_len, r.cfg.train.micro_batch, r.accumulation) if auto else None
     r.engine, r.plan = build_engine(model, r.comm, r.engine_config, workload=workload,
                                     device=r.device if meta else None)
+    r.optimizer = ShardedAdamW(r.engine, preflight.optimizer_config(r.resolved))
     if r.plan is not None:   # the planner's choice, kept with the run, and its table for whoever asks why
         r.resolved["strategy"].update(chosen=r.engine.strategy.name, chosen_group_size=r.engine.layout.group)
         if r.comm.rank == 0:
@@ -333,7 +337,7 @@ def resume(r: Run) -> str:
         return "a fresh start"
     if not any(r.checkpoints.glob("snap-*")):
         return f"a fresh start: train.resume={str(mode).lower()}, but {r.checkpoints} holds no checkpoint"
-    restored = r.engine.restore(r.checkpoints, fallback=mode == "auto")
+    restored = checkpoint.load(r.engine, r.optimizer, r.checkpoints, fallback=mode == "auto")
     r.step = restored.extra["step"]
     r.batches.load_state_dict(restored.extra["data"])
     skipped = "".join(f"; skipped {why}" for why in restored.skipped)
@@ -415,7 +419,7 @@ def check_skipped(r: Run, unread: list[tuple[int, StepResult, torch.Tensor]]) ->
     (non-finite gradients, alike on every rank): stop on a non-finite loss on any rank, or
     past train.max_skipped_steps; every rank decides alike (collective)."""
     skipped = [(step, loss) for step, result, loss in unread if result.skipped]
-    before = r.engine.skipped_steps - len(skipped) if skipped else 0
+    before = r.optimizer.skipped_steps - len(skipped) if skipped else 0
     def again() -> str:
         last = checkpoint.latest(r.checkpoints).name if (r.checkpoints / "LATEST").is_file() else "none yet"
         return f"the last good snapshot is {last} (train.resume=auto continues from it)"
@@ -437,7 +441,7 @@ def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
     """One optimizer step over this rank's micro-batches; its result and mean loss (on the
     device, not synchronized)."""
     t, o = r.cfg.train, r.resolved["optim"]   # its rates filled in (setup)
-    r.engine.lr = learning_rate(r.step, o["lr"], o["min_lr"], o["warmup_steps"], o["decay_steps"], t.steps)
+    r.optimizer.lr = learning_rate(r.step, o["lr"], o["min_lr"], o["warmup_steps"], o["decay_steps"], t.steps)
     loss_sum = torch.zeros((), dtype=torch.float64, device=r.device)
     if r.faults:
         faults.kill_if_planned(r.faults, "kill", r.step + 1, r.comm.rank, r.out_dir)
@@ -451,7 +455,7 @@ def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
         if r.faults:
             faults.kill_if_planned(r.faults, "kill-backward", r.step + 1, r.comm.rank, r.out_dir)
         loss_sum += loss.detach()
-    result = r.engine.step()
+    result = r.optimizer.step()
     r.step += 1
     return result, loss_sum / r.accumulation
 
@@ -471,13 +475,13 @@ def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], timing:
     rows = _gather(r.comm, r.device, [local_loss, _peak_memory_gb(r.device), report["longest_wait_s"],
                                       report["exposed_s"]])
     loss, peak_memory, longest, exposed = (list(column) for column in zip(*rows))
-    record = {"step": r.step, "loss": sum(loss) / len(loss), "lr": r.engine.lr, "grad_norm": result.grad_norm,
+    record = {"step": r.step, "loss": sum(loss) / len(loss), "lr": r.optimizer.lr, "grad_norm": result.grad_norm,
               **r.meter.measure(r.global_batch_tokens * steps, elapsed),
               "exposed_comm_s": report["exposed_s"] / steps, "comm_busy_s": sum(report["busy_s"].values()) / steps,
               "other_waits_s": report["other_waits_s"] / steps,
               "longest_other_wait": report["longest_other_wait"] if report["other_waits_s"] else None,
               "step_time_s": elapsed / steps, "peak_memory_gb": max(peak_memory),
-              "skipped": result.skipped, "skipped_steps": r.engine.skipped_steps, "loss_scale": result.loss_scale,
+              "skipped": result.skipped, "skipped_steps": r.optimizer.skipped_steps, "loss_scale": result.loss_scale,
               "epoch": r.batches.epoch, "straggler": find_straggler(r, report, longest, exposed),
               "warmup": warmup, "warmup_s": warmup_s}
     if evaluate_now:
@@ -511,12 +515,13 @@ def validate(r: Run) -> float:
 
 
 def save_checkpoint(r: Run) -> None:
-    """The engine's state with the step and the data position, to resume from."""
+    """The engine's and the optimizer's state with the step and the data position, to resume from."""
     injected = (lambda: faults.kill_if_planned(r.faults, "kill-save", r.step, r.comm.rank, r.out_dir)) \
         if r.faults else None
-    r.engine.save(r.checkpoints, extra={"step": r.step, "data": r.batches.state_dict(),
-                                        "model": r.resolved["model"], "strategy": r.resolved["strategy"]},
-                  keep=r.cfg.train.keep_checkpoints, written=injected)
+    checkpoint.save(r.engine, r.optimizer, r.checkpoints,
+                    extra={"step": r.step, "data": r.batches.state_dict(), "model": r.resolved["model"],
+                           "strategy": r.resolved["strategy"]},
+                    keep=r.cfg.train.keep_checkpoints, written=injected)
 
 
 def finish(r: Run) -> dict:

@@ -20,6 +20,15 @@ RUNS = (("mlp", None, {}), ("transformer", 0.5, {}),
         ("transformer", None, {"prefetch": 3, "algorithm": "native"}))
 
 
+def sharded(model, comm, clip=None, **settings):
+    """(an Engine over `model` with the engine `settings`, its ShardedAdamW with HYPER and
+    `clip`): what the references are compared with."""
+    from shard import Engine, ShardedAdamW
+
+    engine = Engine(model, comm, **settings)
+    return engine, ShardedAdamW(engine, grad_clip=clip, **HYPER)
+
+
 def reference_optimizer(model):
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]

@@ -9,16 +9,25 @@ import pytest
 import torch
 
 import shard.engine.checkpoint as ckpt
-from shard import CheckpointError, CheckpointSaveError, Engine
+from shard import CheckpointError, CheckpointSaveError, ShardedAdamW
 from shard.engine.config import EngineConfig
 from tests.shard.test_engine_state import build, train_step
 
 
-def trained(engines, comm, steps: int) -> Engine:
-    engine = build(engines, comm, "mlp", EngineConfig(strategy="zero3", min_shard_numel=0), seed=0)
+def trained(engines, comm, steps: int) -> ShardedAdamW:
+    """An engine trained `steps` steps, and its optimizer (which holds it: .engine)."""
+    optimizer = build(engines, comm, "mlp", EngineConfig(strategy="zero3", min_shard_numel=0), seed=0)
     for step in range(steps):
-        train_step(engine, "mlp", step)
-    return engine
+        train_step(optimizer, "mlp", step)
+    return optimizer
+
+
+def save(optimizer: ShardedAdamW, path, **options) -> None:
+    ckpt.save(optimizer.engine, optimizer, path, **options)
+
+
+def load(optimizer: ShardedAdamW, path, fallback: bool = False) -> ckpt.Restored:
+    return ckpt.load(optimizer.engine, optimizer, path, fallback)
 
 
 def shard_file(snap):
@@ -27,11 +36,11 @@ def shard_file(snap):
 
 
 def test_damaged_snapshots_are_named_and_fallback_takes_the_newest_intact(comm, engines, tmp_path):
-    engine = trained(engines, comm, 1)
-    engine.save(tmp_path, extra={"step": 1}, keep=3)
-    first = engine.full_state_dict()
-    train_step(engine, "mlp", 1)
-    engine.save(tmp_path, extra={"step": 2}, keep=3)
+    optimizer = trained(engines, comm, 1)
+    save(optimizer, tmp_path, extra={"step": 1}, keep=3)
+    first = optimizer.engine.full_state_dict()
+    train_step(optimizer, "mlp", 1)
+    save(optimizer, tmp_path, extra={"step": 2}, keep=3)
     newest, older = ckpt.snapshots(tmp_path)[:2]
     assert ckpt.latest(tmp_path) == newest and ckpt.problems(newest) is None
     manifest = json.loads((newest / "meta.json").read_text())
@@ -44,27 +53,27 @@ def test_damaged_snapshots_are_named_and_fallback_takes_the_newest_intact(comm, 
         damage()
         loader = trained(engines, comm, 0)
         with pytest.raises(CheckpointError, match=f"{path.name} {message}"):
-            loader.load(tmp_path)
-        restored = loader.restore(tmp_path, fallback=True)
+            load(loader, tmp_path)
+        restored = load(loader, tmp_path, fallback=True)
         assert restored.extra == {"step": 1} and restored.snapshot == older
         assert len(restored.skipped) == 1 and message in restored.skipped[0]
-        assert all(torch.equal(v, first[k]) for k, v in loader.full_state_dict().items())
+        assert all(torch.equal(v, first[k]) for k, v in loader.engine.full_state_dict().items())
         path.write_bytes(data)
     (newest / "meta.json").unlink()
     with pytest.raises(CheckpointError, match="meta.json is missing"):
-        trained(engines, comm, 0).load(tmp_path)
+        load(trained(engines, comm, 0), tmp_path)
     for snap in (newest, older):
         shard_file(snap).write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="no intact checkpoint .* to fall back to"):
-        trained(engines, comm, 0).load(tmp_path, fallback=True)
+        load(trained(engines, comm, 0), tmp_path, fallback=True)
 
 
 def test_a_full_disk_mid_save_leaves_the_previous_snapshot_intact(comm, engines, tmp_path, monkeypatch):
-    engine = trained(engines, comm, 1)
-    engine.save(tmp_path, extra={"step": 1})
+    optimizer = trained(engines, comm, 1)
+    save(optimizer, tmp_path, extra={"step": 1})
     good = ckpt.latest(tmp_path)
-    before = engine.full_state_dict()
-    train_step(engine, "mlp", 1)
+    before = optimizer.engine.full_state_dict()
+    train_step(optimizer, "mlp", 1)
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -78,28 +87,28 @@ def test_a_full_disk_mid_save_leaves_the_previous_snapshot_intact(comm, engines,
                               else real(path, content))
             with pytest.raises(CheckpointSaveError, match=f"no space left .* the previous snapshot {good.name} is "
                                                           "intact") as failure:
-                engine.save(tmp_path, extra={"step": 2})
+                save(optimizer, tmp_path, extra={"step": 2})
         assert failure.value.errno == errno.ENOSPC
         assert ckpt.snapshots(tmp_path) == [good] and ckpt.latest(tmp_path) == good   # no partial snapshot left
         loader = trained(engines, comm, 0)
-        assert loader.load(tmp_path) == {"step": 1}
-        assert all(torch.equal(v, before[k]) for k, v in loader.full_state_dict().items())
-    engine.save(tmp_path, extra={"step": 2})   # the disk has room again
+        assert load(loader, tmp_path).extra == {"step": 1}
+        assert all(torch.equal(v, before[k]) for k, v in loader.engine.full_state_dict().items())
+    save(optimizer, tmp_path, extra={"step": 2})   # the disk has room again
     assert ckpt.snapshots(tmp_path)[0] == ckpt.latest(tmp_path) != good
 
 
 def test_snapshots_are_kept_as_asked_and_an_abandoned_future_is_removed(comm, engines, tmp_path):
-    engine = trained(engines, comm, 1)
+    optimizer = trained(engines, comm, 1)
     for step in range(1, 5):
-        engine.save(tmp_path, extra={"step": step}, keep=2)
-        train_step(engine, "mlp", step)
-    assert [ckpt._step(s) for s in ckpt.snapshots(tmp_path)] == [4, 3]   # the engine's steps at each save
+        save(optimizer, tmp_path, extra={"step": step}, keep=2)
+        train_step(optimizer, "mlp", step)
+    assert [ckpt._step(s) for s in ckpt.snapshots(tmp_path)] == [4, 3]   # the optimizer's steps at each save
     # A run resumed from step 3 (the newest was lost, say) abandons the snapshots of step 3
     # and later when it saves: they belong to a future it will not have.
     resumed = trained(engines, comm, 0)
     (tmp_path / "LATEST").write_text(ckpt.snapshots(tmp_path)[1].name)
-    resumed.load(tmp_path)
-    resumed.save(tmp_path, extra={"step": 3}, keep=2)
+    load(resumed, tmp_path)
+    save(resumed, tmp_path, extra={"step": 3}, keep=2)
     assert ckpt.snapshots(tmp_path) == [ckpt.latest(tmp_path)] and ckpt._step(ckpt.latest(tmp_path)) == 3
     with pytest.raises(ValueError, match="keep must be an integer >= 1"):
-        engine.save(tmp_path, keep=0)
+        save(optimizer, tmp_path, keep=0)

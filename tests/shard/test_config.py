@@ -31,10 +31,12 @@ from shard.engine.strategy import Strategy, StrategyError
     (lambda: EngineConfig(algorithm=3), ValueError, ["algorithm must be a pccl algorithm name", "got 3"]),
     (lambda: EngineConfig(activation_checkpointing="yes"), ValueError,
      ["activation_checkpointing must be True or False", "'yes'"]),
-    (lambda: EngineConfig(optimizer={"lr": 1e-3}), ValueError, ["optimizer must be an OptimizerConfig", "dict"]),
-    (lambda: EngineConfig.from_keywords(lr=0), ValueError, ["lr must be a positive number", "0"]),
-    (lambda: EngineConfig.from_keywords(learning_rate=1e-3), TypeError,
-     ["unknown engine settings ['learning_rate']", "EngineConfig or OptimizerConfig"]),
+    (lambda: EngineConfig(optimizer={"lr": 1e-3}), TypeError, ["unexpected keyword argument 'optimizer'"]),
+    (lambda: OptimizerConfig.given(None, {"lr": 0}), ValueError, ["lr must be a positive number", "0"]),
+    (lambda: OptimizerConfig.given(None, {"learning_rate": 1e-3}), TypeError,
+     ["unknown ShardedAdamW settings ['learning_rate']; expected fields of OptimizerConfig"]),
+    (lambda: EngineConfig.given(None, {"lr": 1e-3}), TypeError,
+     ["unknown Engine settings ['lr']", "(['lr'] are settings of OptimizerConfig, for ShardedAdamW)"]),
 ])
 def test_bad_values_are_refused_naming_the_field_and_what_was_expected(build, error, words):
     with pytest.raises(error) as info:
@@ -44,11 +46,12 @@ def test_bad_values_are_refused_naming_the_field_and_what_was_expected(build, er
 
 
 def test_keywords_build_the_same_config():
-    config = EngineConfig.from_keywords(strategy="zero3", prefetch=2, lr=1e-3, betas=[0.8, 0.9], grad_clip=1.0)
-    assert config == EngineConfig(strategy=Strategy.parse("GGG"), prefetch=2,
-                                  optimizer=OptimizerConfig(lr=1e-3, betas=(0.8, 0.9), grad_clip=1.0))
-    assert config.strategy == Strategy.parse("zero3") and config.optimizer.betas == (0.8, 0.9)
-    assert EngineConfig.from_keywords() == EngineConfig()
+    config = EngineConfig.given(None, {"strategy": "zero3", "prefetch": 2})
+    assert config == EngineConfig(strategy=Strategy.parse("GGG"), prefetch=2)
+    assert config.strategy == Strategy.parse("zero3")
+    assert EngineConfig.given(None, {}) == EngineConfig()
+    optimizer = OptimizerConfig.given(None, {"lr": 1e-3, "betas": [0.8, 0.9], "grad_clip": 1.0})
+    assert optimizer == OptimizerConfig(lr=1e-3, betas=(0.8, 0.9), grad_clip=1.0) and optimizer.betas == (0.8, 0.9)
 
 
 def test_configs_are_frozen():

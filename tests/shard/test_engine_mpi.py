@@ -216,7 +216,10 @@ def test_prefetch_starts_each_gather_before_the_unit_runs(report, ranks, group):
     ("nested_units", "UnitError: units must not contain each other"),
     ("precision", "precision must be one of"),
     ("lr", "lr must be a positive number"),
+    ("lr_to_engine", "unknown Engine settings ['lr']; expected fields of EngineConfig (['lr'] are settings of "
+                     "OptimizerConfig, for ShardedAdamW)"),
     ("not_a_comm", "TypeError: comm must be a pccl.Communicator"),
+    ("not_an_engine", "TypeError: engine must be a shard.Engine, got MLP"),
     ("step_first", "step() needs at least one backward()"),
     ("bad_loss", "backward() needs a scalar loss"),
     ("no_checkpoint", "CheckpointError: no checkpoint at"),

@@ -13,6 +13,7 @@ from pccl.core.topology import Topology
 from pccl.runtime.dry_run import DryRunCommunicator
 from pccl.tuning import profiles
 from shard.engine.engine import Engine
+from shard.engine.optimizer import ShardedAdamW
 from shard.engine.strategy import STRATEGIES, Strategy
 from shard.models.gpt import GPT, GPTConfig
 from shard.models.loss import next_token_loss
@@ -91,6 +92,7 @@ def test_the_peak_is_within_10_percent_of_a_measured_step(comm, engines, cfg, st
         engine = Engine(model, comm, strategy=strategy, precision=precision, reduce_dtype=precision,
                         activation_checkpointing=checkpointing)
         engines.append(engine)
+        optimizer = ShardedAdamW(engine)
         engine.gathers.inline = engine.reductions.inline = True
         tokens = torch.randint(0, cfg.vocab, (micro_batch, seq + 1), generator=torch.Generator().manual_seed(0))
         for step in range(2):   # the second step is measured: accumulators and caches exist
@@ -98,7 +100,7 @@ def test_the_peak_is_within_10_percent_of_a_measured_step(comm, engines, cfg, st
             for _ in range(micro_batches):
                 engine.backward(next_token_loss(engine, tokens))
             backward = live.peak
-            engine.step()
+            optimizer.step()
         del model
     f = footprint(cfg, sizes, Strategy.parse(strategy), 1, 1, micro_batch=micro_batch, seq_len=seq,
                   precision=precision, reduce_dtype=precision, checkpointing=checkpointing, micro_batches=micro_batches)
@@ -146,12 +148,13 @@ def test_at_world_1_in_bf16_the_engine_holds_no_more_than_eager(comm, engines, m
     def engine():
         built = Engine(GPT(cfg), comm, strategy="zero3", precision="bf16")
         engines.append(built)
+        optimizer = ShardedAdamW(built)
         built.gathers.inline = built.reductions.inline = True   # the hook sees one thread
 
         def step():
             for _ in range(micro_batches):
                 built.backward(next_token_loss(built, tokens))
-            built.step()
+            optimizer.step()
         return step
 
     assert peak(engine) <= peak(eager)
@@ -168,15 +171,15 @@ def test_a_world_of_one_keeps_no_copy_of_the_master_weights(comm, engines):
     engine = Engine(GPT(cfg), comm, strategy="zero3", precision="fp32")
     engines.append(engine)
     engine.backward(next_token_loss(engine, tokens))
-    engine.step()
-    master = engine.optimizer.master.untyped_storage().data_ptr()
+    ShardedAdamW(engine).step()
+    master = engine.master.untyped_storage().data_ptr()
     assert engine.gather_stats["needed"] == 0 and all(u.full is None for u in engine.units)
     assert all(p.untyped_storage().data_ptr() == master for p in engine.model.parameters())
     assert engine.memory_report()["parameters"] == 0
     engine = Engine(GPT(cfg), comm, strategy="zero3", precision="bf16")
     engines.append(engine)
     engine.backward(next_token_loss(engine, tokens))
-    engine.step()
+    ShardedAdamW(engine).step()
     assert engine.gather_stats["needed"] == 2 * (len(engine.units) - 1)   # each block twice; the root's one cast
     assert all(u.full is None for u in engine.units if u is not engine.root)
     assert all(p.numel() == 0 for u in engine.units if u is not engine.root for p in u.flat.params)

@@ -10,6 +10,7 @@ import pccl
 from pccl.tuning import profiles
 from pccl.tuning.profiles import topology_for
 from shard.engine.engine import Engine
+from shard.engine.optimizer import ShardedAdamW
 from shard.engine.strategy import Strategy
 from shard.models import GPT, GPTConfig
 from shard.models.loss import next_token_loss
@@ -141,7 +142,8 @@ def comm():
 
 def test_engine_auto_trains_with_the_planners_choice(comm):
     cfg = GPTConfig(vocab=256, context=32, width=64, layers=2, heads=4)
-    engine, plan = build_engine(GPT(cfg), comm, strategy="auto", workload=Workload(16, 2, 1), lr=1e-2)
+    engine, plan = build_engine(GPT(cfg), comm, strategy="auto", workload=Workload(16, 2, 1))
+    optimizer = ShardedAdamW(engine, lr=1e-2)
     try:
         assert engine.strategy == plan.chosen.strategy and isinstance(engine.strategy, Strategy)
         assert plan.cluster.shared_cores and plan.cluster.rate.flops_per_s > 0
@@ -150,7 +152,7 @@ def test_engine_auto_trains_with_the_planners_choice(comm):
         for _ in range(3):
             loss = next_token_loss(engine, tokens)
             engine.backward(loss)
-            engine.step()
+            optimizer.step()
             losses.append(loss.item())
         assert losses[-1] < losses[0]
     finally:
@@ -180,8 +182,8 @@ def test_engine_auto_refuses_what_it_cannot_plan(comm):
 
 def test_build_engine_with_a_named_strategy_is_the_engine_and_no_plan(comm):
     cfg = GPTConfig(vocab=256, context=32, width=64, layers=2, heads=4)
-    engine, plan = build_engine(GPT(cfg), comm, strategy="zero3", lr=1e-2)
+    engine, plan = build_engine(GPT(cfg), comm, strategy="zero3", prefetch=2)
     try:
-        assert plan is None and engine.strategy.name == "zero3" and engine.config.optimizer.lr == 1e-2
+        assert plan is None and engine.strategy.name == "zero3" and engine.config.prefetch == 2
     finally:
         engine.close()

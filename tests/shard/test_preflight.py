@@ -128,7 +128,7 @@ def test_null_learning_rates_are_the_presets_and_a_tenth_of_it():
         resolved = with_value(composed([]), "model.preset", preset)
         preflight.check(resolved)
         assert preflight.learning_rates(resolved) == {"lr": lr, "min_lr": pytest.approx(lr / 10)}, preset
-        assert preflight.engine_config(resolved, "fp32").optimizer.lr == lr
+        assert preflight.optimizer_config(resolved).lr == lr
     given = composed(["model=gpt_125m", "optim.lr=2e-3"])   # a rate given is kept, and its tenth is the floor
     assert preflight.learning_rates(given) == {"lr": 2e-3, "min_lr": pytest.approx(2e-4)}
     assert preflight.learning_rates(composed(["optim.lr=2e-3", "optim.min_lr=0"])) == {"lr": 2e-3, "min_lr": 0}

@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from shard.engine.engine import Engine
+from shard.engine.optimizer import ShardedAdamW
 from shard.models import GPT, GPTConfig
 from shard.models.loss import next_token_loss
 
@@ -41,12 +42,19 @@ def gpt(layers: int, width: int = 128) -> GPTConfig:
     return GPTConfig(vocab=256, context=16, width=width, layers=layers, heads=4)
 
 
-def train(engine: Engine, cfg: GPTConfig, steps: int = 2) -> torch.Tensor:
+def built(comm, engines: list, cfg: GPTConfig, clip=None, **settings) -> ShardedAdamW:
+    """A GPT of `cfg` in an engine of `settings`, and its optimizer (which holds it: .engine)."""
+    engines.append(Engine(GPT(cfg, seed=0), comm, **settings))
+    return ShardedAdamW(engines[-1], grad_clip=clip)
+
+
+def train(optimizer: ShardedAdamW, cfg: GPTConfig, steps: int = 2) -> torch.Tensor:
     tokens = torch.randint(0, cfg.vocab, (1, 9), generator=torch.Generator().manual_seed(0))
+    engine = optimizer.engine
     for _ in range(steps):
         loss = next_token_loss(engine, tokens)
         engine.backward(loss)
-        engine.step()
+        optimizer.step()
     return tokens
 
 
@@ -59,12 +67,12 @@ def test_a_world_1_step_copies_parameters_only_to_cast_them(comm, engines, strat
     copy of the model is kept, and the head's weight gradient, which the fused loss sums
     over its chunks in fp32, into bf16."""
     cfg = gpt(3)
-    engine = Engine(GPT(cfg, seed=0), comm, strategy=strategy, precision="bf16")
-    engines.append(engine)
-    tokens = train(engine, cfg)
+    optimizer = built(comm, engines, cfg, strategy=strategy, precision="bf16")
+    engine = optimizer.engine
+    tokens = train(optimizer, cfg)
     with Ops() as ops:
         engine.backward(next_token_loss(engine, tokens))
-        engine.step()
+        optimizer.step()
     big = cfg.width * cfg.width   # the smallest weight matrix; activations here are far smaller
     copies = [c for c in ops.copies if c[2] >= big]
     assert not [c for c in copies if c[0] == c[1]], copies
@@ -80,7 +88,7 @@ def test_a_world_1_step_copies_parameters_only_to_cast_them(comm, engines, strat
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("clip", [None, 1.0])
 def test_step_runs_the_same_ops_however_many_units_and_never_waits_for_the_device(comm, engines, precision, clip):
-    """engine.step() on one rank: the same operations for 2 and for 6 transformer blocks (the
+    """optimizer.step() on one rank: the same operations for 2 and for 6 transformer blocks (the
     update is fused: AdamW, the norm, the clipping factor and the refresh each take a
     fixed number of kernels; views of each unit's gradient launch none), and no read of
     a device value anywhere in the step: not in forward, backward or step (whether to
@@ -88,14 +96,14 @@ def test_step_runs_the_same_ops_however_many_units_and_never_waits_for_the_devic
     steps = {}
     for layers in (2, 6):
         cfg = gpt(layers, width=64)
-        engine = Engine(GPT(cfg, seed=0), comm, strategy="zero3", precision=precision, grad_clip=clip)
-        engines.append(engine)
-        tokens = train(engine, cfg)
+        optimizer = built(comm, engines, cfg, clip, strategy="zero3", precision=precision)
+        engine = optimizer.engine
+        tokens = train(optimizer, cfg)
         with Ops() as whole:
             loss = next_token_loss(engine, tokens)
             engine.backward(loss)
             with Ops() as step:
-                result = engine.step()
+                result = optimizer.step()
         steps[layers] = Counter(n for n in step.names if n not in VIEWS)
         assert not [n for n in whole.names if n in SYNCS], Counter(whole.names)
         assert result.grad_norm > 0 and not result.skipped   # read after the step: here it may wait
@@ -107,17 +115,18 @@ def test_non_finite_gradients_skip_the_update_on_the_device(comm, engines):
     """An inf in one gradient: the step leaves master weights, moments and the step count as
     they were, and says so when read; the next finite step updates as usual."""
     cfg = gpt(2, width=64)
-    engine = Engine(GPT(cfg, seed=0), comm, strategy="zero3")
-    engines.append(engine)
-    tokens = train(engine, cfg, steps=1)
-    before = {k: v.clone() for k, v in engine.optimizer.state().items()}
+    optimizer = built(comm, engines, cfg, strategy="zero3")
+    engine = optimizer.engine
+    tokens = train(optimizer, cfg, steps=1)
+    state = lambda: {"master": engine.master, **optimizer.adamw.moments()}  # noqa: E731
+    before = {k: v.clone() for k, v in state().items()}
     loss = next_token_loss(engine, tokens)
     engine.model.blocks[0].attn.qkv.weight.register_hook(lambda g: torch.full_like(g, float("inf")))
     engine.backward(loss)
-    result = engine.step()
+    result = optimizer.step()
     assert result.skipped and result.grad_norm != result.grad_norm   # nan
-    assert all(torch.equal(before[k], v) for k, v in engine.optimizer.state().items())
-    assert (engine.steps, engine.skipped_steps, engine.optimizer.steps) == (1, 1, 1)
+    assert all(torch.equal(before[k], v) for k, v in state().items())
+    assert (optimizer.steps, optimizer.skipped_steps, optimizer.adamw.steps) == (1, 1, 1)
 
 
 @pytest.mark.parametrize("strategy", ["zero3", "paro-iig"])
@@ -130,15 +139,15 @@ def test_compiled_units_train_as_the_eager_engine(comm, engines, strategy, check
     cfg = gpt(2, width=64)
     losses = {}
     for compiled in (False, "aot_eager"):
-        engine = Engine(GPT(cfg, seed=0), comm, strategy=strategy, compile=compiled,
-                        activation_checkpointing=checkpointing)
-        engines.append(engine)
+        optimizer = built(comm, engines, cfg, strategy=strategy, compile=compiled,
+                          activation_checkpointing=checkpointing)
+        engine = optimizer.engine
         tokens = torch.randint(0, cfg.vocab, (2, 9), generator=torch.Generator().manual_seed(0))
         losses[compiled] = []
         for _ in range(3):
             loss = next_token_loss(engine, tokens)
             engine.backward(loss)
-            engine.step()
+            optimizer.step()
             losses[compiled].append(loss.item())
         assert [u.name for u in engine._forward_order] == [u.name for u in engine.units if u is not engine.root]
         modules = [engine.model.embed, engine.model.head]   # the root's (a checkpointed unit's forward wraps its own)
@@ -150,8 +159,7 @@ def test_compiled_units_train_as_the_eager_engine(comm, engines, strategy, check
 def test_one_rank_waits_for_no_communication(comm, engines):
     """A world of 1 hands nothing to the lanes: no exposed communication, no other waits."""
     cfg = gpt(2, width=64)
-    engine = Engine(GPT(cfg, seed=0), comm, strategy="paro-iig", precision="bf16")
-    engines.append(engine)
-    train(engine, cfg)
-    report = engine.comm_report()
+    optimizer = built(comm, engines, cfg, strategy="paro-iig", precision="bf16")
+    train(optimizer, cfg)
+    report = optimizer.engine.comm_report()
     assert report["exposed_s"] == report["other_waits_s"] == 0.0 and report["busy_s"] == {}, report

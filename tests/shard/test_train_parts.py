@@ -70,15 +70,15 @@ def test_engine_config_from_the_hydra_configuration():
     from omegaconf import OmegaConf
 
     from shard.engine.config import EngineConfig, OptimizerConfig
-    from shard.tools.preflight import engine_config
+    from shard.tools.preflight import engine_config, optimizer_config
     from shard.tools.train import CONFIGS
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("config", overrides=["strategy=paro-iig", "strategy.prefetch=2", "strategy.group_size=4",
                                            "optim.lr=2e-3", "comm.algorithm={all_gather:ring}"])
-    config = engine_config(OmegaConf.to_container(cfg, resolve=True), "bf16")
-    assert config == EngineConfig(strategy="IIG", group_size=4, prefetch=2, precision="bf16",
-                                  algorithm={"all_gather": "ring"},
-                                  optimizer=OptimizerConfig(lr=2e-3, betas=(0.9, 0.95), grad_clip=1.0))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert engine_config(resolved, "bf16") == EngineConfig(strategy="IIG", group_size=4, prefetch=2, precision="bf16",
+                                                           algorithm={"all_gather": "ring"})
+    assert optimizer_config(resolved) == OptimizerConfig(lr=2e-3, betas=(0.9, 0.95), grad_clip=1.0)
 
 
 def test_loss_plot_is_a_png(tmp_path):
@@ -240,15 +240,15 @@ def test_interval_record_has_the_mean_loss_and_the_largest_ranks_peak_memory_fro
     one collective per logged interval, not one per scalar."""
     from types import SimpleNamespace
 
-    from shard.engine.engine import StepResult
+    from shard.engine.optimizer import StepResult
     from shard.tools.train import log_interval
     comm = _Ranks([3.0, 1000.0, 0.0, 0.0])   # the other rank: loss 3, peak 1000 GiB, no waits
     logged = []
     train = SimpleNamespace(micro_batch=8, seq_len=128, eval_interval=0)
     r = SimpleNamespace(comm=comm, device=torch.device("cpu"), step=10, global_batch_tokens=8192,
                         cfg=SimpleNamespace(train=train), meter=Throughput(1, 2, None),
-                        engine=SimpleNamespace(lr=1e-3, skipped_steps=0,
-                                               comm_report=lambda reset: {"exposed_s": 0.0, "busy_s": {},
+                        optimizer=SimpleNamespace(lr=1e-3, skipped_steps=0),
+                        engine=SimpleNamespace(comm_report=lambda reset: {"exposed_s": 0.0, "busy_s": {},
                                                                           "longest_wait_s": 0.0, "other_waits_s": 0.0,
                                                                           "longest_other_wait": ""}),
                         log=SimpleNamespace(log=logged.append), batches=SimpleNamespace(epoch=0))

@@ -18,7 +18,7 @@ import torch
 import pccl
 from shard import Engine
 from tests.shard.engine_models import TinyTransformer, token_loss
-from tests.shard.reference import HYPER
+from tests.shard.reference import sharded
 
 torch.set_num_threads(1)
 comm = pccl.init(ranks_per_node=2)
@@ -29,8 +29,8 @@ SETTINGS = {"exact": {}, "int8": {"compress_params": "int8", "compress_grads": "
 def train(strategy: str, **codecs) -> dict:
     torch.manual_seed(0)
     model = TinyTransformer()
-    engine = Engine(model, comm, strategy=strategy, group_size=2, units=model.units(), min_shard_numel=0, **HYPER,
-                    **codecs)
+    engine, optimizer = sharded(model, comm, strategy=strategy, group_size=2, units=model.units(), min_shard_numel=0,
+                                **codecs)
     g = torch.Generator().manual_seed(comm.rank)
     losses = []
     for _ in range(3):
@@ -40,7 +40,7 @@ def train(strategy: str, **codecs) -> dict:
             loss = token_loss(engine(tokens[:, :-1]), tokens[:, 1:])
             engine.backward(loss)
             total += loss.item() / 2
-        engine.step()
+        optimizer.step()
         losses.append(comm.mpi_comm.allreduce(total) / comm.size)
     report = engine.comm_report()
     sent = sum(report[s]["intra"] + report[s]["inter"] for s in ("forward", "backward", "update"))

@@ -19,10 +19,11 @@ import torch
 import pccl
 import shard
 from pccl.tuning import self_calibration
-from shard import Engine
+from shard import Engine, ShardedAdamW
+from shard.engine import checkpoint
 from tests.shard import reference
 from tests.shard.engine_models import MLP, TinyTransformer, mlp_loss, token_loss
-from tests.shard.reference import HYPER, MICRO, MODELS, RUNS, STEPS, compared, relative_error
+from tests.shard.reference import MICRO, MODELS, RUNS, STEPS, compared, relative_error, sharded
 
 torch.set_num_threads(1)
 warnings.simplefilter("ignore")
@@ -45,8 +46,8 @@ def reference_run(kind: str, steps: int, clip, seed: int = 0):
 def engine_run(kind: str, strategy, steps: int, group: int, clip=None, **options):
     torch.manual_seed(0)
     model = MODELS[kind][0]()
-    engine = Engine(model, comm, strategy=strategy, group_size=group, grad_clip=clip, units=model.units(),
-                    min_shard_numel=0, **HYPER, **options)
+    engine, optimizer = sharded(model, comm, clip, strategy=strategy, group_size=group, units=model.units(),
+                                min_shard_numel=0, **options)
     losses = []
     for step in range(steps):
         batch = global_batch(kind, step)
@@ -56,9 +57,9 @@ def engine_run(kind: str, strategy, steps: int, group: int, clip=None, **options
             loss = MODELS[kind][2](engine(x), y)
             engine.backward(loss)
             total += loss.item()
-        engine.step()
+        optimizer.step()
         losses.append(sum(comm_sum([total])) / (N * MICRO))
-    return engine, losses
+    return engine, optimizer, losses
 
 
 def comm_sum(values: list[float]) -> list[float]:
@@ -76,7 +77,7 @@ def equivalence(group: int) -> dict:
         for kind, clip, options in RUNS:
             label = f"{name}/{kind}/clip={clip}/{options}"
             try:
-                engine, losses = engine_run(kind, strategy, STEPS, group, clip, **options)
+                engine, _, losses = engine_run(kind, strategy, STEPS, group, clip, **options)
                 state = engine.full_state_dict()
                 if RANK == 0:
                     report[label] = compared(losses, state, references[(kind, clip)])
@@ -87,13 +88,13 @@ def equivalence(group: int) -> dict:
         for micro in (1, 2):
             torch.manual_seed(0)
             model = MLP()
-            engine = Engine(model, comm, strategy=strategy, group_size=group, units=model.units(), min_shard_numel=0,
-                            algorithm="ring", **HYPER)
+            engine, optimizer = sharded(model, comm, strategy=strategy, group_size=group, units=model.units(),
+                                        min_shard_numel=0, algorithm="ring")
             batch = global_batch("mlp", 0, micro=micro)
             for j in range(micro):
                 x, y = my_micro_batch(batch, j)
                 engine.backward(mlp_loss(engine(x), y))
-            engine.step()
+            optimizer.step()
             sent = engine.comm_report()
             totals = comm_sum([sent[s][k] for s in ("forward", "backward", "update") for k in ("intra", "inter")])
             if RANK == 0:
@@ -102,7 +103,7 @@ def equivalence(group: int) -> dict:
                 report[f"{name}/memory"] = {k: v for k, v in engine.memory_report().items() if k != "units"}
             engine.close()
         if name in ("NNN", "GGG", "IIG"):  # bf16 compute against the fp32 reference
-            engine, losses = engine_run("mlp", strategy, 5, group, precision="bf16")
+            engine, _, losses = engine_run("mlp", strategy, 5, group, precision="bf16")
             if RANK == 0:
                 report[f"{name}/bf16"] = {"losses": losses, "reference": bf16_reference[0]}
             engine.close()
@@ -124,11 +125,11 @@ def report_prefetch(report: dict) -> None:
     for prefetch in (0, 1):
         torch.manual_seed(0)
         model = MLP()
-        engine = Engine(model, comm, strategy="zero3", prefetch=prefetch, units=model.units(), min_shard_numel=0,
-                        **HYPER)
+        engine, optimizer = sharded(model, comm, strategy="zero3", prefetch=prefetch, units=model.units(),
+                                    min_shard_numel=0)
         for _ in range(2):
             engine.backward(mlp_loss(engine(x), y))
-            engine.step()
+            optimizer.step()
         report[f"gathers/prefetch={prefetch}"] = engine.comm_report()["gathers"]
         engine.close()
 
@@ -142,8 +143,8 @@ def report_bf16_gathers(report: dict) -> None:
 
     torch.manual_seed(0)
     model = TinyTransformer()
-    engine = Engine(model, comm, strategy="zero3", precision="bf16", units=model.units(), min_shard_numel=0,
-                    prefetch=0, **HYPER)
+    engine, optimizer = sharded(model, comm, strategy="zero3", precision="bf16", units=model.units(),
+                                min_shard_numel=0, prefetch=0)
     buffers = []
     for u in engine.units:
         if u is not engine.root and u.gathers_params:   # after the engine's own hook has gathered
@@ -155,7 +156,7 @@ def report_bf16_gathers(report: dict) -> None:
     gc.collect()
     freed = [b() is None for b in buffers]
     engine.backward(loss)
-    engine.step()
+    optimizer.step()
     if RANK == 0:
         report["GGG/bf16_gathers"] = {"dtypes": sorted({str(c[3]) for c in engine.gathers.log if c[1] == "all_gather"}),
                                       "gathers": sum(c[1] == "all_gather" for c in engine.gathers.log),
@@ -164,21 +165,22 @@ def report_bf16_gathers(report: dict) -> None:
 
 
 def round_trip(strategy, group: int):
-    """A trained engine's state_dict() into a fresh engine with other initial values, then
-    one more step on both: their gradient norms and parameters (rank 0), which must agree."""
-    engine, _ = engine_run("transformer", strategy, 2, group, clip=0.5)
+    """A trained engine's and optimizer's state_dict() into a fresh pair with other initial
+    values, then one more step on both: their gradient norms and parameters (rank 0), which
+    must agree."""
+    engine, optimizer, _ = engine_run("transformer", strategy, 2, group, clip=0.5)
     torch.manual_seed(1)
     model = TinyTransformer()
-    fresh = Engine(model, comm, strategy=strategy, group_size=group, grad_clip=0.5, units=model.units(),
-                   min_shard_numel=0, **HYPER)
-    fresh.load_state_dict(engine.state_dict())   # views of the engine's live state: before it steps on
+    fresh = sharded(model, comm, 0.5, strategy=strategy, group_size=group, units=model.units(), min_shard_numel=0)
+    fresh[0].load_state_dict(engine.state_dict())   # views of the live state: before it steps on
+    fresh[1].load_state_dict(optimizer.state_dict())
     grad_norms, states = [], []
-    for e in (engine, fresh):
+    for e, o in ((engine, optimizer), fresh):
         batch = global_batch("transformer", 2)
         for j in range(MICRO):
             x, y = my_micro_batch(batch, j)
             e.backward(token_loss(e(x), y))
-        grad_norms.append(e.step().grad_norm)
+        grad_norms.append(o.step().grad_norm)
         states.append(e.full_state_dict())
         e.close()
     return grad_norms, states
@@ -186,14 +188,14 @@ def round_trip(strategy, group: int):
 
 def save_scenario(directory: Path) -> dict:
     """p ranks, IIG: two steps, save, one more step; what a loader must reproduce."""
-    engine, _ = engine_run("transformer", "paro-iig", 2, 2)
-    engine.save(directory / "ckpt")
+    engine, optimizer, _ = engine_run("transformer", "paro-iig", 2, 2)
+    checkpoint.save(engine, optimizer, directory / "ckpt")
     state = engine.full_state_dict()
     batch = global_batch("transformer", 2)
     for j in range(MICRO):
         x, y = my_micro_batch(batch, j)
         engine.backward(token_loss(engine(x), y))
-    engine.step()
+    optimizer.step()
     after = engine.full_state_dict()
     if RANK == 0:
         torch.save({"saved": state, "after": after}, directory / "expected.pt")
@@ -205,8 +207,8 @@ def load_scenario(directory: Path) -> dict:
     """Another world size and strategy: restore exactly, continue the same trajectory."""
     torch.manual_seed(1)   # different initial values: everything must come from the checkpoint
     model = TinyTransformer()
-    engine = Engine(model, comm, strategy="zero3", group_size=1, units=model.units(), min_shard_numel=0, **HYPER)
-    engine.load(directory / "ckpt")
+    engine, optimizer = sharded(model, comm, strategy="zero3", group_size=1, units=model.units(), min_shard_numel=0)
+    checkpoint.load(engine, optimizer, directory / "ckpt")
     restored = engine.full_state_dict()
     # The global batch of step 2 split over this world (micro-batches sized to match).
     saved_world, saved_micro = 4, MICRO
@@ -215,23 +217,22 @@ def load_scenario(directory: Path) -> dict:
     for j in range(micro):
         x, y = my_micro_batch(batch, j)
         engine.backward(token_loss(engine(x), y))
-    engine.step()
+    optimizer.step()
     after = engine.full_state_dict()
-    report = {"steps": engine.steps}
+    report = {"steps": optimizer.steps}
     if RANK == 0:
         expected = torch.load(directory / "expected.pt")
         report["restored_max_diff"] = max((restored[k] - v).abs().max().item() for k, v in expected["saved"].items())
         report["after_error"] = relative_error(after, expected["after"])
     try:
-        other = shard.Engine(MLP(), comm, strategy="zero3", min_shard_numel=0, **HYPER)
-        other.load(directory / "ckpt")
+        checkpoint.load(*sharded(MLP(), comm, strategy="zero3", min_shard_numel=0), directory / "ckpt")
         report["wrong_model"] = "loaded"
     except shard.CheckpointError as e:
         report["wrong_model"] = str(e)
     try:   # the same parameter names, other shapes
         wider = TinyTransformer(width=32)
-        other = shard.Engine(wider, comm, strategy="zero3", units=wider.units(), min_shard_numel=0, **HYPER)
-        other.load(directory / "ckpt")
+        checkpoint.load(*sharded(wider, comm, strategy="zero3", units=wider.units(), min_shard_numel=0),
+                        directory / "ckpt")
         report["wrong_shapes"] = "loaded"
     except shard.CheckpointError as e:
         report["wrong_shapes"] = str(e)
@@ -240,41 +241,41 @@ def load_scenario(directory: Path) -> dict:
 
 def single_scenario(directory: Path) -> dict:
     report = {}
-    engine, _ = engine_run("mlp", "zero3", 1, 1)
-    engine.save(directory / "ckpt")
+    engine, optimizer, _ = engine_run("mlp", "zero3", 1, 1)
+    checkpoint.save(engine, optimizer, directory / "ckpt")
     before = engine.full_state_dict()
     x, y = my_micro_batch(global_batch("mlp", 5), 0)
     engine.backward(mlp_loss(engine(x), y))
-    engine.step()
+    optimizer.step()
     real_save = torch.save
 
     def crash(obj, f, *args, **kwargs):
         raise OSError("disk full (simulated crash mid-save)")
     torch.save = crash
     try:
-        engine.save(directory / "ckpt")
+        checkpoint.save(engine, optimizer, directory / "ckpt")
         report["crash"] = "no crash"
     except OSError as e:
         report["crash"] = str(e)
     finally:
         torch.save = real_save
     fresh = MLP()
-    loader = Engine(fresh, comm, strategy="zero3", units=fresh.units(), min_shard_numel=0, **HYPER)
-    loader.load(directory / "ckpt")
+    loader, loader_optimizer = sharded(fresh, comm, strategy="zero3", units=fresh.units(), min_shard_numel=0)
+    checkpoint.load(loader, loader_optimizer, directory / "ckpt")
     restored = loader.full_state_dict()
     report["after_crash_max_diff"] = max((restored[k] - v).abs().max().item() for k, v in before.items())
 
     # fp16: an overflowing gradient skips the step and halves the loss scale.
     torch.manual_seed(0)
     model = MLP()
-    engine = Engine(model, comm, strategy="zero3", precision="fp16", units=model.units(), min_shard_numel=0, **HYPER)
+    engine, optimizer = sharded(model, comm, strategy="zero3", precision="fp16", units=model.units(), min_shard_numel=0)
     start = engine.full_state_dict()
-    scale = engine.scaler.scale
+    scale = optimizer.scaler.scale
     engine.backward(mlp_loss(engine(x), y) * 1e30)
-    result = engine.step()
+    result = optimizer.step()
     unchanged = max((engine.full_state_dict()[k] - v).abs().max().item() for k, v in start.items())
     report["fp16_overflow"] = {"skipped": result.skipped, "scale_before": scale, "scale_after": result.loss_scale,
-                               "unchanged": unchanged, "skipped_steps": engine.skipped_steps}
+                               "unchanged": unchanged, "skipped_steps": optimizer.skipped_steps}
 
     errors = {}
     cases = {
@@ -283,11 +284,13 @@ def single_scenario(directory: Path) -> dict:
         "group": lambda: Engine(MLP(), comm, strategy="mics", group_size=3),
         "nested_units": lambda: (lambda m: Engine(m, comm, units=[m.blocks[0], m.blocks[0].fc]))(MLP()),
         "precision": lambda: Engine(MLP(), comm, precision="fp8"),
-        "lr": lambda: Engine(MLP(), comm, lr=-1),
+        "lr": lambda: ShardedAdamW(Engine(MLP(), comm), lr=-1),
+        "lr_to_engine": lambda: Engine(MLP(), comm, lr=1e-3),
+        "not_an_engine": lambda: ShardedAdamW(MLP()),
         "not_a_comm": lambda: Engine(MLP(), "world"),
-        "step_first": lambda: Engine(MLP(), comm, min_shard_numel=0).step(),
+        "step_first": lambda: ShardedAdamW(Engine(MLP(), comm, min_shard_numel=0)).step(),
         "bad_loss": lambda: (lambda e: e.backward(e(torch.randn(2, 7))))(Engine(MLP(), comm, min_shard_numel=0)),
-        "no_checkpoint": lambda: Engine(MLP(), comm).load(directory / "nothing-here"),
+        "no_checkpoint": lambda: checkpoint.load(*sharded(MLP(), comm), directory / "nothing-here"),
     }
     for name, case in cases.items():
         try:

@@ -26,9 +26,8 @@ from mpi4py import MPI
 
 import pccl
 import shard
-from shard import Engine
 from tests.shard import reference
-from tests.shard.reference import HYPER, MICRO, MODELS, RUNS, STEPS, compared
+from tests.shard.reference import MICRO, MODELS, RUNS, STEPS, compared, sharded
 
 warnings.simplefilter("ignore")
 world = MPI.COMM_WORLD
@@ -61,8 +60,8 @@ def reference_run(kind: str, steps: int, clip):
 def engine_run(kind: str, strategy, steps: int, group: int, clip=None, **options):
     torch.manual_seed(0)
     model = MODELS[kind][0]().to(DEVICE)   # the reference's initial values
-    engine = Engine(model, comm, strategy=strategy, group_size=group, grad_clip=clip, units=model.units(),
-                    min_shard_numel=0, device=DEVICE, **HYPER, **options)
+    engine, optimizer = sharded(model, comm, clip, strategy=strategy, group_size=group, units=model.units(),
+                                min_shard_numel=0, device=DEVICE, **options)
     losses = []
     for step in range(steps):
         batch = global_batch(kind, step)
@@ -72,7 +71,7 @@ def engine_run(kind: str, strategy, steps: int, group: int, clip=None, **options
             loss = MODELS[kind][2](engine(x), y)
             engine.backward(loss)
             total += loss.detach()
-        engine.step()
+        optimizer.step()
         comm.all_reduce(total)
         losses.append(total.item() / (N * MICRO))
     return engine, losses

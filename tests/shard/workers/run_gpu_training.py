@@ -100,7 +100,7 @@ def main() -> None:
     from mpi4py import MPI
 
     import pccl
-    from shard import Engine
+    from shard import Engine, ShardedAdamW
     from shard.models import GPT, GPTConfig
     from shard.planning.throughput import Throughput, peak_tflops
 
@@ -117,13 +117,13 @@ def main() -> None:
         tokens = [torch.randint(0, cfg.vocab, (size, seq + 1), device=device, generator=g) for _ in range(micro)]
         return [(t[:, :-1], t[:, 1:]) for t in tokens]
 
-    def train_step(engine, data) -> torch.Tensor:
-        total = torch.zeros((), device=device)
+    def train_step(optimizer, data) -> torch.Tensor:
+        engine, total = optimizer.engine, torch.zeros((), device=device)
         for x, y in data:
             loss = engine(x, targets=y)
             engine.backward(loss)
             total += loss.detach()
-        engine.step()
+        optimizer.step()
         return total / len(data)
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -134,13 +134,14 @@ def main() -> None:
         with torch.device(device):
             model = GPT(cfg)
         engine = Engine(model, comm, strategy="zero3", precision="bf16")
+        optimizer = ShardedAdamW(engine)
         data = batches(cfg, micro=2, size=8, seq=512, seed=rank)
         for _ in range(2):   # NCCL set-up, and the unit orders prefetch follows
-            train_step(engine, data)
+            train_step(optimizer, data)
         torch.cuda.synchronize()
         engine.comm_report(reset=True)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            loss = train_step(engine, data)
+            loss = train_step(optimizer, data)
             torch.cuda.synchronize()
         path = directory / f"trace-rank{rank}.json"
         prof.export_chrome_trace(str(path))
@@ -159,11 +160,12 @@ def main() -> None:
             model = GPT(cfg)   # materialized one unit at a time on the GPU by the engine
         engine = Engine(model, comm, device=device, strategy="zero3", precision="bf16",
                         activation_checkpointing=checkpointing)
+        optimizer = ShardedAdamW(engine)
         data = batches(cfg, micro=1, size=size, seq=seq, seed=rank)
-        losses = [train_step(engine, data) for _ in range(warmup)]
+        losses = [train_step(optimizer, data) for _ in range(warmup)]
         torch.cuda.synchronize()
         start = time.perf_counter()
-        losses += [train_step(engine, data) for _ in range(steps)]
+        losses += [train_step(optimizer, data) for _ in range(steps)]
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         peak, peak_source = peak_tflops(device, "bf16")

@@ -23,6 +23,7 @@ from mpi4py import MPI
 import pccl
 import pccl.distributed
 from shard.engine.engine import Engine
+from shard.engine.optimizer import ShardedAdamW
 from shard.engine.strategy import Strategy
 from shard.models import GPT, GPTConfig, next_token_loss
 from shard.planning.footprint import footprint, unit_sizes
@@ -59,6 +60,7 @@ def engine_step():
     comm = pccl.init()
     model = GPT(CFG)
     engine = Engine(model, comm, strategy="zero3", precision="bf16")
+    optimizer = ShardedAdamW(engine)
     engine.gathers.inline = engine.reductions.inline = True   # the census sees one thread
     engine.reductions.log = []   # the algorithms the reductions ran
     ENGINES.append(engine)
@@ -67,7 +69,7 @@ def engine_step():
 
     def step():
         engine.backward(next_token_loss(engine, batch))
-        engine.step()
+        optimizer.step()
     return step
 
 
