@@ -36,7 +36,7 @@ from torch.distributed import distributed_c10d as c10d
 from pccl.core.dtypes import DTYPES
 from pccl.core.errors import CollectiveTimeout
 from pccl.core.topology import Topology
-from pccl.runtime import transports
+from pccl.runtime import transport_kinds
 from pccl.runtime.communicator import Communicator
 from pccl.runtime.rendezvous import mpi_world
 
@@ -242,7 +242,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
         derived from this group's, which every member derives alike. (dist.new_group would
         not do: made lazily by the members alone, its names can differ between them, as
         torch numbers or hashes them from what each process has made before.)"""
-        transports.check_available(backend)
+        transport_kinds.check_available(backend)
         name = f"{self.group_name}:pccl-{backend}"
         group, _ = c10d._new_process_group_helper(self.size(), self.rank(), self._global, backend,
                                                   c10d._get_default_store(), name, timeout=self._timeout)
@@ -405,7 +405,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
         if device.type != "cuda":
             return self._companions["cpu"]
         if "cuda" not in self._companions:
-            transports.check_available("nccl")
+            transport_kinds.check_available("nccl")
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = self._timeout
             self._companions["cuda"] = dist.ProcessGroupNCCL(dist.PrefixStore("pccl-companion-cuda", self._store),

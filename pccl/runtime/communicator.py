@@ -15,7 +15,7 @@ from pccl.core.errors import CollectiveTimeout, during
 from pccl.core.topology import Topology
 from pccl.executors.plan import PlanExecutor, level_communicators
 from pccl.executors.streams import StreamWork
-from pccl.runtime import teardown, transports, validation
+from pccl.runtime import teardown, transport_kinds, validation
 from pccl.runtime.choice import Choice
 from pccl.runtime.rendezvous import init_torch_distributed, mpi_world
 from pccl.runtime.selector import Selector, uncompressed
@@ -368,10 +368,10 @@ def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float 
     ("gloo", "nccl"; initialized from the environment or through MPI if needed). With
     "nccl", select each rank's GPU first (torch.cuda.set_device), as torch.distributed asks.
     `options` are Communicator's: topology, ranks_per_node, nics_per_node, intra, inter."""
-    if transport not in transports.TRANSPORTS:
-        raise ValueError(f"transport must be one of {transports.TRANSPORTS}, got {transport!r}")
+    if transport not in transport_kinds.TRANSPORTS:
+        raise ValueError(f"transport must be one of {transport_kinds.TRANSPORTS}, got {transport!r}")
     if transport == "mpi":
         return Communicator(mpi_world(), executor=executor, timeout=timeout, **options)
-    transports.check_available(transport)
+    transport_kinds.check_available(transport)
     init_torch_distributed(transport, timeout)
     return Communicator(dist.group.WORLD, executor=executor, timeout=timeout, **options)

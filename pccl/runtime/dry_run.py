@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from pccl import plans
 from pccl.core.topology import Topology
-from pccl.runtime import transports
+from pccl.runtime import transport_kinds
 from pccl.runtime.choice import Choice
 from pccl.runtime.communicator import Communicator
 from pccl.tuning import cost_model
@@ -92,7 +92,7 @@ class RecordingTransport:
         """This rank's group of `groups`, with every other group of the partition assumed
         to run the same collectives at the same time."""
         if transport != self.name:
-            transports.devices_of(transport)   # a known transport, or ValueError
+            transport_kinds.devices_of(transport)   # a known transport, or ValueError
         if len({len(g) for g in groups}) != 1:
             raise ValueError(f"a dry run predicts symmetric splits only: groups of one size, got "
                              f"{sorted({len(g) for g in groups})}")

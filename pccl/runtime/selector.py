@@ -19,7 +19,7 @@ from pccl import plans, vocabulary
 from pccl.algorithms import NATIVES
 from pccl.compression.codecs import per_level
 from pccl.core.topology import Topology
-from pccl.runtime import transports
+from pccl.runtime import transport_kinds
 from pccl.runtime.choice import Choice
 from pccl.tuning.profiles import Profile
 from pccl.tuning.selection import Tuner, shared_tuner
@@ -142,7 +142,7 @@ class Selector:
             raise ValueError(f"a compressed {collective.replace('_', '-')} cannot run HO-Ring: its concurrent phases "
                              "move each block both exactly and encoded, so ranks would end with different values; "
                              "use 'hierarchical' or a flat schedule")
-        transports.check_level_devices(device, self.level_transports, self.plan_devices)
+        transport_kinds.check_level_devices(device, self.level_transports, self.plan_devices)
         return spec
 
     def measure_auto(self, collective: str, algorithm, dtype: torch.dtype, device: str = "cpu",

@@ -21,7 +21,7 @@ from pccl.algorithms import NATIVES, schedule
 from pccl.core.topology import Topology, TopologyError
 from pccl.executors.plan import PlanExecutor
 from pccl.executors.torch_p2p import TorchP2PExecutor
-from pccl.runtime import transports
+from pccl.runtime import transport_kinds
 from pccl.runtime.choice import Choice
 from pccl.runtime.detect import detect, detect_torch
 from pccl.runtime.rendezvous import init_torch_distributed
@@ -56,7 +56,7 @@ class Transport:
             self.executor = self._check_executor(executor or "torch")
             self.runner = self.native = TorchP2PExecutor(comm, self.timeout)
             self.gpu_mpi = False
-            self.devices = transports.devices_of(self.backend)
+            self.devices = transport_kinds.devices_of(self.backend)
         else:
             # MPI and the native module load only for MPI communicators: a torch.distributed
             # run needs neither.
@@ -68,14 +68,14 @@ class Transport:
             if not isinstance(comm, MPI.Comm):
                 raise TypeError(f"comm must be an mpi4py.MPI.Comm or a torch.distributed.ProcessGroup, "
                                 f"got {type(comm).__name__}")
-            transports.check_thread_level(MPI.Query_thread(), _thread_level_names(MPI))
+            transport_kinds.check_thread_level(MPI.Query_thread(), _thread_level_names(MPI))
             self.name = self.backend = "mpi"
             self.group, self.mpi_comm = None, comm.Dup()  # for sub-communicators and detection
             self.executor = self._check_executor(executor or "cpp")
             self.native = MpiCppExecutor(comm, self.timeout)
             self.runner = MpiPythonExecutor(comm, self.timeout) if self.executor == "python" else self.native
             self.gpu_mpi = self.executor == "cpp" and gpu_available()
-            self.devices = transports.devices_of("mpi", self.gpu_mpi)
+            self.devices = transport_kinds.devices_of("mpi", self.gpu_mpi)
         self.rank, self.size = self.native.rank, self.native.size
         self.gpu_codecs = self.name == "torch"
 
@@ -91,12 +91,12 @@ class Transport:
         levels carry (each level checked: a known transport this one can make)."""
         level_devices = []
         for level, transport in level_transports.items():
-            if transport not in transports.TRANSPORTS and transport != self.backend:
-                raise ValueError(f"{level} must be one of {transports.TRANSPORTS}, got {transport!r}")
+            if transport not in transport_kinds.TRANSPORTS and transport != self.backend:
+                raise ValueError(f"{level} must be one of {transport_kinds.TRANSPORTS}, got {transport!r}")
             if transport == "mpi" and self.name != "mpi":
                 raise ValueError(f"{level}='mpi' needs a Communicator built on an mpi4py communicator")
-            transports.check_available(transport)
-            level_devices.append(transports.devices_of(transport, self.gpu_mpi))
+            transport_kinds.check_available(transport)
+            level_devices.append(transport_kinds.devices_of(transport, self.gpu_mpi))
         return tuple(d for d in level_devices[0] if d in level_devices[1])
 
     def gpu_type(self, device: str) -> dict:
@@ -162,14 +162,14 @@ class Transport:
     def plans_buildable(self, level_transports: dict[str, str]) -> bool:
         """torch.distributed level groups (gloo, NCCL) can only be made from a communicator
         over all ranks."""
-        return not any(map(transports.uses_torch, level_transports.values())) or self.spans_world()
+        return not any(map(transport_kinds.uses_torch, level_transports.values())) or self.spans_world()
 
     def levels_made_at_once(self, level_transports: dict[str, str]) -> bool:
         """Whether a communicator makes its plan levels when it is made: torch.distributed
         groups must be created in one global order on every rank, so on the constructing
         thread, not at a first plan call on whichever worker thread (the engine's two
         lanes) gets there first."""
-        return any(map(transports.uses_torch, level_transports.values()))
+        return any(map(transport_kinds.uses_torch, level_transports.values()))
 
     def only_enqueues(self, device: str, level_transports: dict[str, str]) -> bool:
         """Whether collectives on `device` tensors only queue work on GPU streams: NCCL's,
@@ -220,8 +220,8 @@ class Transport:
         """The transport of this rank's group of `groups` (a checked partition), over
         `transport` ("mpi", "gloo", "nccl"), with this one's executor and timeout; barrier(),
         where given, runs first: MPI_Comm_split blocks for good on a dead peer. Collective."""
-        transports.devices_of(transport)   # a known transport, or ValueError
-        transports.check_available(transport)
+        transport_kinds.devices_of(transport)   # a known transport, or ValueError
+        transport_kinds.check_available(transport)
         index = next(i for i, g in enumerate(groups) if self.rank in g)
         members = groups[index]
         if transport == "mpi":

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import pccl
-from pccl.runtime import transports
+from pccl.runtime import transport_kinds
 
 NAMES = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
          MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED", MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}
@@ -171,21 +171,21 @@ def test_unknown_transports_are_refused(world):
     ("nccl", False, ("cuda",)), ("cpu:gloo,cuda:nccl", False, ("cpu", "cuda")),
 ])
 def test_devices_of_each_transport(transport, gpu_mpi, devices):
-    assert transports.devices_of(transport, gpu_mpi) == devices
+    assert transport_kinds.devices_of(transport, gpu_mpi) == devices
 
 
 def test_plan_devices_are_what_both_levels_carry():
     with pytest.raises(ValueError, match=r"intra='gloo', inter='nccl' takes \(\) tensors, got a cuda tensor"):
-        transports.check_level_devices("cuda", {"intra": "gloo", "inter": "nccl"}, ())
-    transports.check_level_devices("cuda", {"intra": "nccl", "inter": "mpi"}, ("cuda",))
+        transport_kinds.check_level_devices("cuda", {"intra": "gloo", "inter": "nccl"}, ())
+    transport_kinds.check_level_devices("cuda", {"intra": "nccl", "inter": "mpi"}, ("cuda",))
 
 
 @pytest.mark.parametrize("provided", [MPI.THREAD_SINGLE, MPI.THREAD_FUNNELED, MPI.THREAD_SERIALIZED])
 def test_less_than_thread_multiple_is_refused_naming_the_setting(provided):
     with pytest.raises(RuntimeError, match=f"needs MPI_THREAD_MULTIPLE.*provides {NAMES[provided]}"
                                            ".*MPICH_MAX_THREAD_SAFETY=multiple"):
-        transports.check_thread_level(provided, NAMES)
-    transports.check_thread_level(MPI.THREAD_MULTIPLE, NAMES)
+        transport_kinds.check_thread_level(provided, NAMES)
+    transport_kinds.check_thread_level(MPI.THREAD_MULTIPLE, NAMES)
 
 
 def test_this_mpi_runs_at_thread_multiple():

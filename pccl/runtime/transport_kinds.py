@@ -1,4 +1,4 @@
-"""Transports: which tensors each one carries, whether this machine has it, and the MPI
+"""The kinds of transport: which tensors each one carries, whether this machine has it, and the MPI
 thread level pccl needs. The communicator asks these questions before anything is sent.
 
   mpi   MPI point-to-point (the C++ executor): host tensors, and GPU tensors where the
