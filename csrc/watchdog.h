@@ -55,7 +55,7 @@ class Watchdog {
                      "never arrived. Aborting the job (MPI's blocking collectives cannot be "
                      "cancelled).\n", rank, what_.load(), timeout_s_.load());
         std::fflush(stderr);
-        MPI_Abort(comm_, 124);
+        MPI_Abort(MPI_COMM_WORLD, 124);   // the job: comm_ may be a sub-communicator (a plan level)
       }
     }
   }
