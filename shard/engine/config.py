@@ -84,7 +84,7 @@ class OptimizerConfig:
     @classmethod
     def given(cls, config: Optional[OptimizerConfig], settings: dict) -> OptimizerConfig:
         """The config passed as config= or as keywords (ShardedAdamW's two forms), not both."""
-        return _given(cls, config, settings, "ShardedAdamW", "lr=")
+        return _given(cls, config, settings, "lr=")
 
 
 OBJECTIVES = ("throughput", "memory")
@@ -192,20 +192,19 @@ class EngineConfig:
     @classmethod
     def given(cls, config: Optional[EngineConfig], settings: dict) -> EngineConfig:
         """The config passed as config= or as keywords (Engine's two forms), not both."""
-        return _given(cls, config, settings, "Engine", "strategy=")
+        return _given(cls, config, settings, "strategy=")
 
 
-def _given(cls, config, settings: dict, taker: str, example: str):
-    """`config`, or a `cls` made of the keywords `settings` (not both), for `taker`."""
+def _given(cls, config, settings: dict, example: str):
+    """`config`, or a `cls` made of the keywords `settings` (not both), for its taker
+    (TAKERS); a keyword of the other config is named as such."""
     if config is None:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(settings) - names)
+        unknown = sorted(set(settings) - {f.name for f in fields(cls)})
         if unknown:
-            other = OptimizerConfig if cls is EngineConfig else EngineConfig
+            other = next(c for c in TAKERS if c is not cls)
             theirs = sorted(set(unknown) & {f.name for f in fields(other)})
-            where = (f" ({theirs} are settings of {other.__name__}, for "
-                     f"{'ShardedAdamW' if other is OptimizerConfig else 'Engine'})" if theirs else "")
-            raise TypeError(f"unknown {taker} settings {unknown}; expected fields of {cls.__name__}{where}")
+            where = f" ({theirs} are settings of {other.__name__}, for {TAKERS[other]})" if theirs else ""
+            raise TypeError(f"unknown {TAKERS[cls]} settings {unknown}; expected fields of {cls.__name__}{where}")
         return cls(**settings)
     if not isinstance(config, cls):
         raise TypeError(f"config must be an {cls.__name__}, got {type(config).__name__}; pass settings such as "
@@ -214,3 +213,6 @@ def _given(cls, config, settings: dict, taker: str, example: str):
         raise TypeError(f"pass the settings either as config= or as keywords, not both; got config= and "
                         f"{sorted(settings)}")
     return config
+
+
+TAKERS = {EngineConfig: "Engine", OptimizerConfig: "ShardedAdamW"}   # what each config sets up
