@@ -11,8 +11,8 @@ Two families:
   two-level plan, in an async all-gather on the communicator's worker thread, or in the
   transport's own collective; for
   the C++, Python and torch (gloo) executors. Launchers: `mpiexec` as users run it (it kills
-  the job when a rank dies), "mpiexec-unnoticed": mpiexec with each rank under a shell that
-  lingers after its rank was killed, so the launcher never learns of the death (as when a
+  the job when a rank dies), "mpiexec-unnoticed": mpiexec with the victim under a shell that
+  lingers after it was killed, so the launcher never learns of the death (as when a
   node drops off the network): only pccl's own timeouts can end the job; and torchrun.
 - Training (shard-train through launch/local.sh, tiny model): a rank SIGKILLed at a
   step's start, mid-backward with reductions in flight, mid-checkpoint-save (then
@@ -99,6 +99,19 @@ def lingering(words: list[str]) -> list[str]:
             "; code=$?; if [ $code = 137 ]; then sleep 3600; fi; exit $code"]
 
 
+def victim_lingers(ranks: int, words: list[str]) -> list[str]:
+    """mpiexec's arguments after its flags: `ranks` ranks of `words`, rank VICTIM's under
+    the lingering shell (MPMD: `-n 1 A : -n 1 B : ...`), the others as users run them. A
+    shell around a survivor would hold its process manager's connection past the
+    survivor's exit (Hydra's proxy then took that exit for a normal one, now and then, and
+    left the job waiting on the victim)."""
+    args: list[str] = []
+    for count, cmd in ((VICTIM, words), (1, lingering(words)), (ranks - VICTIM - 1, words)):
+        if count:
+            args += [*([":"] if args else []), "-n", str(count), *cmd]
+    return args
+
+
 def ranks_of(place: str) -> int:
     return RANKS if place.startswith("plan-") else 2
 
@@ -117,7 +130,7 @@ def collective(place: str, executor: str, how: str, out: Path) -> Outcome:
     if how == "mpiexec":
         cmd = [*launcher(), "-n", str(ranks), *worker]
     elif how == UNNOTICED:
-        cmd = [*launcher(), "-n", str(ranks), *lingering(worker)]
+        cmd = [*launcher(), *victim_lingers(ranks, worker)]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *worker[1:]]
     code, seconds, output, hung = bounded(cmd, job_env(), timeout + SLACK + STARTUP)
@@ -152,7 +165,7 @@ def training_unnoticed(fault: str, place: str, out: Path, cache: Path, *extra: s
     mpiexec (lingering): the survivor's engine must time out and end the job."""
     words = [sys.executable, "-m", "shard.tools.train", f"train.out_dir={out}", f"data.cache_dir={cache}",
              f"comm.timeout={TIMEOUT}", "strategy=zero3", "comm.ranks_per_node=1", *TRAIN, *extra]
-    code, seconds, output, hung = bounded([*launcher(), "-n", "2", *lingering(words)],
+    code, seconds, output, hung = bounded([*launcher(), *victim_lingers(2, words)],
                                           dict(job_env(), SHARD_FAULTS=fault), TIMEOUT + SLACK + STARTUP + 30)
     return Outcome(fault.split("@")[0], place, "cpp", UNNOTICED, seconds, code, hung, [], output, out)
 
