@@ -24,7 +24,7 @@ import torch
 import pccl
 from runkit.files import write_atomic
 from shard.engine import checkpoint
-from shard.engine.config import EngineConfig
+from shard.engine.config import EngineConfig, OptimizerConfig
 from shard.engine.engine import Engine
 from shard.engine.optimizer import ShardedAdamW, StepResult
 from shard.models import GPT, GPTConfig
@@ -217,7 +217,7 @@ def evaluate(engine: Engine, batches: list, device: torch.device) -> float:
 @dataclass
 class Run:
     """What a run's stages hand on to each other: setup() fills the fields up to
-    engine_config, the later stages the rest."""
+    optimizer_config, the later stages the rest."""
     cfg: Any                            # the Hydra configuration
     resolved: dict                      # cfg resolved, and what was built: config.yaml's content
     device: torch.device
@@ -226,6 +226,7 @@ class Run:
     accumulation: int                   # micro-batches per rank per step
     model: GPTConfig
     engine_config: EngineConfig
+    optimizer_config: OptimizerConfig
     data: Any = None                    # the tokenized corpus (TokenData)
     batches: Any = None                 # this rank's training micro-batches (Batches: resumable)
     held_out: list = field(default_factory=list)   # this rank's validation micro-batches
@@ -270,6 +271,7 @@ def setup(cfg) -> Run:
     resolved["optim"].update(preflight.learning_rates(resolved))   # null: the preset's rate, as config.yaml says
     device = _device(t.device)
     settings = preflight.engine_config(resolved, _precision(t.precision, device))
+    optimizer = preflight.optimizer_config(resolved)
     comm = _communicator(cfg.comm, device)
     # every rank fails alike, before any collective
     _, accumulation = global_batch(t.global_batch_tokens, t.accumulation, comm.size, t.micro_batch, t.seq_len)
@@ -288,7 +290,7 @@ def setup(cfg) -> Run:
     if problem:
         raise ConfigError(f"train.out_dir={out_dir} cannot be written (on rank 0: {problem})")
     resolved["train"]["out_dir"] = str(out_dir)
-    return Run(cfg, resolved, device, comm, out_dir, accumulation, mcfg, settings)
+    return Run(cfg, resolved, device, comm, out_dir, accumulation, mcfg, settings, optimizer)
 
 
 def load_data(r: Run) -> None:
@@ -317,7 +319,7 @@ def make_engine(r: Run) -> None:
     workload = Workload(r.cfg.train.seq_len, r.cfg.train.micro_batch, r.accumulation) if auto else None
     r.engine, r.plan = build_engine(model, r.comm, r.engine_config, workload=workload,
                                     device=r.device if meta else None)
-    r.optimizer = ShardedAdamW(r.engine, preflight.optimizer_config(r.resolved))
+    r.optimizer = ShardedAdamW(r.engine, r.optimizer_config)
     if r.plan is not None:   # the planner's choice, kept with the run, and its table for whoever asks why
         r.resolved["strategy"].update(chosen=r.engine.strategy.name, chosen_group_size=r.engine.layout.group)
         if r.comm.rank == 0:
