@@ -1,22 +1,31 @@
-"""A GPT-style decoder: pre-LayerNorm blocks, causal self-attention through torch's
-scaled_dot_product_attention, GELU MLP, learned or rotary positions, optionally tied
-embeddings.
+"""A decoder-only transformer of the GPT family: pre-norm blocks, causal self-attention
+through torch's scaled_dot_product_attention, learned or rotary positions, optionally tied
+embeddings. Its fields cover the published families:
+
+    GPT-2, OPT      LayerNorm, GELU (or ReLU) MLP, learned positions, biases
+    Llama, Mistral  RMSNorm, SwiGLU MLP, rotary positions (with Llama 3's scaling),
+                    grouped-query attention (kv_heads), no biases; Qwen2: biases on q, k, v
 
 Each block is a direct member of `blocks` (a ModuleList), so the engine's default units
 are the embeddings, every block, and the final norm and head. Given the targets, the head
 computes the loss itself, fused with the cross-entropy a chunk of tokens at a time
 (shard/models/loss.py), so the logits of the whole batch are never written.
 
+The projections are fused: `attn.qkv` holds the q, k and v rows (heads, then kv_heads,
+then kv_heads heads), and a SwiGLU `mlp.up` the gate's rows, then the up projection's.
+shard/models/hf.py maps them to and from Hugging Face's separate tensors.
+
 Initialization is per parameter and seeded by the parameter's name (`init_parameter`), so
 a model built on the meta device and materialized one unit at a time by the engine has
-exactly the values an eagerly built model would have, on any number of ranks.
+exactly the values an eagerly built model would have, on any number of ranks. A model
+given `weights` (a `name, tensor -> None` filler: pretrained values) takes them instead.
 """
 from __future__ import annotations
 
 import math
 import zlib
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +34,32 @@ from torch import nn
 from shard.models.loss import linear_cross_entropy
 
 POSITIONS = ("learned", "rotary")
+NORMS = ("layer", "rms")
+MLPS = ("gelu", "gelu_tanh", "relu", "swiglu")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3's rotary scaling (Meta's Llama 3.1 reference, `apply_scaling`): wavelengths
+    longer than original_context / low_freq_factor are stretched by `factor`, shorter than
+    original_context / high_freq_factor kept, and those between interpolated smoothly."""
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_context: int
+
+    def __post_init__(self) -> None:
+        if not (self.factor > 0 and 0 < self.low_freq_factor < self.high_freq_factor and self.original_context > 0):
+            raise ValueError(f"rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                             f"original_context > 0, got {self}")
+
+    def apply(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        wavelength = 2 * math.pi / inv_freq
+        low, high = self.original_context / self.low_freq_factor, self.original_context / self.high_freq_factor
+        smooth = (self.original_context / wavelength - self.low_freq_factor) / (self.high_freq_factor
+                                                                                - self.low_freq_factor)
+        between = (1 - smooth) * inv_freq / self.factor + smooth * inv_freq
+        return torch.where(wavelength > low, inv_freq / self.factor, torch.where(wavelength < high, inv_freq, between))
 
 
 @dataclass(frozen=True)
@@ -36,20 +71,38 @@ class GPTConfig:
     heads: int = 4
     tied: bool = True
     positions: str = "learned"
-    bias: bool = False
+    bias: bool = False                         # on every projection and LayerNorm
     rope_theta: float = 10000.0
+    kv_heads: Optional[int] = None             # grouped-query attention: k and v heads (None: heads)
+    hidden: Optional[int] = None               # the MLP's inner width (None: 4 * width)
+    mlp: str = "gelu"                          # gelu | gelu_tanh | relu | swiglu
+    norm: str = "layer"                        # layer | rms
+    norm_eps: float = 1e-5
+    qkv_bias: Optional[bool] = None            # biases on q, k and v alone (None: as `bias`)
+    rope_scaling: Optional[RopeScaling] = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab", "context", "width", "layers", "heads"):
+        if isinstance(self.rope_scaling, dict):   # from a config file
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        for name in ("vocab", "context", "width", "layers", "heads", "kv_heads", "hidden"):
             value = getattr(self, name)
+            if name in ("kv_heads", "hidden") and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.width % self.heads:
             raise ValueError(f"width {self.width} must be divisible by heads {self.heads}")
-        if self.positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
-        if self.positions == "rotary" and (self.width // self.heads) % 2:
-            raise ValueError(f"rotary positions need an even head size, got {self.width // self.heads}")
+        if self.heads % self.kv:
+            raise ValueError(f"heads {self.heads} must be a multiple of kv_heads {self.kv}")
+        for name, options in (("positions", POSITIONS), ("norm", NORMS), ("mlp", MLPS)):
+            if getattr(self, name) not in options:
+                raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
+        if self.positions == "rotary" and self.head_size % 2:
+            raise ValueError(f"rotary positions need an even head size, got {self.head_size}")
+        if self.rope_scaling is not None and self.positions != "rotary":
+            raise ValueError("rope_scaling is for rotary positions; this model's are learned")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps!r}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "GPTConfig":
@@ -57,20 +110,41 @@ class GPTConfig:
             raise ValueError(f"unknown model preset {name!r}; expected one of {tuple(PRESETS)}")
         return replace(PRESETS[name], **overrides)
 
+    @property
+    def head_size(self) -> int:
+        return self.width // self.heads
+
+    @property
+    def kv(self) -> int:
+        """Heads of k and v (kv_heads, or heads without grouped-query attention)."""
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def ffn(self) -> int:
+        """The MLP's inner width."""
+        return 4 * self.width if self.hidden is None else self.hidden
+
+    @property
+    def qkv_biased(self) -> bool:
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
     def num_params(self) -> int:
         """Parameters (tied weights once), from the shapes alone."""
-        d, norm = self.width, self.width * (2 if self.bias else 1)
-        block = 12 * d * d + 2 * norm + (9 * d if self.bias else 0)   # qkv, proj, up, down
+        d, f, qkv = self.width, self.ffn, (self.heads + 2 * self.kv) * self.head_size
+        gates = 2 if self.mlp == "swiglu" else 1
+        norm = d * (2 if self.norm == "layer" and self.bias else 1)
+        attention = d * qkv + d * d + (qkv if self.qkv_biased else 0) + (d if self.bias else 0)
+        mlp = (gates + 1) * d * f + ((gates * f + d) if self.bias else 0)
         embeddings = self.vocab * d * (1 if self.tied else 2)
         positions = self.context * d if self.positions == "learned" else 0
-        return self.layers * block + embeddings + positions + norm
+        return self.layers * (attention + mlp + 2 * norm) + embeddings + positions + norm
 
     def flops_per_token(self, seq_len: Optional[int] = None) -> int:
         """Training FLOPs per token: 6 per weight that multiplies (forward 2, backward 4),
         which excludes table lookups (positions, and the token embedding unless it is tied
         to the head), plus the attention scores and values, 12 * layers * width * seq_len
         (PaLM appendix B; nanoGPT and torchtitan count the same way, without halving for
-        the causal mask)."""
+        the causal mask; grouped k and v heads change neither product's size)."""
         t = self.context if seq_len is None else seq_len
         lookups = (self.context * self.width if self.positions == "learned" else 0)
         lookups += 0 if self.tied else self.vocab * self.width
@@ -78,8 +152,12 @@ class GPTConfig:
 
 
 # Table 1 of the PCCL paper takes its 7B and 13B shapes from OPT (Zhang et al., 2022); the
-# smaller presets are OPT's too (vocabulary 50272, context 2048).
+# smaller presets are OPT's too (vocabulary 50272, context 2048). The Llama presets are the
+# published models' shapes (their Hugging Face config.json): Llama 3.2 1B, Llama 3 8B and
+# Llama 2 13B.
 _OPT = dict(vocab=50272, context=2048)
+_LLAMA = dict(positions="rotary", norm="rms", mlp="swiglu", bias=False, tied=False)
+_LLAMA3 = dict(_LLAMA, vocab=128256, rope_theta=500000.0, kv_heads=8)
 PRESETS = {
     "tiny": GPTConfig(vocab=2048, context=256, width=128, layers=4, heads=4),
     "gpt_125m": GPTConfig(width=768, layers=12, heads=12, **_OPT),
@@ -89,14 +167,21 @@ PRESETS = {
     "gpt_7b": GPTConfig(width=4096, layers=32, heads=32, **_OPT),
     "gpt_13b": GPTConfig(width=5120, layers=40, heads=40, **_OPT),
     "gpt_66b": GPTConfig(width=9216, layers=64, heads=72, **_OPT),   # OPT-66B: the 70B class
+    "llama_tiny": GPTConfig(vocab=2048, context=256, width=128, layers=4, heads=4, kv_heads=2, hidden=352, **_LLAMA),
+    "llama_1b": GPTConfig(**{**_LLAMA3, "tied": True}, context=131072, width=2048, layers=16, heads=32, hidden=8192,
+                          rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192)),
+    "llama_8b": GPTConfig(**_LLAMA3, context=8192, width=4096, layers=32, heads=32, hidden=14336),
+    "llama_13b": GPTConfig(**_LLAMA, vocab=32000, context=4096, width=5120, layers=40, heads=40, hidden=13824),
 }
 # Each preset's peak learning rate, the rate its size was trained with: GPT-3's (Brown et
 # al., 2020, "Language Models are Few-Shot Learners", Table 2.1: 125M 6.0e-4, 350M 3.0e-4,
 # 1.3B 2.0e-4, 2.7B 1.6e-4, 6.7B 1.2e-4, 13B 1.0e-4), which OPT keeps for these shapes,
-# and OPT-66B's own (Zhang et al., 2022, Table 1). tiny: 1e-3, at which `make train`'s
-# loss falls within its 200 steps. Larger models need smaller rates to train stably.
+# and OPT-66B's own (Zhang et al., 2022, Table 1); the Llamas' Llama 2's (Touvron et al.,
+# 2023, Table 1: 3.0e-4 for 7B and 13B, kept for the smaller). tiny and llama_tiny: 1e-3, at
+# which `make train`'s loss falls within its 200 steps. Larger models need smaller rates.
 PEAK_LR = {"tiny": 1.0e-3, "gpt_125m": 6.0e-4, "gpt_350m": 3.0e-4, "gpt_1p3b": 2.0e-4, "gpt_2p7b": 1.6e-4,
-           "gpt_7b": 1.2e-4, "gpt_13b": 1.0e-4, "gpt_66b": 0.8e-4}
+           "gpt_7b": 1.2e-4, "gpt_13b": 1.0e-4, "gpt_66b": 0.8e-4,
+           "llama_tiny": 1.0e-3, "llama_1b": 3.0e-4, "llama_8b": 3.0e-4, "llama_13b": 3.0e-4}
 
 
 def peak_lr(preset: str) -> float:
@@ -114,58 +199,105 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Rotary:
-    """cos and sin tables per (length, device, dtype), computed on first use (no buffers,
+    """cos and sin tables per (positions, device, dtype), computed on first use (no buffers,
     so nothing to materialize from the meta device)."""
 
-    def __init__(self, head_size: int, theta: float):
+    def __init__(self, head_size: int, theta: float, scaling: Optional[RopeScaling] = None):
         # on the CPU even in a model built under torch.device("meta"): the tables need values
-        self.inv_freq = 1.0 / theta ** (torch.arange(0, head_size, 2, dtype=torch.float64, device="cpu") / head_size)
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_size, 2, dtype=torch.float64, device="cpu") / head_size)
+        self.inv_freq = inv_freq if scaling is None else scaling.apply(inv_freq)
         self.tables: dict = {}
 
-    def __call__(self, length: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (length, str(device), dtype)
+    def __call__(self, length: int, device, dtype, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (start, length, str(device), dtype)
         if key not in self.tables:
-            angles = torch.outer(torch.arange(length, dtype=torch.float64, device="cpu"), self.inv_freq)
+            positions = torch.arange(start, start + length, dtype=torch.float64, device="cpu")
+            angles = torch.outer(positions, self.inv_freq)
             self.tables[key] = (angles.cos().to(device, dtype), angles.sin().to(device, dtype))
         return self.tables[key]
+
+
+class KVCache:
+    """Each block's keys and values of the positions seen so far, for sampling one token at
+    a time (shard/models/generate.py): `length` positions of `capacity` are filled."""
+
+    def __init__(self, cfg: GPTConfig, batch: int, capacity: int, device, dtype):
+        shape = (batch, cfg.kv, capacity, cfg.head_size)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
+        self.capacity, self.length = capacity, 0
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of every position so far, with `k` and `v` (the new ones) stored."""
+        end = self.length + k.shape[2]
+        self.keys[layer][:, :, self.length:end] = k
+        self.values[layer][:, :, self.length:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
 
 class SelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.heads = cfg.heads
-        self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.bias)
+        self.heads, self.kv, self.head_size = cfg.heads, cfg.kv, cfg.head_size
+        self.qkv = nn.Linear(cfg.width, (cfg.heads + 2 * cfg.kv) * cfg.head_size, bias=cfg.qkv_biased)
         self.proj = nn.Linear(cfg.width, cfg.width, bias=cfg.bias)
-        self.rotary = Rotary(cfg.width // cfg.heads, cfg.rope_theta) if cfg.positions == "rotary" else None
+        self.rotary = (Rotary(cfg.head_size, cfg.rope_theta, cfg.rope_scaling) if cfg.positions == "rotary"
+                       else None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None, layer: int = 0) -> torch.Tensor:
         b, t, c = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        start = 0 if cache is None else cache.length
+        q, k, v = self.qkv(x).split([self.heads * self.head_size, self.kv * self.head_size,
+                                     self.kv * self.head_size], dim=-1)
+        q = q.view(b, t, self.heads, self.head_size).transpose(1, 2)
+        k = k.view(b, t, self.kv, self.head_size).transpose(1, 2)
+        v = v.view(b, t, self.kv, self.head_size).transpose(1, 2)
         if self.rotary is not None:
-            cos, sin = self.rotary(t, x.device, q.dtype)
+            cos, sin = self.rotary(t, x.device, q.dtype, start)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if cache is not None:
+            k, v = cache.extend(layer, k, v)
+        # with a cache, the new positions see all earlier ones: causal within the new ones alone
+        mask = None if start == 0 else torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(start)
+        # grouped-query attention: each k and v head serves heads / kv query heads
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           enable_gqa=self.kv != self.heads)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "swiglu": F.silu}
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.up = nn.Linear(cfg.width, 4 * cfg.width, bias=cfg.bias)
-        self.down = nn.Linear(4 * cfg.width, cfg.width, bias=cfg.bias)
+        self.gated, self.activation = cfg.mlp == "swiglu", ACTIVATIONS[cfg.mlp]
+        self.up = nn.Linear(cfg.width, (2 if self.gated else 1) * cfg.ffn, bias=cfg.bias)
+        self.down = nn.Linear(cfg.ffn, cfg.width, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
+        h = self.up(x)
+        if self.gated:   # SwiGLU (Shazeer, 2020): silu(x W_gate) * (x W_up)
+            gate, h = h.chunk(2, dim=-1)
+            return self.down(self.activation(gate) * h)
+        return self.down(self.activation(h))
+
+
+def norm(cfg: GPTConfig) -> nn.Module:
+    if cfg.norm == "rms":
+        return nn.RMSNorm(cfg.width, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.width, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.ln1, self.attn = nn.LayerNorm(cfg.width, bias=cfg.bias), SelfAttention(cfg)
-        self.ln2, self.mlp = nn.LayerNorm(cfg.width, bias=cfg.bias), MLP(cfg)
+        self.ln1, self.attn = norm(cfg), SelfAttention(cfg)
+        self.ln2, self.mlp = norm(cfg), MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), cache, layer)
         return x + self.mlp(self.ln2(x))
 
 
@@ -180,13 +312,13 @@ class Head(nn.Linear):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig, seed: int = 0):
+    def __init__(self, cfg: GPTConfig, seed: int = 0, weights: Optional[Callable[[str, torch.Tensor], None]] = None):
         super().__init__()
-        self.cfg, self.seed = cfg, seed
+        self.cfg, self.seed, self.weights = cfg, seed, weights
         self.embed = nn.Embedding(cfg.vocab, cfg.width)
         self.pos = nn.Embedding(cfg.context, cfg.width) if cfg.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.norm = nn.LayerNorm(cfg.width, bias=cfg.bias)
+        self.norm = norm(cfg)
         self.head = Head(cfg.width, cfg.vocab, bias=False)
         if cfg.tied:
             self.head.weight = self.embed.weight
@@ -199,10 +331,12 @@ class GPT(nn.Module):
                 self.init_parameter(name, p)
 
     def init_parameter(self, name: str, tensor: torch.Tensor) -> None:
-        """Initialize one parameter in place, from a generator seeded by (seed, name):
-        GPT-2's scheme, normal(0, 0.02) weights, residual projections scaled by
-        1/sqrt(2 * layers), zero biases, unit norm gains."""
-        if name.endswith("bias"):
+        """Fill one parameter in place: from `weights` where the model has them, else from a
+        generator seeded by (seed, name): GPT-2's scheme, normal(0, 0.02) weights, residual
+        projections scaled by 1/sqrt(2 * layers), zero biases, unit norm gains."""
+        if self.weights is not None:
+            self.weights(name, tensor)
+        elif name.endswith("bias"):
             tensor.zero_()
         elif tensor.dim() == 1:
             tensor.fill_(1.0)
@@ -212,16 +346,21 @@ class GPT(nn.Module):
             generator = torch.Generator(tensor.device).manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
             tensor.normal_(0.0, std, generator=generator)
 
-    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                cache: Optional[KVCache] = None) -> torch.Tensor:
         """The logits of each position, or given `targets` (one per position), the mean
-        cross-entropy of predicting them."""
-        if tokens.shape[1] > self.cfg.context:
-            raise ValueError(f"sequence of {tokens.shape[1]} tokens exceeds the context of {self.cfg.context}")
+        cross-entropy of predicting them. With a `cache`, `tokens` follow the positions it
+        holds, and their keys and values join it."""
+        start = 0 if cache is None else cache.length
+        if start + tokens.shape[1] > self.cfg.context:
+            raise ValueError(f"sequence of {start + tokens.shape[1]} tokens exceeds the context of {self.cfg.context}")
         x = self.embed(tokens)
         if self.pos is not None:
-            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
-        for block in self.blocks:
-            x = block(x)
+            x = x + self.pos(torch.arange(start, start + tokens.shape[1], device=tokens.device))
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.length += tokens.shape[1]
         return self.head(self.norm(x), targets)
 
     def num_params(self) -> int:

@@ -1,20 +1,27 @@
-"""Activation memory of the GPT model (shard/models/gpt.py) in training: the bytes autograd
-keeps from the forward pass for the backward, at the end of the forward, per micro-batch
-of b sequences of t tokens, with and without activation checkpointing.
+"""Activation memory of the decoder (shard/models/gpt.py, GPT and Llama alike) in training:
+the bytes autograd keeps from the forward pass for the backward, at the end of the forward,
+per micro-batch of b sequences of t tokens, with and without activation checkpointing.
 
-Per token, e bytes per element of the compute dtype, width d, heads a, vocabulary V:
+Per token, e bytes per element of the compute dtype, width d, heads a, q, k and v's width
+Q = (a + 2 kv_heads) d / a, the MLP's inner width f, vocabulary V:
 
-    a block                   16 d e  + 4 e + 4 a
-        ln1's input d, its mean and 1/std (2), qkv's input d, q, k and v (one tensor,
-        3d), attention's output d (proj's input: a view of it), ln2's input d, its
-        statistics (2), up's input d, GELU's input 4d, down's input 4d; attention's
-        log-sum-exp per head in fp32 (torch's CPU flash-attention kernel: no t x t scores)
-        rotary positions: + 3 d e (the rotated q and k, and proj's input, now a copy)
+    a block                   (3 d + Q + M) e + 2 N + 4 a
+        qkv's input d, q, k and v (one tensor, Q), attention's output d (proj's input: a
+        view of it), up's input d; the MLP's M: GELU's input f and down's input f (2 f),
+        ReLU's output, which is down's input (f), SwiGLU's gate and up (one tensor, 2 f),
+        silu's output f and down's input f (4 f); each norm's N; attention's log-sum-exp
+        per head in fp32 (torch's CPU flash-attention kernel: no t x t scores, and grouped
+        k and v heads are not copied out)
+        rotary positions: + (2 d + kv_heads d / a) e (the rotated q and k, and proj's
+        input, now a copy)
+    a norm's N                LayerNorm (d + 2) e: its input, mean and 1/std;
+                              RMSNorm (2 d + 1) 4: torch computes it in fp32 (its input,
+                              1/rms and the normalized input, all fp32, in any dtype)
     a checkpointed block      d e     (its input; one block is recomputed at a time)
-    the head                  (2 d + 2) e, and V d e once
-        the final norm's input and statistics; the loss, fused with the head
-        (shard/models/loss.py), keeps its input's gradient and its weight's (in the weight's
-        dtype: the compute dtype under the engine), and no logits
+    the head                  N + d e, and V d e once
+        the final norm's; the loss, fused with the head (shard/models/loss.py), keeps its
+        input's gradient and its weight's (in the weight's dtype: the compute dtype under
+        the engine), and no logits
     the embeddings            8       (the int64 token id)
 
 and per sequence position: the int64 position index (learned positions, once), or the
@@ -30,6 +37,12 @@ from shard.models.gpt import GPTConfig
 
 INT64 = 8
 FP32 = 4
+MLP_KEEPS = {"gelu": 2, "gelu_tanh": 2, "relu": 1, "swiglu": 4}   # M / f
+
+
+def norm_bytes(cfg: GPTConfig, element: int) -> int:
+    """What one norm keeps per token (N)."""
+    return (2 * cfg.width + 1) * FP32 if cfg.norm == "rms" else (cfg.width + 2) * element
 
 
 def block_bytes(cfg: GPTConfig, tokens: int, element: int, checkpointed: bool = False) -> int:
@@ -37,13 +50,15 @@ def block_bytes(cfg: GPTConfig, tokens: int, element: int, checkpointed: bool = 
     d = cfg.width
     if checkpointed:
         return tokens * d * element
-    per_token = (16 * d + 4 + (3 * d if cfg.positions == "rotary" else 0)) * element + FP32 * cfg.heads
-    return tokens * per_token
+    qkv = (cfg.heads + 2 * cfg.kv) * cfg.head_size
+    rotary = 2 * d + cfg.kv * cfg.head_size if cfg.positions == "rotary" else 0
+    kept = 3 * d + qkv + MLP_KEEPS[cfg.mlp] * cfg.ffn + rotary
+    return tokens * (kept * element + 2 * norm_bytes(cfg, element) + FP32 * cfg.heads)
 
 
 def head_bytes(cfg: GPTConfig, tokens: int, element: int) -> int:
     """What the final norm, the head and the loss keep for `tokens` tokens."""
-    return tokens * (2 * cfg.width + 2) * element + cfg.vocab * cfg.width * element
+    return tokens * (norm_bytes(cfg, element) + cfg.width * element) + cfg.vocab * cfg.width * element
 
 
 def activation_bytes(cfg: GPTConfig, micro_batch: int, seq_len: int, element: int,

@@ -1,4 +1,5 @@
-"""GPT presets, parameter counts, FLOPs per token, rotary positions, seeded initialization."""
+"""The decoder's presets (GPT and Llama), parameter counts, FLOPs per token, rotary positions,
+grouped-query attention, the KV cache, seeded initialization."""
 import math
 
 import pytest
@@ -6,13 +7,15 @@ import torch
 from torch import nn
 
 from shard.models import GPT, PRESETS, GPTConfig
-from shard.models.gpt import Rotary, rotate
+from shard.models.gpt import KVCache, RopeScaling, Rotary, rotate
 
 SMALL = dict(vocab=96, context=32, width=32, layers=2, heads=4)
+LLAMA = dict(positions="rotary", norm="rms", mlp="swiglu", kv_heads=2, hidden=48, tied=False)
 
 
 @pytest.mark.parametrize("kwargs", [{}, dict(tied=False), dict(bias=True), dict(positions="rotary"),
-                                    dict(bias=True, tied=False, positions="rotary")])
+                                    dict(bias=True, tied=False, positions="rotary"), LLAMA,
+                                    dict(LLAMA, qkv_bias=True), dict(LLAMA, bias=True), dict(mlp="relu", hidden=40)])
 def test_parameter_count_formula_matches_the_module(kwargs):
     cfg = GPTConfig(**SMALL, **kwargs)
     assert cfg.num_params() == GPT(cfg).num_params()
@@ -31,13 +34,25 @@ def test_presets_have_the_papers_shapes_and_sizes():
         assert GPT(PRESETS["gpt_13b"]).num_params() == PRESETS["gpt_13b"].num_params()
 
 
-@pytest.mark.parametrize("kwargs", [{}, dict(tied=False), dict(positions="rotary")])
+def test_llama_presets_have_the_published_sizes():
+    # the parameter counts Meta and Hugging Face publish for these models
+    published = {"llama_1b": 1_235_814_400, "llama_8b": 8_030_261_248, "llama_13b": 13_015_864_320}
+    for name, count in published.items():
+        assert PRESETS[name].num_params() == count, name
+        with torch.device("meta"):
+            assert GPT(PRESETS[name]).num_params() == count, name
+    c = PRESETS["llama_8b"]   # Llama 3 8B: 32 layers of 4096, 32 heads of which 8 carry k and v
+    assert (c.layers, c.width, c.heads, c.kv, c.ffn, c.vocab) == (32, 4096, 32, 8, 14336, 128256)
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(tied=False), dict(positions="rotary"), LLAMA])
 def test_flops_per_token_is_six_per_multiplying_weight_plus_attention(kwargs):
     cfg = GPTConfig(**SMALL, **kwargs)
     model = GPT(cfg)
     matmul_weights = sum(m.weight.numel() + (m.bias.numel() if m.bias is not None else 0)
                          for m in model.modules() if isinstance(m, nn.Linear))
-    norms = sum(p.numel() for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters())
+    norms = sum(p.numel() for m in model.modules() if isinstance(m, (nn.LayerNorm, nn.RMSNorm))
+                for p in m.parameters())
     seq = 24
     assert cfg.flops_per_token(seq) == 6 * (matmul_weights + norms) + 12 * cfg.layers * cfg.width * seq
     # and the 7B figure at 2048 tokens against the closed form 6N + 12 L d T
@@ -101,3 +116,52 @@ def test_bad_configurations_are_refused():
         GPTConfig(layers=0)
     with pytest.raises(ValueError, match="exceeds the context"):
         GPT(GPTConfig(**SMALL))(torch.zeros(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match="heads 4 must be a multiple of kv_heads 3"):
+        GPTConfig(**{**SMALL, "kv_heads": 3})
+    with pytest.raises(ValueError, match="mlp must be one of"):
+        GPTConfig(mlp="geglu")
+    with pytest.raises(ValueError, match="norm must be one of"):
+        GPTConfig(norm="batch")
+    with pytest.raises(ValueError, match="rope_scaling is for rotary positions"):
+        GPTConfig(rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context=64))
+
+
+def test_grouped_query_attention_is_attention_with_each_kv_head_repeated():
+    """The reference: k and v heads copied out to one per query head, as before GQA kernels."""
+    cfg = GPTConfig(**SMALL, **LLAMA)
+    attn = GPT(cfg).blocks[0].attn
+    x = torch.randn(2, 10, cfg.width)
+    q, k, v = attn.qkv(x).split([cfg.width, cfg.kv * cfg.head_size, cfg.kv * cfg.head_size], dim=-1)
+    q, k, v = (z.view(2, 10, -1, cfg.head_size).transpose(1, 2) for z in (q, k, v))
+    cos, sin = attn.rotary(10, "cpu", torch.float32)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    k, v = (z.repeat_interleave(cfg.heads // cfg.kv, dim=1) for z in (k, v))
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(cfg.head_size)
+    scores = scores.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 10, cfg.width)
+    torch.testing.assert_close(attn(x), attn.proj(y), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [{}, LLAMA])
+def test_sampling_through_the_kv_cache_gives_the_full_forwards_logits(kwargs):
+    cfg = GPTConfig(**SMALL, **kwargs)
+    model = GPT(cfg)
+    x = torch.randint(0, cfg.vocab, (2, 20))
+    cache = KVCache(cfg, batch=2, capacity=cfg.context, device="cpu", dtype=torch.float32)
+    steps = [model(x[:, :12], cache=cache)] + [model(x[:, i:i + 1], cache=cache) for i in range(12, 20)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), model(x), rtol=1e-5, atol=1e-5)
+    assert cache.length == 20
+    with pytest.raises(ValueError, match="sequence of 33 tokens exceeds the context of 32"):
+        model(torch.zeros(2, 13, dtype=torch.long), cache=cache)
+
+
+def test_llama3_rope_scaling_keeps_short_wavelengths_and_stretches_long_ones():
+    """Meta's Llama 3.1 rule, checked at its three regimes by hand."""
+    scaling = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context=64)
+    # wavelengths 6.3 and 16 (< 64/4: kept), 32 (between: smoothed), 1000 (> 64: divided by 8)
+    inv_freq = torch.tensor([1.0, 2 * math.pi / 16, 2 * math.pi / 32, 2 * math.pi / 1000], dtype=torch.float64)
+    out = scaling.apply(inv_freq)
+    assert out[0] == inv_freq[0] and out[1] == inv_freq[1]
+    smooth = (64 / 32 - 1.0) / (4.0 - 1.0)
+    assert out[2].item() == pytest.approx((1 - smooth) * inv_freq[2].item() / 8 + smooth * inv_freq[2].item())
+    assert out[3].item() == pytest.approx(inv_freq[3].item() / 8)

@@ -31,13 +31,19 @@ def saved_bytes(cfg: GPTConfig, micro_batch: int, seq_len: int, dtype: torch.dty
     return sum(kept.values())
 
 
+LLAMA = dict(positions="rotary", norm="rms", mlp="swiglu", kv_heads=2, hidden=176, tied=False)
+
+
 @pytest.mark.parametrize("cfg", [GPTConfig(vocab=512, context=64, width=64, layers=2, heads=4),
                                  GPTConfig(vocab=1024, context=128, width=128, layers=3, heads=8)])
-@pytest.mark.parametrize("positions", ["learned", "rotary"])
+@pytest.mark.parametrize("family", [dict(positions="learned"), dict(positions="rotary"),
+                                    dict(mlp="relu", bias=True, hidden=200), dict(mlp="gelu_tanh", tied=False),
+                                    LLAMA, dict(LLAMA, kv_heads=None, qkv_bias=True)],
+                         ids=["learned", "rotary", "opt", "gpt2", "llama", "qwen2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_the_model_equals_what_autograd_keeps(cfg, positions, dtype, checkpointing):
-    cfg = GPTConfig(**{**cfg.__dict__, "positions": positions})
+def test_the_model_equals_what_autograd_keeps(cfg, family, dtype, checkpointing):
+    cfg = GPTConfig(**{**cfg.__dict__, **family})
     micro_batch, seq_len = 2, cfg.context // 2
     element = torch.empty((), dtype=dtype).element_size()
     assert activation_bytes(cfg, micro_batch, seq_len, element, checkpointing) == \

@@ -76,7 +76,8 @@ class LiveBytes(TorchDispatchMode):
 
 @pytest.mark.parametrize("cfg", [GPTConfig(vocab=2048, context=128, width=128, layers=4, heads=4),
                                  GPTConfig(vocab=512, context=128, width=256, layers=4, heads=4),
-                                 GPTConfig(vocab=8192, context=128, width=64, layers=2, heads=4)])   # the loss
+                                 GPTConfig(vocab=8192, context=128, width=64, layers=2, heads=4),   # the loss
+                                 GPTConfig.preset("llama_tiny", context=128)])
 @pytest.mark.parametrize("strategy,precision,checkpointing,micro_batches", [
     ("zero3", "fp32", False, 2), ("zero3", "fp32", True, 2), ("zero3", "bf16", False, 1), ("zero3", "bf16", False, 2),
     ("NGG", "bf16", False, 1), ("NGG", "bf16", True, 2)])

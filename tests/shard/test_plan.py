@@ -113,6 +113,30 @@ def test_the_memory_objective_takes_the_smallest_peak():
     assert "needs the least memory" in plan.reason()
 
 
+def test_llama_8b_on_64_gpus_of_80_gb_by_hand(capsys):
+    """shard-plan for Llama 3 8B on 8 nodes of 8 80 GB GPUs: ZeRO-3's parts against a hand
+    count. psi = 8,030,261,248; per rank, the optimizer's fp32 master and moments, 12 psi / 64,
+    and the fp32 gradient shard, 4 psi / 64. The activations of one micro-batch of 1 x 2048 in
+    bf16 (2 bytes), per token and block: qkv's input, attention's output and up's input (3 x
+    4096), q, k and v (32 + 2 x 8 heads of 128: 6144), SwiGLU's gate and up, silu's output and
+    down's input (4 x 14336), the rotated q and k and proj's input (2 x 4096 + 8 x 128), in
+    bf16; two RMSNorms that torch computes in fp32 (2 x (2 x 4096 + 1) x 4 bytes); and the
+    attention's fp32 log-sum-exp per head (32 x 4). Then the head: the final norm and the
+    loss's input gradient per token, and its weight's gradient (128256 x 4096 x 2), and the
+    token ids (8 bytes) and the rotary tables (32 blocks x 2048 x 128 x 2 bytes)."""
+    main(["--model", "llama_8b", "--world", "64", "--ranks-per-node", "8", "--memory", "80GB", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    psi = 8_030_261_248
+    zero3 = next(r for r in out["rows"] if r["name"] == "zero3")["memory"]
+    assert zero3["optimizer"] == pytest.approx(12 * psi / 64, rel=1e-6)
+    assert zero3["gradients"] == pytest.approx(4 * psi / 64, rel=1e-6)
+    d, tokens = 4096, 2048
+    block = (3 * d + 6144 + 4 * 14336 + 2 * d + 8 * 128) * 2 + 2 * (2 * d + 1) * 4 + 32 * 4
+    head = tokens * ((2 * d + 1) * 4 + d * 2) + 128256 * d * 2
+    assert zero3["activations"] == 32 * tokens * block + head + tokens * 8 + 32 * tokens * 128 * 2
+    assert out["chosen"]["fits"]
+
+
 def test_shard_plan_prints_json_with_chosen_and_rows(capsys):
     main(["--model", "gpt_125m", "--world", "16", "--ranks-per-node", "4", "--profile", "perlmutter", "--memory",
           "40GB", "--global-batch", str(16 * 2048 * 2), "--strategies", "zero3,zero2,IIG", "--json"])
