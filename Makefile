@@ -67,7 +67,9 @@ else
 	$(PY) -m pip install -q "$(MPI)" "mpi4py>=4.0"
 endif
 	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest pytest-xdist "ruff==0.17.6" \
-		"hydra-core>=1.3" "datasets>=2.14" "sentencepiece>=0.1.99" tqdm matplotlib wandb
+		"hydra-core>=1.3" "datasets>=2.14" "sentencepiece>=0.1.99" "safetensors>=0.4" tqdm matplotlib wandb
+	# transformers: the reference implementation the model tests hold ours to (tests/models/test_hf.py)
+	$(PY) -m pip install -q "transformers>=4.45"
 	# zfpy (the zfp:RATE codec, an optional dependency): a wheel or nothing, since its source build
 	# needs libzfp; without it the zfp tests skip and the codec says what is missing.
 	$(PY) -m pip install -q --only-binary=zfpy "zfpy>=1.0" || echo "zfpy: no wheel for this Python; the zfp:RATE codec is unavailable"
@@ -133,7 +135,8 @@ test-docs: build
 OLDEST_TORCH ?= torch==2.11.0
 OLDEST_VENV ?= .venv-torch211
 TORCH_API_TESTS := tests/pccl/test_backend.py tests/shard/test_compare.py tests/shard/test_engine_compression.py \
-	tests/shard/test_engine_state.py tests/shard/test_engine_mpi.py tests/shard/test_step_ops.py
+	tests/shard/test_engine_state.py tests/shard/test_engine_mpi.py tests/shard/test_step_ops.py \
+	tests/models/test_models.py tests/models/test_hf.py
 # Making the venv took 6.2 GiB of disk at its peak here (5.3 GiB once made): it is checked first.
 OLDEST_VENV_GIB ?= 6.5
 .PHONY: test-oldest-torch

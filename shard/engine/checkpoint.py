@@ -294,7 +294,7 @@ class _Source:
         return self._files[name]
 
     def read(self, param: str, lo: int, hi: int, out: dict[str, torch.Tensor]) -> None:
-        """Elements [lo, hi) of `param` (flattened) into `out` (one tensor per STATE key)."""
+        """Elements [lo, hi) of `param` (flattened) into `out` (a tensor per STATE key it holds)."""
         unit, base = self.where[param]
         a, b = base + lo, base + hi
         covered = 0
@@ -302,12 +302,38 @@ class _Source:
             s, e = max(a, start), min(b, end)
             if s < e:
                 shard = self._load(name)[unit]
-                for k in STATE:
+                for k in out:
                     out[k][s - a:e - a].copy_(shard[k][s - start:e - start])
                 covered += e - s
         if covered != b - a:
             raise CheckpointError(f"checkpoint {self.snap} lacks part of {param} (elements {lo}..{hi}): "
                                   "a shard file is missing")
+
+
+def snapshot(path) -> Path:
+    """The snapshot `path` names: a snapshot directory, a checkpoint directory (its LATEST),
+    or a shard-train run directory (its checkpoints/ directory's LATEST)."""
+    path = Path(path)
+    if (path / "meta.json").is_file():
+        return path
+    if (path / "checkpoints").is_dir():
+        path = path / "checkpoints"
+    return latest(path)
+
+
+def parameters(snap: Path):
+    """(name, values) of every parameter of the model a verified snapshot holds, each in
+    full, fp32, on the CPU, one at a time, from its files alone (any world size or
+    strategy wrote it): what an export streams. Raises CheckpointError if it is damaged."""
+    problem = problems(snap)
+    if problem:
+        raise CheckpointError(problem)
+    meta = json.loads((snap / "meta.json").read_text())
+    source = _Source(snap, meta)
+    for name, shape in meta["params"].items():
+        values = torch.empty(shape, dtype=torch.float32)
+        source.read(name, 0, values.numel(), {"master": values.view(-1)})
+        yield name, values
 
 
 def load(engine, optimizer, path, fallback: bool = False) -> Restored:

@@ -502,17 +502,20 @@ class Engine:
 
     def full_state_dict(self) -> Optional[dict]:
         """A plain state dict with the model's own keys (fp32 master values in each
-        parameter's original dtype) on rank 0; None elsewhere. Collective."""
+        parameter's original dtype) in host memory on rank 0; None elsewhere. The units
+        are gathered one at a time: no device ever holds the whole model. Collective."""
         values: dict[int, torch.Tensor] = {}
         for u, view in zip(self.units, self._os_views):
             full = torch.empty(u.flat.padded, dtype=torch.float32, device=self.device)
             self.gathers.submit(lambda u=u, view=view, full=full: self.gathers.gather(
                 None, full, view, u.strategy.optimizer, Scope.N), full).wait()
-            for p, v in zip(u.flat.params, u.flat.views(full)):
-                values[id(p)] = v.to(self._dtypes[id(p)]).clone()
+            if self.layout.rank == 0:
+                for p, v in zip(u.flat.params, u.flat.views(full)):
+                    values[id(p)] = v.to("cpu", self._dtypes[id(p)], copy=True)
+            del full
         if self.layout.rank != 0:
             return None
-        return {k: values[id(v)] if id(v) in values else v.detach().clone()
+        return {k: values[id(v)] if id(v) in values else v.detach().to("cpu", copy=True)
                 for k, v in self.model.state_dict(keep_vars=True).items()}
 
     def state_dict(self) -> dict:

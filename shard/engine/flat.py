@@ -39,14 +39,25 @@ class FlatParams:
             flat[start:end].copy_(p.detach().reshape(-1))
         return flat
 
-    def materialize(self, init, device) -> torch.Tensor:
-        """A new padded fp32 buffer whose parameters `init(name, view)` fills in place
-        (for parameters that were never allocated: built on the meta device)."""
-        flat = torch.zeros(self.padded, dtype=torch.float32, device=device)
+    def materialize(self, init, device, span: tuple[int, int]) -> torch.Tensor:
+        """Elements [lo, hi) of the padded fp32 buffer, made by `init(name, tensor)` filling
+        each parameter in place (parameters that were never allocated: built on the meta
+        device). Only the parameters with elements in the span are made, those it cuts
+        through in full first: a rank holds its shard and at most one whole parameter."""
+        lo, hi = span
+        out = torch.zeros(hi - lo, dtype=torch.float32, device=device)
         with torch.no_grad():
-            for name, view in zip(self.names, self.views(flat)):
-                init(name, view)
-        return flat
+            for name, shape, start, end in zip(self.names, self.shapes, self.offsets, self.offsets[1:]):
+                a, b = max(start, lo), min(end, hi)
+                if a >= b:
+                    continue
+                if (a, b) == (start, end):
+                    init(name, out[a - lo:b - lo].view(shape))
+                else:
+                    whole = torch.empty(shape, dtype=torch.float32, device=device)
+                    init(name, whole)
+                    out[a - lo:b - lo].copy_(whole.view(-1)[a - start:b - start])
+        return out
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's slice of `flat`, shaped like the parameter."""

@@ -76,11 +76,10 @@ class ShardedUnit:
     def load_master(self, lane: Lane, master: torch.Tensor, init=None) -> None:
         """Take this rank's optimizer shard from rank 0's values of the model's parameters
         (a sum in which every other rank adds zeros: exact, and ranks cannot disagree).
-        With `init` (a model on the meta device), every rank builds this one unit's values
-        itself, deterministically, and keeps its slice: no communication."""
+        With `init` (a model on the meta device), every rank builds the parameters of its
+        slice itself, deterministically: no communication."""
         if init is not None:
-            lo, hi = self.os_span
-            master.copy_(self.flat.materialize(init, self.device)[lo:hi])
+            master.copy_(self.flat.materialize(init, self.device, self.os_span))
             return
         full = self.flat.flatten(torch.float32, self.device)
         if self.layout.rank != 0:

@@ -8,7 +8,7 @@ optim.lr is the model preset's peak rate and a null optim.min_lr a tenth of opti
 (learning_rates)."""
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from shard.engine.config import EngineConfig, OptimizerConfig, SettingError
@@ -62,11 +62,25 @@ def check(resolved: dict) -> GPTConfig:
 
 
 def model_config(m: dict) -> GPTConfig:
-    """The preset with the fields the config sets (null keeps the preset's value)."""
+    """The preset (model=hf: the config.json at model.path) with the fields the config sets
+    (null keeps the preset's value)."""
     given = {f.name for f in fields(GPTConfig)} & {f.name for f in fields(Model)}
+    overrides = {k: m[k] for k in given if m.get(k) is not None}
     try:
-        return GPTConfig.preset(m.get("preset"), **{k: m[k] for k in given if m.get(k) is not None})
-    except (TypeError, ValueError) as e:
+        if m.get("preset") == "hf":
+            from shard.models.hf import Checkpoint, config_from_hf
+
+            if not m.get("path"):
+                raise ValueError("model=hf needs model.path: a Hugging Face model directory")
+            try:
+                theirs = config_from_hf(Checkpoint(m["path"]).hf)[0]
+            except (ValueError, OSError) as e:
+                raise ValueError(f"model.path={m['path']}: {e}") from None
+            return replace(theirs, **overrides)
+        if m.get("path") is not None:
+            raise ValueError(f"model.path is for model=hf; model={m.get('preset')} is a preset")
+        return GPTConfig.preset(m.get("preset"), **overrides)
+    except (TypeError, ValueError, OSError) as e:
         raise ConfigError(f"model: {e}") from None
 
 
@@ -76,8 +90,11 @@ def learning_rates(resolved: dict) -> dict:
     the rate, as GPT-3 and OPT decay to."""
     from shard.models.gpt import peak_lr
 
-    optim = resolved["optim"]
-    lr = peak_lr(resolved["model"]["preset"]) if optim["lr"] is None else optim["lr"]
+    optim, preset = resolved["optim"], resolved["model"]["preset"]
+    if optim["lr"] is None and preset == "hf":
+        raise ConfigError("model=hf has no preset learning rate: set optim.lr (fine-tuning takes far smaller rates "
+                          "than pretraining, such as 2e-5)")
+    lr = peak_lr(preset) if optim["lr"] is None else optim["lr"]
     return {"lr": lr, "min_lr": lr / 10 if optim["min_lr"] is None else optim["min_lr"]}
 
 

@@ -204,12 +204,17 @@ class Optim(Section):
 
 @dataclass(frozen=True)
 class Model(Section):
-    preset: Any = checked_by("GPTConfig")
+    preset: Any = checked_by("GPTConfig")   # a preset's name, or hf: the config.json at `path`
+    path: Optional[str] = setting(text(null=True))
     vocab: Any = checked_by("GPTConfig")
     context: Any = checked_by("GPTConfig")
     width: Any = checked_by("GPTConfig")
     layers: Any = checked_by("GPTConfig")
     heads: Any = checked_by("GPTConfig")
+    kv_heads: Any = checked_by("GPTConfig")
+    hidden: Any = checked_by("GPTConfig")
+    mlp: Any = checked_by("GPTConfig")
+    norm: Any = checked_by("GPTConfig")
     positions: Any = checked_by("GPTConfig")
     tied: Optional[bool] = setting(choice(True, False, None))
     bias: Optional[bool] = setting(choice(True, False, None))

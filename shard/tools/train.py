@@ -27,7 +27,7 @@ from shard.engine import checkpoint
 from shard.engine.config import EngineConfig, OptimizerConfig
 from shard.engine.engine import Engine
 from shard.engine.optimizer import ShardedAdamW, StepResult
-from shard.models import GPT, GPTConfig
+from shard.models import GPT, GPTConfig, from_pretrained
 from shard.planning.planner import StrategyPlan, build_engine, label
 from shard.planning.predict import Workload
 from shard.planning.throughput import Throughput, peak_rss_bytes, peak_tflops
@@ -313,8 +313,11 @@ def make_engine(r: Run) -> None:
     into config.yaml."""
     meta = r.cfg.model.meta_init
     meta = r.model.num_params() > META_INIT_PARAMS if meta == "auto" else bool(meta)
-    with torch.device("meta" if meta else r.device):
-        model = GPT(r.model, seed=r.cfg.train.seed)
+    if r.cfg.model.preset == "hf":   # each parameter read from the files as the engine materializes its unit
+        model = from_pretrained(r.cfg.model.path, "meta" if meta else r.device, r.model)
+    else:
+        with torch.device("meta" if meta else r.device):
+            model = GPT(r.model, seed=r.cfg.train.seed)
     auto = r.engine_config.strategy == "auto"
     workload = Workload(r.cfg.train.seq_len, r.cfg.train.micro_batch, r.accumulation) if auto else None
     r.engine, r.plan = build_engine(model, r.comm, r.engine_config, workload=workload,
@@ -522,6 +525,7 @@ def save_checkpoint(r: Run) -> None:
         if r.faults else None
     checkpoint.save(r.engine, r.optimizer, r.checkpoints,
                     extra={"step": r.step, "data": r.batches.state_dict(), "model": r.resolved["model"],
+                           "config": asdict(r.model),
                            "strategy": r.resolved["strategy"]},
                     keep=r.cfg.train.keep_checkpoints, written=injected)
 

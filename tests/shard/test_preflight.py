@@ -26,8 +26,9 @@ FREE_TEXT = {"train.out_dir", "comm.name", "log.wandb.project", "data.cache_dir"
              "data.split", "model.preset"}   # any string goes (model.preset: an unknown one is below)
 # Keys whose default is null, so no rule can derive their bad values.
 NULL_DEFAULTS = {
-    **{f"model.{k}": ["x", 0, -1] for k in ("vocab", "context", "width", "layers", "heads")},
-    "model.tied": ["x"], "model.bias": ["x"], "model.positions": ["sideways"],
+    **{f"model.{k}": ["x", 0, -1] for k in ("vocab", "context", "width", "layers", "heads", "kv_heads", "hidden")},
+    "model.tied": ["x"], "model.bias": ["x"], "model.positions": ["sideways"], "model.mlp": ["geglu"],
+    "model.norm": ["batch"], "model.path": [3, "/no/such/model"],
     "train.global_batch_tokens": ["x", 0, -1], "train.max_skipped_steps": ["x", -1], "train.peak_tflops": ["x", 0],
     "train.threads": ["x", 0], "comm.intra": ["carrier-pigeon"], "comm.inter": ["carrier-pigeon"],
     "comm.ranks_per_node": ["x", 0], "comm.nics_per_node": ["x", 0], "comm.compression.params": ["int7", 3],
@@ -88,7 +89,9 @@ def with_value(resolved: dict, path: str, value) -> dict:
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_key_of_every_option_refuses_bad_values_naming_the_key(group, option, tmp_path):
-    extra = [f"data.files=[{tmp_path / 'corpus.txt'}]"] if (group, option) == ("data", "text") else []
+    extra = {("data", "text"): [f"data.files=[{tmp_path / 'corpus.txt'}]"],
+             ("model", "hf"): [f"model.path={hf_model(tmp_path)}", "optim.lr=1e-4", "train.seq_len=32"]}.get(
+        (group, option), [])
     resolved = composed([f"{group}={option}", *extra])
     assert preflight.check(resolved) is not None   # the option itself is valid
     missed = []
@@ -103,6 +106,26 @@ def test_every_key_of_every_option_refuses_bad_values_naming_the_key(group, opti
     assert not missed, "\n".join(missed)
 
 
+def hf_model(tmp_path: Path) -> Path:
+    """A tiny Llama written by transformers, for model=hf (a vocabulary the corpus's tokenizer can fill)."""
+    from tests.models.test_hf import random_hf_model
+
+    random_hf_model("llama", vocab_size=512).save_pretrained(tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+def test_model_hf_reads_the_directorys_config_and_wants_a_learning_rate(tmp_path):
+    path = hf_model(tmp_path)
+    cfg = preflight.check(composed(["model=hf", f"model.path={path}", "optim.lr=1e-4", "train.seq_len=32"]))
+    assert (cfg.width, cfg.layers, cfg.kv, cfg.norm, cfg.mlp) == (32, 2, 2, "rms", "swiglu")
+    with pytest.raises(preflight.ConfigError, match="model=hf has no preset learning rate: set optim.lr"):
+        preflight.check(composed(["model=hf", f"model.path={path}", "train.seq_len=32"]))
+    with pytest.raises(preflight.ConfigError, match="model=hf needs model.path"):
+        preflight.check(with_value(composed(["model=hf", f"model.path={path}"]), "model.path", None))
+    with pytest.raises(preflight.ConfigError, match="model.path is for model=hf; model=tiny is a preset"):
+        preflight.check(composed([f"model.path={path}"]))
+
+
 def test_cross_key_checks():
     resolved = composed([])
     for path, value, words in (("train.seq_len", 10 ** 6, "exceeds the model's context"),
@@ -115,9 +138,11 @@ def test_cross_key_checks():
 
 
 # GPT-3's peak rates per size (Brown et al., 2020, Table 2.1), OPT-66B's (Zhang et al.,
-# 2022, Table 1), and the tiny preset's 1e-3.
+# 2022, Table 1), Llama 2's for 7B and 13B (Touvron et al., 2023, Table 1), and the tiny
+# presets' 1e-3.
 PUBLISHED_LR = {"tiny": 1e-3, "gpt_125m": 6e-4, "gpt_350m": 3e-4, "gpt_1p3b": 2e-4, "gpt_2p7b": 1.6e-4,
-                "gpt_7b": 1.2e-4, "gpt_13b": 1e-4, "gpt_66b": 8e-5}
+                "gpt_7b": 1.2e-4, "gpt_13b": 1e-4, "gpt_66b": 8e-5,
+                "llama_tiny": 1e-3, "llama_1b": 3e-4, "llama_8b": 3e-4, "llama_13b": 3e-4}
 
 
 def test_null_learning_rates_are_the_presets_and_a_tenth_of_it():

@@ -1,0 +1,70 @@
+"""shard-export: a training run's weights as a Hugging Face model directory, from a snapshot's
+files alone, without the job that wrote them, at whatever world size and strategy wrote it.
+
+    shard-export runs/2026-11-27_14-00-00 --out my-model            # bf16, the newest snapshot
+    shard-export runs/.../checkpoints/snap-00000200-... --out m --dtype fp32
+
+The snapshot is verified against its manifest first. Then each parameter is assembled from
+the shard files that hold its pieces (memory-mapped), written where it belongs in the output
+files, and dropped: the process holds one parameter at a time, never the model. The output
+loads in `transformers.AutoModelForCausalLM.from_pretrained(DIR)`, and in `shard-train
+model=hf model.path=DIR`. The model's config comes from the snapshot (what the run built).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def model_config(snap: Path):
+    """The config of the model a snapshot holds: what the run built (its extra "config"), or
+    for snapshots written before it was kept, the run's model group through preflight."""
+    from shard.models import GPTConfig
+    from shard.tools import preflight
+
+    extra = json.loads((snap / "meta.json").read_text()).get("extra") or {}
+    if "config" in extra:
+        return GPTConfig(**extra["config"])
+    if "model" in extra:
+        return preflight.model_config(extra["model"])
+    raise SystemExit(f"shard-export: {snap} does not say which model it holds (no model config in its meta.json)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="shard-export", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", help="a shard-train run directory, its checkpoints/ directory, or one snapshot")
+    ap.add_argument("--format", choices=["hf"], default="hf", help="Hugging Face: config.json and safetensors")
+    ap.add_argument("--out", required=True, help="the directory to write (new, or empty)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="the weights' dtype (default bf16)")
+    ap.add_argument("--shard-size", type=float, default=2.0, help="GB per safetensors file, beyond which an index "
+                                                                  "lists several (default 2)")
+    args = ap.parse_args(argv)
+    from shard.engine import checkpoint
+    from shard.models.hf import save_pretrained
+
+    try:
+        snap = checkpoint.snapshot(args.path)
+        cfg = model_config(snap)
+        start = time.perf_counter()
+        out = save_pretrained((cfg, checkpoint.parameters(snap)), args.out, DTYPES[args.dtype],
+                              int(args.shard_size * 1e9))
+    except (checkpoint.CheckpointError, OSError, ValueError) as e:
+        print(f"shard-export: {e}", file=sys.stderr)
+        return 1
+    seconds = time.perf_counter() - start
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    print(f"{snap} -> {out}: {cfg.num_params():,} parameters, {size / 1e9:.3f} GB of {args.dtype} in "
+          f"{seconds:.1f} s ({seconds / max(size / 1e9, 1e-9):.1f} s/GB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

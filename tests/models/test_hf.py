@@ -1,0 +1,144 @@
+"""Hugging Face checkpoints in and out, against transformers' own models: tiny random Llama,
+Mistral, Qwen2, GPT-2 and OPT models made by transformers load into ours with the same
+logits in fp32, ours written load in transformers with the same logits, and a round trip
+is bit-exact."""
+import json
+
+import pytest
+import torch
+import transformers
+
+from shard.models import GPT, GPTConfig
+from shard.models.hf import UnsupportedModel, config_from_hf, from_pretrained, save_pretrained
+
+TOLERANCE = 1e-4   # max abs logit difference in fp32 (the issue's target)
+COMMON = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 16}
+
+
+def hf_config(kind: str):
+    rope = dict(rope_theta=500000.0)
+    if kind == "llama":
+        return transformers.LlamaConfig(**COMMON, num_key_value_heads=2, intermediate_size=40,
+                                        max_position_embeddings=64, rope_scaling=LLAMA3_SCALING, **rope)
+    if kind == "llama_tied":
+        return transformers.LlamaConfig(**COMMON, intermediate_size=40, max_position_embeddings=64,
+                                        tie_word_embeddings=True, rms_norm_eps=1e-5)
+    if kind == "mistral":
+        return transformers.MistralConfig(**COMMON, num_key_value_heads=1, intermediate_size=40,
+                                          max_position_embeddings=64, sliding_window=None)
+    if kind == "qwen2":
+        return transformers.Qwen2Config(**COMMON, num_key_value_heads=2, intermediate_size=40,
+                                        max_position_embeddings=64, tie_word_embeddings=False)
+    if kind == "gpt2":
+        return transformers.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    if kind == "opt":
+        return transformers.OPTConfig(**COMMON, ffn_dim=48, max_position_embeddings=64, word_embed_proj_dim=32)
+    raise ValueError(kind)
+
+
+def random_hf_model(kind: str, **settings):
+    """A transformers model with every tensor random (its own init leaves biases at zero,
+    which would hide a misplaced bias); `settings` change its config's."""
+    torch.manual_seed(0)
+    config = hf_config(kind)
+    for key, value in settings.items():
+        setattr(config, key, value)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    return model
+
+
+def their_logits(model, tokens):
+    with torch.no_grad():
+        return model(tokens).logits
+
+
+def our_logits(model, tokens):
+    with torch.no_grad():
+        return model(tokens)
+
+
+KINDS = ["llama", "llama_tied", "mistral", "qwen2", "gpt2", "opt"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_transformers_models_load_with_their_logits(kind, tmp_path):
+    theirs = random_hf_model(kind)
+    theirs.save_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path)
+    tokens = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(1))
+    difference = (our_logits(ours, tokens) - their_logits(theirs, tokens)).abs().max().item()
+    assert difference <= TOLERANCE, difference
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ours_written_load_in_transformers_with_our_logits(kind, tmp_path):
+    """Through our export: Llama-shaped models as llama (or qwen2, with q, k, v biases), the
+    others as gpt2 (OPT's offset positions and separate q, k, v become GPT-2's)."""
+    random_hf_model(kind).save_pretrained(tmp_path / "in")
+    ours = from_pretrained(tmp_path / "in")
+    save_pretrained(ours, tmp_path / "out", dtype=torch.float32)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    tokens = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(2))
+    difference = (our_logits(ours, tokens) - their_logits(theirs, tokens)).abs().max().item()
+    assert difference <= TOLERANCE, difference
+
+
+@pytest.mark.parametrize("preset", ["tiny", "llama_tiny"])
+def test_our_presets_export_and_come_back_bit_for_bit(preset, tmp_path):
+    model = GPT(GPTConfig.preset(preset, vocab=96, context=32), seed=3)
+    save_pretrained(model, tmp_path / "fp32", dtype=torch.float32, shard_bytes=64 << 10)
+    assert (tmp_path / "fp32" / "model.safetensors.index.json").is_file()   # sharded beyond 64 KB
+    back = from_pretrained(tmp_path / "fp32")
+    ours = dict(model.named_parameters())
+    for name, p in back.named_parameters():   # GPT-2 has biases: a bias-free model's come back zero
+        assert torch.equal(p, ours[name]) if name in ours else not p.any(), name
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "fp32", dtype=torch.float32).eval()
+    tokens = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(2))
+    assert (our_logits(model, tokens) - their_logits(theirs, tokens)).abs().max().item() <= TOLERANCE
+    # the default export: bf16, what the values round to
+    save_pretrained(model, tmp_path / "bf16")
+    config = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    assert config["torch_dtype"] == "bfloat16"
+    for name, p in from_pretrained(tmp_path / "bf16").named_parameters():
+        assert torch.equal(p, ours[name].to(torch.bfloat16).float()) if name in ours else not p.any(), name
+
+
+def test_a_model_on_the_meta_device_reads_each_parameter_when_asked(tmp_path):
+    random_hf_model("llama").save_pretrained(tmp_path)
+    eager = from_pretrained(tmp_path)
+    lazy = from_pretrained(tmp_path, device="meta")
+    assert all(p.device.type == "meta" for p in lazy.parameters())
+    for name, p in eager.named_parameters():
+        value = torch.empty_like(p)
+        lazy.init_parameter(name, value)   # what the engine calls as it materializes a unit
+        assert torch.equal(value, p), name
+
+
+def test_bad_checkpoints_are_named_before_anything_is_allocated(tmp_path):
+    with pytest.raises(UnsupportedModel, match="model_type 'bert' is not supported"):
+        config_from_hf({"model_type": "bert"})
+    with pytest.raises(UnsupportedModel, match="hidden_act='gelu'; this decoder supports 'silu'"):
+        config_from_hf({**hf_config("llama").to_dict(), "hidden_act": "gelu"})
+    with pytest.raises(UnsupportedModel, match="rope scaling 'yarn' is not supported"):
+        config_from_hf({**hf_config("llama").to_dict(), "rope_parameters": None,
+                        "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    random_hf_model("llama").save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "intermediate_size": 44}))
+    with pytest.raises(UnsupportedModel, match=r"model.layers.0.mlp.down_proj.weight has shape \[32, 40\], "
+                                               r"expected \[32, 44\]"):
+        from_pretrained(tmp_path / "m")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        from_pretrained(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "x").write_text("")
+    with pytest.raises(FileExistsError, match="not empty"):
+        save_pretrained(GPT(GPTConfig.preset("tiny")), tmp_path / "out")
+    with pytest.raises(UnsupportedModel, match="no Hugging Face architecture holds this model"):
+        save_pretrained(GPT(GPTConfig.preset("tiny", positions="rotary")), tmp_path / "rotary")
+    assert not (tmp_path / "rotary").exists() and not list(tmp_path.glob(".rotary*"))
