@@ -441,7 +441,7 @@ class Writer:
             raise ValueError(f"{key}: got shape {list(value.shape)}, expected {e.shape}")
         f = self._open[e.file]
         f.seek(self._data_start[e.file] + e.start)
-        f.write(value.to(self.dtype).contiguous().view(torch.uint8).numpy().tobytes())
+        f.write(value.to(self.dtype).contiguous().view(torch.uint8).numpy())   # its buffer: no copy
         e.written = True
 
     def write(self, name: str, tensor: torch.Tensor) -> None:

@@ -1,0 +1,59 @@
+"""Sampling text from a model, one token at a time through a KV cache: the prompt's keys and
+values are computed once, and each new token costs one position's forward.
+
+    ids = generate(model, prompt_ids, tokens=50, temperature=0.8, top_k=40, seed=0)
+
+temperature 0 is greedy (the most likely token each step, as transformers' do_sample=False).
+Above it, the logits are divided by the temperature and, with top_k, all but the k largest
+dropped, then a token is drawn from their softmax by a seeded generator. `vocab` limits the
+choice to the tokenizer's ids where the model's embedding is larger (a corpus's tokenizer
+may have fewer pieces than the model has rows), and `stop` ends the text at a token (EOS).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from shard.models.gpt import GPT, KVCache
+
+
+def next_token(logits: torch.Tensor, temperature: float, top_k: Optional[int], generator) -> torch.Tensor:
+    """One token id per row of `logits` (batch x vocabulary)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model: GPT, prompt: Sequence[int], tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+             seed: int = 0, vocab: Optional[int] = None, stop: Optional[int] = None) -> list[int]:
+    """The ids `model` continues `prompt` (a list of ids) with: `tokens` of them, fewer if it
+    samples `stop`. Runs where the model's parameters are, in their dtype."""
+    if not prompt:
+        raise ValueError("the prompt must hold at least one token")
+    if not (isinstance(tokens, int) and tokens >= 1):
+        raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
+    if temperature < 0 or (top_k is not None and top_k < 1):
+        raise ValueError(f"temperature must be >= 0 and top_k >= 1, got {temperature} and {top_k}")
+    if len(prompt) + tokens > model.cfg.context:
+        raise ValueError(f"{len(prompt)} prompt tokens and {tokens} more exceed the model's context of "
+                         f"{model.cfg.context}")
+    weight = model.embed.weight
+    model.eval()
+    cache = KVCache(model.cfg, 1, len(prompt) + tokens, weight.device, weight.dtype)
+    generator = torch.Generator(weight.device).manual_seed(seed)
+    logits = model(torch.tensor([list(prompt)], device=weight.device), cache=cache)[:, -1]
+    out: list[int] = []
+    while True:
+        if vocab is not None:
+            logits = logits[:, :vocab]
+        token = next_token(logits, temperature, top_k, generator)
+        out.append(int(token.item()))
+        if len(out) == tokens or out[-1] == stop:
+            return out
+        logits = model(token.view(1, 1), cache=cache)[:, -1]

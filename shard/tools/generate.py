@@ -1,0 +1,128 @@
+"""shard-generate: text sampled from a model, to see what a run learned.
+
+    shard-generate runs/2026-11-27_14-00-00 --prompt "Alice found"          # a run: its newest snapshot
+    shard-generate my-llama-hf --prompt "The capital of France" --temperature 0
+
+PATH is a shard-train run directory (its newest snapshot, and the tokenizer its corpus was
+prepared with, from its config.yaml), a directory of runs (`runs`: the one whose snapshot is
+newest), a checkpoint or snapshot directory inside one, or a Hugging Face model directory
+(its tokenizer.json). --tokenizer names another: a
+sentencepiece .model or a tokenizer.json. Sampling runs through a KV cache
+(shard/models/generate.py) on --device, in the model's fp32 values or --dtype.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from runkit.args import at_least
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Text:
+    """A tokenizer as generation uses it: encode, decode, its vocabulary and end of text."""
+
+    def __init__(self, path: Path, eos: int | None = None):
+        self.path = path
+        if path.suffix == ".json":
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(str(path))
+            self.encode = lambda text: self.tokenizer.encode(text).ids
+            self.decode = lambda ids: self.tokenizer.decode(ids)
+            self.vocab, self.eos = self.tokenizer.get_vocab_size(), eos
+        else:
+            from shard.data import tokenizer
+
+            sp = tokenizer.load(path)
+            # the corpus's documents follow an end of text (no BOS): a prompt starts a document so
+            self.encode = lambda text: [tokenizer.EOS_ID, *sp.encode(text)]
+            self.decode = sp.decode
+            self.vocab, self.eos = sp.get_piece_size(), tokenizer.EOS_ID
+
+
+def _run_tokenizer(snap: Path) -> Path | None:
+    """The tokenizer the run that wrote `snap` trained on: its config.yaml's prepared corpus."""
+    import yaml
+
+    for run in (snap.parent.parent, snap.parent, snap):
+        config = run / "config.yaml"
+        if config.is_file():
+            data = (yaml.safe_load(config.read_text()).get("built") or {}).get("data")
+            return Path(data) / "tokenizer.model" if data else None
+    return None
+
+
+def newest_run(path: Path) -> Path:
+    """`path`, or where it is a directory of runs (runs/), the run whose snapshot is newest."""
+    if any((path / name).exists() for name in ("config.json", "meta.json", "LATEST", "checkpoints")):
+        return path
+    runs = [p for p in path.iterdir() if (p / "checkpoints" / "LATEST").is_file()] if path.is_dir() else []
+    return max(runs, key=lambda p: (p / "checkpoints" / "LATEST").stat().st_mtime) if runs else path
+
+
+def load(path: Path, device, tokenizer: str | None):
+    """(model, Text) from a run, a snapshot or a Hugging Face directory."""
+    from shard.models import GPT
+    from shard.models.hf import from_pretrained
+
+    if (path / "config.json").is_file():   # Hugging Face
+        model = from_pretrained(path, device=device)
+        eos = json.loads((path / "config.json").read_text()).get("eos_token_id")
+        found = path / "tokenizer.json"
+    else:
+        from shard.engine import checkpoint
+        from shard.tools.export import model_config
+
+        snap = checkpoint.snapshot(path)
+        values = dict(checkpoint.parameters(snap))
+        with torch.device(device):
+            model = GPT(model_config(snap), weights=lambda name, tensor: tensor.copy_(values[name]))
+        eos, found = None, _run_tokenizer(snap)
+    chosen = Path(tokenizer) if tokenizer else found
+    if chosen is None or not chosen.is_file():
+        raise FileNotFoundError(f"no tokenizer for {path}{f' at {chosen}' if chosen else ''}: name one with "
+                                "--tokenizer (a sentencepiece .model or a tokenizer.json)")
+    return model, Text(chosen, eos if isinstance(eos, int) else None)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="shard-generate", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", help="a shard-train run directory, a snapshot, or a Hugging Face model directory")
+    ap.add_argument("--prompt", required=True)
+    ap.add_argument("--tokens", type=at_least(1), default=64, help="tokens to sample (default 64)")
+    ap.add_argument("--temperature", type=float, default=0.8, help="0: greedy (default 0.8)")
+    ap.add_argument("--top-k", type=at_least(1), default=40, help="sample among the k most likely (default 40)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--samples", type=at_least(1), default=1, help="texts to sample, seeds seed, seed+1, ...")
+    ap.add_argument("--tokenizer", default=None, help="a sentencepiece .model or a tokenizer.json")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    args = ap.parse_args(argv)
+    if args.temperature < 0:
+        ap.error(f"--temperature must be >= 0, got {args.temperature}")
+    from shard.engine.checkpoint import CheckpointError
+    from shard.models.generate import generate
+
+    try:
+        model, text = load(newest_run(Path(args.path)), args.device, args.tokenizer)
+        model.to(DTYPES[args.dtype])
+        prompt = text.encode(args.prompt)
+        for i in range(args.samples):
+            ids = generate(model, prompt, args.tokens, args.temperature, args.top_k, args.seed + i,
+                           vocab=min(text.vocab, model.cfg.vocab), stop=text.eos)
+            print(text.decode([*prompt, *ids]).strip())
+    except (CheckpointError, OSError, ValueError) as e:
+        print(f"shard-generate: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

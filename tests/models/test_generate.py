@@ -1,0 +1,56 @@
+"""Sampling through the KV cache (shard/models/generate.py): greedy decoding against a full
+forward per token and against transformers' generate, and what the sampling settings mean."""
+import pytest
+import torch
+
+from shard.models import GPT, GPTConfig
+from shard.models.generate import generate
+from shard.models.hf import from_pretrained
+from tests.models.test_hf import random_hf_model
+
+PROMPT = [5, 17, 3, 42, 8]
+
+
+def transformers_greedy(model, prompt, tokens) -> list[int]:
+    """The ids transformers' greedy decoding appends, with no end of text to stop at or to
+    hold back (min_new_tokens would mask it)."""
+    model.generation_config.eos_token_id = None
+    ids = model.generate(torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False)
+    return ids[0, len(prompt):].tolist()
+
+
+def greedy_without_cache(model, prompt, tokens):
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(tokens):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "llama_tiny"])
+def test_greedy_through_the_cache_is_greedy_on_the_whole_sequence(preset):
+    model = GPT(GPTConfig.preset(preset, vocab=96, context=64), seed=1)
+    assert generate(model, PROMPT, 12, temperature=0) == greedy_without_cache(model, PROMPT, 12)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_greedy_is_transformers_greedy(kind, tmp_path):
+    theirs = random_hf_model(kind)
+    theirs.save_pretrained(tmp_path)
+    assert generate(from_pretrained(tmp_path), PROMPT, 12, temperature=0) == transformers_greedy(theirs, PROMPT, 12)
+
+
+def test_sampling_settings():
+    model = GPT(GPTConfig.preset("llama_tiny", vocab=96, context=64), seed=1)
+    greedy = generate(model, PROMPT, 10, temperature=0)
+    assert generate(model, PROMPT, 10, temperature=1.0, top_k=1, seed=3) == greedy   # top-1 is greedy
+    a, b = (generate(model, PROMPT, 10, temperature=1.5, seed=s) for s in (7, 8))
+    assert a == generate(model, PROMPT, 10, temperature=1.5, seed=7) and a != b   # seeded
+    assert all(t < 20 for t in generate(model, PROMPT, 30, temperature=2.0, seed=1, vocab=20))
+    assert generate(model, PROMPT, 10, temperature=0, stop=greedy[2]) == greedy[:3]   # ends at stop, kept
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(model, [], 5)
+    with pytest.raises(ValueError, match="5 prompt tokens and 60 more exceed the model's context of 64"):
+        generate(model, PROMPT, 60)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        generate(model, PROMPT, 5, temperature=-1)

@@ -1,0 +1,68 @@
+"""shard-export and shard-generate as a user runs them: a snapshot that a one-rank engine
+wrote goes out as a Hugging Face directory that transformers loads with our logits, and
+text comes back from a Hugging Face directory with its tokenizer.json, as transformers'
+greedy decoding gives it."""
+import json
+import os
+from dataclasses import asdict
+
+import torch
+import transformers
+
+from shard.engine import checkpoint
+from shard.engine.engine import Engine
+from shard.engine.optimizer import ShardedAdamW
+from shard.models import GPT, GPTConfig
+from shard.tools import export
+from shard.tools import generate as generate_tool
+from tests.models.test_generate import transformers_greedy
+from tests.models.test_hf import random_hf_model
+
+
+def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, capsys):
+    cfg = GPTConfig.preset("llama_tiny", vocab=96, context=32)
+    model = GPT(cfg, seed=4)
+    tokens = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(tokens)
+    engine = Engine(model, comm, strategy="zero3")
+    engines.append(engine)
+    checkpoint.save(engine, ShardedAdamW(engine), tmp_path / "run" / "checkpoints", extra={"config": asdict(cfg)})
+    assert export.main([str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--dtype", "fp32"]) == 0
+    assert "parameters" in capsys.readouterr().out and (tmp_path / "hf" / "config.json").is_file()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    with torch.no_grad():
+        assert (theirs(tokens).logits - ours).abs().max().item() <= 1e-4
+    assert export.main([str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 1   # not empty: refused
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert export.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 1
+    assert "no checkpoint at" in capsys.readouterr().err
+
+
+def test_shard_generate_samples_what_transformers_would(tmp_path, capsys):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = [f"w{i}" for i in range(96)]   # w5 is id 5
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    theirs = random_hf_model("llama")
+    theirs.save_pretrained(tmp_path)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "eos_token_id": None}))
+    prompt = "w5 w17 w3"
+    expected = transformers_greedy(theirs, [5, 17, 3], 8)
+    assert generate_tool.main([str(tmp_path), "--prompt", prompt, "--tokens", "8", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.split() == [words[i] for i in [5, 17, 3, *expected]]
+    assert generate_tool.main([str(tmp_path / "none"), "--prompt", "w1"]) == 1
+    assert "shard-generate:" in capsys.readouterr().err
+
+
+def test_shard_generate_takes_the_newest_run_of_a_directory_of_runs(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name / "checkpoints").mkdir(parents=True)
+        (tmp_path / name / "checkpoints" / "LATEST").write_text("snap")
+    os.utime(tmp_path / "a" / "checkpoints" / "LATEST", (2e9, 2e9))
+    assert generate_tool.newest_run(tmp_path) == tmp_path / "a"
+    assert generate_tool.newest_run(tmp_path / "b") == tmp_path / "b"
+
