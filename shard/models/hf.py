@@ -22,6 +22,7 @@ tensor is written where it belongs as it arrives and then dropped.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -37,8 +38,8 @@ from runkit.files import fsync_dir
 from shard.models.gpt import GPT, GPTConfig, RopeScaling
 
 SHARD_BYTES = 2 << 30   # the largest safetensors file written; an index lists them beyond one
-DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-NAMES = {v: k for k, v in DTYPES.items()}
+WRITE_BYTES = 32 << 20  # the writer's buffer: rows of a tensor cast to the file's dtype at once
+NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}   # safetensors' dtype names
 # tensors some checkpoints carry that are buffers, not weights: recomputed here
 BUFFERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
@@ -52,7 +53,7 @@ class Part:
     """Rows `rows` of our parameter come from their tensor `key` (transposed: GPT-2's Conv1D;
     `skip`: rows of theirs before ours begin, OPT's position offset)."""
     key: str
-    rows: tuple[int, int]
+    rows: tuple[int, Optional[int]]
     transposed: bool = False
     skip: int = 0
 
@@ -67,12 +68,9 @@ class Mapping:
         getattr(self, "_" + arch)(cfg)
 
     def _add(self, ours: str, *keys: str, sizes: Optional[list[int]] = None, **how) -> None:
-        sizes = sizes or [None]
-        rows, start = [], 0
-        for size in sizes:
-            rows.append((start, None if size is None else start + size))
-            start += size or 0
-        self.parts[ours] = [Part(k, r, **how) for k, r in zip(keys, rows)]
+        """Our `ours` is their `keys` stacked by rows, `sizes` rows each (one key: all of it)."""
+        bounds = [0, *itertools.accumulate(sizes)] if sizes else [0, None]
+        self.parts[ours] = [Part(k, (a, b), **how) for k, a, b in zip(keys, bounds, bounds[1:])]
 
     def _llama(self, c: GPTConfig) -> None:
         q, kv = c.heads * c.head_size, c.kv * c.head_size
@@ -441,7 +439,11 @@ class Writer:
             raise ValueError(f"{key}: got shape {list(value.shape)}, expected {e.shape}")
         f = self._open[e.file]
         f.seek(self._data_start[e.file] + e.start)
-        f.write(value.to(self.dtype).contiguous().view(torch.uint8).numpy())   # its buffer: no copy
+        # cast and written a block of rows at a time: beside the tensor, one block in the file's dtype
+        rows = max(1, WRITE_BYTES // max(1, value[0].numel() * value.element_size()))
+        for start in range(0, value.shape[0], rows):
+            block = value[start:start + rows].to(self.dtype).contiguous()
+            f.write(block.reshape(-1).view(torch.uint8).numpy())   # its buffer: no copy
         e.written = True
 
     def write(self, name: str, tensor: torch.Tensor) -> None:

@@ -142,3 +142,16 @@ def test_bad_checkpoints_are_named_before_anything_is_allocated(tmp_path):
     with pytest.raises(UnsupportedModel, match="no Hugging Face architecture holds this model"):
         save_pretrained(GPT(GPTConfig.preset("tiny", positions="rotary")), tmp_path / "rotary")
     assert not (tmp_path / "rotary").exists() and not list(tmp_path.glob(".rotary*"))
+
+
+def test_tensors_are_written_a_block_of_rows_at_a_time(tmp_path, monkeypatch):
+    """The writer casts and writes at most WRITE_BYTES of a tensor at once: at a few rows per
+    block (and one element of a 1-D tensor), the file holds the same values."""
+    from shard.models import hf
+
+    monkeypatch.setattr(hf, "WRITE_BYTES", 100)
+    model = GPT(GPTConfig.preset("llama_tiny", vocab=96, context=32), seed=5)
+    save_pretrained(model, tmp_path / "m", dtype=torch.float32)
+    ours = dict(model.named_parameters())
+    for name, p in from_pretrained(tmp_path / "m").named_parameters():
+        assert torch.equal(p, ours[name]), name
