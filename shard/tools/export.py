@@ -13,28 +13,12 @@ model=hf model.path=DIR`. The model's config comes from the snapshot (what the r
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def model_config(snap: Path):
-    """The config of the model a snapshot holds: what the run built (its extra "config"), or
-    for snapshots written before it was kept, the run's model group through preflight."""
-    from shard.models import GPTConfig
-    from shard.tools import preflight
-
-    extra = json.loads((snap / "meta.json").read_text()).get("extra") or {}
-    if "config" in extra:
-        return GPTConfig(**extra["config"])
-    if "model" in extra:
-        return preflight.model_config(extra["model"])
-    raise SystemExit(f"shard-export: {snap} does not say which model it holds (no model config in its meta.json)")
 
 
 def main(argv=None) -> int:
@@ -49,10 +33,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from shard.engine import checkpoint
     from shard.models.hf import save_pretrained
+    from shard.tools.preflight import snapshot_config
 
     try:
         snap = checkpoint.snapshot(args.path)
-        cfg = model_config(snap)
+        cfg = snapshot_config(snap)
         start = time.perf_counter()
         out = save_pretrained((cfg, checkpoint.parameters(snap)), args.out, DTYPES[args.dtype],
                               int(args.shard_size * 1e9))

@@ -77,12 +77,12 @@ def load(path: Path, device, tokenizer: str | None):
         found = path / "tokenizer.json"
     else:
         from shard.engine import checkpoint
-        from shard.tools.export import model_config
+        from shard.tools.preflight import snapshot_config
 
         snap = checkpoint.snapshot(path)
         values = dict(checkpoint.parameters(snap))
         with torch.device(device):
-            model = GPT(model_config(snap), weights=lambda name, tensor: tensor.copy_(values[name]))
+            model = GPT(snapshot_config(snap), weights=lambda name, tensor: tensor.copy_(values[name]))
         eos, found = None, _run_tokenizer(snap)
     chosen = Path(tokenizer) if tokenizer else found
     if chosen is None or not chosen.is_file():

@@ -8,9 +8,11 @@ optim.lr is the model preset's peak rate and a null optim.min_lr a tenth of opti
 (learning_rates)."""
 from __future__ import annotations
 
+import json
 from dataclasses import fields, replace
 from pathlib import Path
 
+from shard.engine.checkpoint import CheckpointError
 from shard.engine.config import EngineConfig, OptimizerConfig, SettingError
 from shard.engine.strategy import StrategyError
 from shard.models import GPTConfig
@@ -82,6 +84,17 @@ def model_config(m: dict) -> GPTConfig:
         return GPTConfig.preset(m.get("preset"), **overrides)
     except (TypeError, ValueError, OSError) as e:
         raise ConfigError(f"model: {e}") from None
+
+
+def snapshot_config(snap: Path) -> GPTConfig:
+    """The config of the model a checkpoint snapshot holds: what the run built (its extra
+    "config"), or for snapshots written before it was kept, the run's model group."""
+    extra = json.loads((snap / "meta.json").read_text()).get("extra") or {}
+    if "config" in extra:
+        return GPTConfig(**extra["config"])
+    if "model" in extra:
+        return model_config(extra["model"])
+    raise CheckpointError(f"{snap} does not say which model it holds: its meta.json has no model config")
 
 
 def learning_rates(resolved: dict) -> dict:
