@@ -16,9 +16,7 @@ import argparse
 import sys
 import time
 
-import torch
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from shard.engine.config import PRECISIONS
 
 
 def main(argv=None) -> int:
@@ -27,7 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("path", help="a shard-train run directory, its checkpoints/ directory, or one snapshot")
     ap.add_argument("--format", choices=["hf"], default="hf", help="Hugging Face: config.json and safetensors")
     ap.add_argument("--out", required=True, help="the directory to write (new, or empty)")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="the weights' dtype (default bf16)")
+    ap.add_argument("--dtype", choices=sorted(PRECISIONS), default="bf16", help="the weights' dtype (default bf16)")
     ap.add_argument("--shard-size", type=float, default=2.0, help="GB per safetensors file, beyond which an index "
                                                                   "lists several (default 2)")
     args = ap.parse_args(argv)
@@ -39,7 +37,7 @@ def main(argv=None) -> int:
         snap = checkpoint.snapshot(args.path)
         cfg = snapshot_config(snap)
         start = time.perf_counter()
-        out = save_pretrained((cfg, checkpoint.parameters(snap)), args.out, DTYPES[args.dtype],
+        out = save_pretrained((cfg, checkpoint.parameters(snap)), args.out, PRECISIONS[args.dtype],
                               int(args.shard_size * 1e9))
     except (checkpoint.CheckpointError, OSError, ValueError) as e:
         print(f"shard-export: {e}", file=sys.stderr)

@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from runkit.args import at_least
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from shard.engine.config import PRECISIONS
 
 
 class Text:
@@ -103,7 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=at_least(1), default=1, help="texts to sample, seeds seed, seed+1, ...")
     ap.add_argument("--tokenizer", default=None, help="a sentencepiece .model or a tokenizer.json")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    ap.add_argument("--dtype", choices=sorted(PRECISIONS), default="fp32")
     args = ap.parse_args(argv)
     if args.temperature < 0:
         ap.error(f"--temperature must be >= 0, got {args.temperature}")
@@ -112,7 +111,7 @@ def main(argv=None) -> int:
 
     try:
         model, text = load(newest_run(Path(args.path)), args.device, args.tokenizer)
-        model.to(DTYPES[args.dtype])
+        model.to(PRECISIONS[args.dtype])
         prompt = text.encode(args.prompt)
         for i in range(args.samples):
             ids = generate(model, prompt, args.tokens, args.temperature, args.top_k, args.seed + i,
