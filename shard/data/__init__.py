@@ -1,7 +1,8 @@
 """Training data: a corpus (synthetic.py, or files and Hub datasets through sources.py),
-a SentencePiece tokenizer (tokenizer.py), token files packed once per spec into a cache
-(pack.py, prepare.py), opened memory-mapped (tokens.py) and cut into deterministic,
-resumable per-rank batches (batches.py).
+a tokenizer (tokenizer.py: a published tokenizer.json or sentencepiece model, or one
+trained on the corpus), token files packed once per spec into a cache (pack.py,
+prepare.py), opened memory-mapped (tokens.py) and cut into deterministic, resumable per-rank
+batches (batches.py).
 
     path = prepare({"source": "synthetic", "documents": 2000, "vocab_size": 4096}, cache_dir)  # rank 0
     data = TokenData(path)                                                                       # every rank

@@ -1,20 +1,19 @@
 """Tokenize documents once into flat token files that training memory-maps.
 
 train.bin and val.bin are raw little-endian arrays of token ids (uint16 when the vocabulary
-fits, else uint32), each document followed by the end-of-document id. The last
-`val_fraction` of the documents (at least one) are the validation split, so the two splits
-share no document. The files are little-endian whatever the machine.
+fits, else uint32), each document framed by the tokenizer (tokenizer.py: its prefix, its
+tokens, the end-of-document id). The last `val_fraction` of the documents (at least one) are
+the validation split, so the two splits share no document. The files are little-endian whatever the machine.
 """
 from __future__ import annotations
 
 import os
-from itertools import chain
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-ENCODE_BATCH = 1024  # documents per encode call: sentencepiece spreads a batch over threads
+ENCODE_BATCH = 1024  # documents per encode call: both tokenizer libraries spread a batch over threads
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -29,18 +28,11 @@ def split_point(documents: int, val_fraction: float) -> int:
     return documents - val
 
 
-def _write_tokens(path: Path, documents: Sequence[str], processor, dtype: np.dtype) -> int:
-    eos = processor.eos_id()
+def _write_tokens(path: Path, documents: Sequence[str], tok, dtype: np.dtype) -> int:
     count = 0
     with open(path, "wb") as f:
         for start in range(0, len(documents), ENCODE_BATCH):
-            encoded = processor.encode(list(documents[start:start + ENCODE_BATCH]),
-                                       num_threads=min(16, os.cpu_count() or 1))
-            ends = np.cumsum([len(doc) + 1 for doc in encoded])
-            ids = np.full(int(ends[-1]), eos, dtype=dtype)
-            text = np.ones(len(ids), dtype=bool)
-            text[ends - 1] = False
-            ids[text] = np.fromiter(chain.from_iterable(encoded), dtype=dtype, count=len(ids) - len(encoded))
+            ids, _ = tok.frame(documents[start:start + ENCODE_BATCH], dtype)
             f.write(ids.tobytes())
             count += len(ids)
         f.flush()
@@ -48,18 +40,17 @@ def _write_tokens(path: Path, documents: Sequence[str], processor, dtype: np.dty
     return count
 
 
-def pack(documents: Sequence[str], processor, directory: Path, val_fraction: float) -> dict:
-    """Write train.bin and val.bin into `directory`; returns what meta.json records of them."""
-    vocab_size = processor.get_piece_size()
-    if processor.eos_id() < 0:
-        raise ValueError("the tokenizer has no end-of-document (eos) id; train it with eos_id set")
-    dtype = token_dtype(vocab_size)
+def pack(documents: Sequence[str], tok, directory: Path, val_fraction: float) -> dict:
+    """Write train.bin and val.bin into `directory` with the Tokenizer `tok`; returns what
+    meta.json records of them."""
+    dtype = token_dtype(tok.vocab_size)
     split = split_point(len(documents), val_fraction)
     return {
         "dtype": dtype.name,  # read back as little-endian (tokens.py)
-        "vocab_size": vocab_size,
-        "eos_id": processor.eos_id(),
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "prefix": list(tok.prefix),
         "documents": {"train": split, "val": len(documents) - split},
-        "tokens": {"train": _write_tokens(Path(directory) / "train.bin", documents[:split], processor, dtype),
-                   "val": _write_tokens(Path(directory) / "val.bin", documents[split:], processor, dtype)},
+        "tokens": {"train": _write_tokens(Path(directory) / "train.bin", documents[:split], tok, dtype),
+                   "val": _write_tokens(Path(directory) / "val.bin", documents[split:], tok, dtype)},
     }

@@ -1,6 +1,7 @@
 """Prepare a data spec once: documents -> tokenizer -> packed token files, in a cache entry.
 
-    cache_dir/<source>-<hash12>/    tokenizer.model, train.bin, val.bin, meta.json
+    cache_dir/<source>-<hash12>/    the tokenizer's files (tokenizer.model, or tokenizer.json and
+                                    tokenizer_config.json), train.bin, val.bin, meta.json
 
 The hash (spec.py) covers everything that determines the tokens, so an entry is reused
 only for the same data, and any change gives a new entry. An entry is built in a
@@ -43,13 +44,14 @@ def _build(spec: dict, ident: dict, key: str, directory: Path) -> None:
     hf_cache = directory / "hf-cache"  # datasets' Arrow copies of local files, dropped when read
     documents = list(load_documents(spec, hf_cache=str(hf_cache)))
     shutil.rmtree(hf_cache, ignore_errors=True)
-    model = directory / "tokenizer.model"
     if spec["tokenizer"] is None:
-        tokenizer.train(documents, spec["vocab_size"], model)
-    else:
-        tokenizer.load(spec["tokenizer"])   # a damaged file is named as the user gave it
-        write_atomic(model, Path(spec["tokenizer"]).read_bytes())
-    counts = pack(documents, tokenizer.load(model), directory, spec["val_fraction"])
+        tokenizer.train(documents, spec["vocab_size"], directory / "tokenizer.model")
+    else:   # its defining files, copied under the names load() looks for: the entry stands alone
+        main, *rest = tokenizer.load(spec["tokenizer"]).files   # a damaged file is named as the user gave it
+        write_atomic(directory / ("tokenizer.json" if main.suffix == ".json" else "tokenizer.model"), main.read_bytes())
+        for f in rest:
+            write_atomic(directory / f.name, f.read_bytes())
+    counts = pack(documents, tokenizer.load(directory), directory, spec["val_fraction"])
     # meta.json last: TokenData and _complete treat a directory without it as unfinished.
     write_json_atomic(directory / "meta.json", {**counts, "spec_hash": key, "spec": ident})
 

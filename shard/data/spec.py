@@ -8,7 +8,8 @@ Keys (a plain dict, e.g. from an OmegaConf config; keys of other sources may be 
     name, config, split, max_documents   hf: Hub dataset, its first documents  (hf; config
                   default None, split default "train")
     field         the record field holding the text, .json(l) and hf           (default "text")
-    tokenizer     path to a sentencepiece .model, or None to train one         (default None)
+    tokenizer     a tokenizer.json, a directory holding one, a sentencepiece .model
+                  (tokenizer.py); None or "train": train one on the corpus     (default None)
     vocab_size    vocabulary of the trained tokenizer                          (when training)
     val_fraction  share of the documents (the last ones) held out, in (0, 1)   (default 0.01)
 """
@@ -19,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
+from shard.data import tokenizer
 from shard.data.sources import SOURCES, missing_files
 
 FORMAT = 1  # bump when the files a spec produces change, so old cache entries are not reused
@@ -45,7 +47,7 @@ def normalize(spec: Mapping) -> dict:
     if out.get("source") not in SOURCES:
         raise ValueError(f"data spec: unknown source {out.get('source')!r}; valid sources: {list(SOURCES)}")
     missing = [k for k in REQUIRED[out["source"]] if out[k] is None]
-    if out["tokenizer"] is None and out["vocab_size"] is None:
+    if out["tokenizer"] in (None, "train") and out["vocab_size"] is None:
         missing.append("vocab_size (or a tokenizer)")
     if missing:
         raise ValueError(f"data spec: source {out['source']!r} needs {missing}")
@@ -58,6 +60,8 @@ def normalize(spec: Mapping) -> dict:
         out["files"] = [str(f) for f in out["files"]]
     if out["source"] == "hf":
         _int(out, "max_documents", 2)
+    if out["tokenizer"] == "train":
+        out["tokenizer"] = None
     if out["tokenizer"] is None:
         _int(out, "vocab_size", MIN_VOCAB)
     else:
@@ -97,10 +101,7 @@ def identity(spec: dict) -> dict:
     if spec["tokenizer"] is None:
         out["vocab_size"] = spec["vocab_size"]
     else:
-        path = Path(spec["tokenizer"])
-        if not path.is_file():
-            raise FileNotFoundError(f"data spec: tokenizer {path} does not exist")
-        out["tokenizer_sha256"] = _sha256(path)
+        out["tokenizer_sha256"] = {p.name: _sha256(p) for p in tokenizer.defining_files(spec["tokenizer"])}
     return out
 
 

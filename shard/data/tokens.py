@@ -39,8 +39,8 @@ class TokenData:
         if dtype not in DTYPES:
             raise DataError(f"{meta_path}: dtype {dtype!r}, expected one of {DTYPES}")
         dtype = np.dtype(dtype).newbyteorder("<")  # pack.py writes little-endian
-        if not (self.directory / "tokenizer.model").is_file():
-            raise DataError(f"{self.directory} has no tokenizer.model")
+        if not any((self.directory / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+            raise DataError(f"{self.directory} has no tokenizer (tokenizer.json or tokenizer.model)")
         for split in SPLITS:
             path = self.directory / f"{split}.bin"
             size = path.stat().st_size if path.is_file() else None
@@ -52,18 +52,17 @@ class TokenData:
 
     @property
     def tokenizer(self):
-        """The sentencepiece processor that made the tokens."""
+        """The tokenizer that made the tokens (shard.data.tokenizer.Tokenizer)."""
         if self._tokenizer is None:
-            self._tokenizer = _tokenizer.load(self.directory / "tokenizer.model")
+            self._tokenizer = _tokenizer.load(self.directory)
         return self._tokenizer
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
     def decode(self, ids) -> str:
-        """Text of token ids (a list, numpy array or tensor); eos ids are dropped."""
-        ids = ids.tolist() if hasattr(ids, "tolist") else ids
-        return self.tokenizer.decode([int(ids)] if isinstance(ids, int) else [int(i) for i in ids])
+        """Text of token ids (a list, numpy array or tensor); special ids (eos) are dropped."""
+        return self.tokenizer.decode(ids)
 
     def __repr__(self) -> str:
         return (f"TokenData({str(self.directory)!r}, vocab_size={self.vocab_size}, "

@@ -6,14 +6,13 @@
 PATH is a shard-train run directory (its newest snapshot, and the tokenizer its corpus was
 prepared with, from its config.yaml), a directory of runs (`runs`: the one whose snapshot is
 newest), a checkpoint or snapshot directory inside one, or a Hugging Face model directory
-(its tokenizer.json). --tokenizer names another: a
-sentencepiece .model or a tokenizer.json. Sampling runs through a KV cache
+(its tokenizer.json). --tokenizer names another: a tokenizer.json, a sentencepiece .model,
+or a directory holding one. Sampling runs through a KV cache
 (shard/models/generate.py) on --device, in the model's fp32 values or --dtype.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,25 +23,21 @@ from shard.engine.config import PRECISIONS
 
 
 class Text:
-    """A tokenizer as generation uses it: encode, decode, its vocabulary and end of text."""
+    """A tokenizer as generation uses it: a prompt's ids as the model saw documents start
+    (after an end of text, for a corpus's tokenizer), decode, vocabulary, end of text."""
 
-    def __init__(self, path: Path, eos: int | None = None):
-        self.path = path
-        if path.suffix == ".json":
-            from tokenizers import Tokenizer
+    def __init__(self, path: Path, after_eos: bool):
+        from shard.data import tokenizer
 
-            self.tokenizer = Tokenizer.from_file(str(path))
-            self.encode = lambda text: self.tokenizer.encode(text).ids
-            self.decode = lambda ids: self.tokenizer.decode(ids)
-            self.vocab, self.eos = self.tokenizer.get_vocab_size(), eos
-        else:
-            from shard.data import tokenizer
+        self.tokenizer = tokenizer.load(path, documents=after_eos)
+        self.start = ([self.tokenizer.eos_id] if after_eos else []) + list(self.tokenizer.prefix)
+        self.vocab, self.eos = self.tokenizer.vocab_size, self.tokenizer.eos_id
 
-            sp = tokenizer.load(path)
-            # the corpus's documents follow an end of text (no BOS): a prompt starts a document so
-            self.encode = lambda text: [tokenizer.EOS_ID, *sp.encode(text)]
-            self.decode = sp.decode
-            self.vocab, self.eos = sp.get_piece_size(), tokenizer.EOS_ID
+    def encode(self, prompt: str) -> list[int]:
+        return self.start + self.tokenizer.encode(prompt)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids)
 
 
 def _run_tokenizer(snap: Path) -> Path | None:
@@ -53,7 +48,7 @@ def _run_tokenizer(snap: Path) -> Path | None:
         config = run / "config.yaml"
         if config.is_file():
             data = (yaml.safe_load(config.read_text()).get("built") or {}).get("data")
-            return Path(data) / "tokenizer.model" if data else None
+            return Path(data) if data else None
     return None
 
 
@@ -72,8 +67,7 @@ def load(path: Path, device, tokenizer: str | None):
 
     if (path / "config.json").is_file():   # Hugging Face
         model = from_pretrained(path, device=device)
-        eos = json.loads((path / "config.json").read_text()).get("eos_token_id")
-        found = path / "tokenizer.json"
+        found, corpus = path, False
     else:
         from shard.engine import checkpoint
         from shard.tools.preflight import snapshot_config
@@ -82,12 +76,12 @@ def load(path: Path, device, tokenizer: str | None):
         values = dict(checkpoint.parameters(snap))
         with torch.device(device):
             model = GPT(snapshot_config(snap), weights=lambda name, tensor: tensor.copy_(values[name]))
-        eos, found = None, _run_tokenizer(snap)
+        found, corpus = _run_tokenizer(snap), True
     chosen = Path(tokenizer) if tokenizer else found
-    if chosen is None or not chosen.is_file():
-        raise FileNotFoundError(f"no tokenizer for {path}{f' at {chosen}' if chosen else ''}: name one with "
-                                "--tokenizer (a sentencepiece .model or a tokenizer.json)")
-    return model, Text(chosen, eos if isinstance(eos, int) else None)
+    if chosen is None:
+        raise FileNotFoundError(f"no tokenizer for {path}: name one with --tokenizer (a tokenizer.json, a "
+                                "sentencepiece .model, or a directory holding one)")
+    return model, Text(chosen, after_eos=corpus)
 
 
 def main(argv=None) -> int:
@@ -100,7 +94,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=at_least(1), default=40, help="sample among the k most likely (default 40)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--samples", type=at_least(1), default=1, help="texts to sample, seeds seed, seed+1, ...")
-    ap.add_argument("--tokenizer", default=None, help="a sentencepiece .model or a tokenizer.json")
+    ap.add_argument("--tokenizer", default=None,
+                    help="a tokenizer.json, a sentencepiece .model, or a directory holding one")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=sorted(PRECISIONS), default="fp32")
     args = ap.parse_args(argv)

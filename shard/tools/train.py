@@ -179,12 +179,19 @@ def _reset_peak_memory(device: torch.device) -> None:
         pass
 
 
-def _prepare_data(d, comm: pccl.Communicator, vocab: int):
-    from shard.data import TokenData, prepare
+def _prepare_data(d, comm: pccl.Communicator, vocab: int, model_dir: Optional[str]):
+    """The prepared corpus of data group `d`; a tokenizer trained to `vocab`, or with
+    data.tokenizer null and a Hugging Face model (`model_dir`), that model's own."""
+    from shard.data import TokenData, prepare, tokenizer
 
     spec = {k: v for k, v in d.items() if k != "cache_dir"}
     if spec.get("vocab_size") is None:
         spec["vocab_size"] = vocab
+    if spec.get("tokenizer") is None and model_dir is not None:
+        try:
+            spec["tokenizer"] = str(tokenizer.locate(model_dir))
+        except FileNotFoundError:   # a model directory without one: a tokenizer trained on the corpus
+            pass
     path = ""
     if comm.rank == 0:   # one rank tokenizes (once: cached); the others read the result, or its error
         try:
@@ -301,7 +308,7 @@ def load_data(r: Run) -> None:
     t = r.cfg.train
     if r.faults:
         faults.kill_if_planned(r.faults, "kill-data", 0, r.comm.rank, r.out_dir)
-    r.data = _prepare_data(r.cfg.data, r.comm, r.model.vocab)
+    r.data = _prepare_data(r.cfg.data, r.comm, r.model.vocab, r.cfg.model.path if r.cfg.model.preset == "hf" else None)
     check_vocab(r.model, r.data.vocab_size)
     r.batches = Batches(r.data.train, t.seq_len, t.micro_batch, r.accumulation, r.comm.rank, r.comm.size, t.seed)
     r.held_out = eval_batches(r.data.val, t.seq_len, t.micro_batch, r.comm.rank, r.comm.size, t.eval_batches)

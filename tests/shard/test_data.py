@@ -17,6 +17,7 @@ import torch
 
 from shard.data import Batches, DataError, TokenData, eval_batches, prepare, synthetic_documents, tokenizer
 from shard.data.pack import pack
+from tests.shard.published_tokenizers import byte_bpe
 
 SPEC = {"source": "synthetic", "documents": 200, "seed": 0, "vocab_size": 512, "val_fraction": 0.05}
 
@@ -86,8 +87,9 @@ def test_synthetic_rejects_bad_count():
 def test_tokenizer_round_trips_any_text(tmp_path, docs):
     tokenizer.train(docs, 512, tmp_path / "t.model")
     sp = tokenizer.load(tmp_path / "t.model")
-    assert sp.get_piece_size() == 512
-    assert (sp.eos_id(), sp.bos_id(), sp.pad_id()) == (1, -1, -1)
+    assert sp.vocab_size == 512
+    assert (sp.eos_id, sp.prefix) == (1, ())
+    assert (sp.processor.bos_id(), sp.processor.pad_id()) == (-1, -1)
     assert all(sp.decode(sp.encode(d)) == d for d in docs)
     odd = ["  two  spaces\n\nand\ttabs ", "unseen: 日本語 café 🙂", " leading space", ""]
     assert [sp.decode(sp.encode(t)) for t in odd] == odd
@@ -106,6 +108,47 @@ def test_tokenizer_training_sample_spreads_over_corpus():
     assert tokenizer.training_sample(documents, max_chars=10_000) == documents
     sample = tokenizer.training_sample(documents, max_chars=100)
     assert sum(map(len, sample)) <= 100 and sample[0] == "doc0" and sample[-1] >= "doc90"
+
+
+@pytest.mark.parametrize("style", ["llama", "gpt2"])
+def test_a_tokenizer_json_frames_documents_as_transformers_tokenizes_them(tmp_path, docs, style):
+    from transformers import AutoTokenizer
+
+    directory = byte_bpe(tmp_path, style)
+    tok = tokenizer.load(directory)
+    theirs = AutoTokenizer.from_pretrained(directory)
+    eos = theirs.convert_tokens_to_ids("<|end_of_text|>" if style == "llama" else "<|endoftext|>")
+    assert tok.eos_id == eos and tok.vocab_size == len(theirs) == 1000
+    assert tok.prefix == ((0,) if style == "llama" else ())
+    ids, ends = tok.frame(docs[:20], dtype=np.uint16)
+    expected = [theirs(d)["input_ids"] + [eos] for d in docs[:20]]   # their template's BOS, then our end
+    assert np.split(ids, ends[:-1]) and [a.tolist() for a in np.split(ids, ends[:-1])] == expected
+    assert [tok.decode(a) for a in np.split(ids, ends[:-1])] == docs[:20]
+    assert tokenizer.load(directory / "tokenizer.json").eos_id == eos, "the file, or its directory"
+
+
+def test_bad_tokenizers_are_refused_with_the_reason(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no tokenizer at .*absent.json"):
+        tokenizer.load(tmp_path / "absent.json")
+    with pytest.raises(FileNotFoundError, match="holds no tokenizer.json or tokenizer.model"):
+        tokenizer.load(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a Hugging Face tokenizer.json"):
+        tokenizer.load(tmp_path)
+    (tmp_path / "bad.model").write_bytes(bytes(range(256)))
+    with pytest.raises(ValueError, match="not a sentencepiece model"):
+        tokenizer.load(tmp_path / "bad.model")
+    byte_bpe(tmp_path / "llama", "llama")
+    (tmp_path / "llama" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eot|>"}))
+    with pytest.raises(ValueError, match="eos_token '<\\|eot\\|>' is not in tokenizer.json's vocabulary"):
+        tokenizer.load(tmp_path / "llama")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    bare = Tokenizer(models.WordLevel({"a": 0, "b": 1}, unk_token="a"))
+    bare.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    bare.save(str(tmp_path / "bare.json"))
+    with pytest.raises(ValueError, match="no end-of-document token"):
+        tokenizer.load(tmp_path / "bare.json")
+    assert tokenizer.load(tmp_path / "bare.json", documents=False).eos_id is None, "text alone needs none"
 
 
 # --- packing ----------------------------------------------------------------------------------
@@ -248,6 +291,24 @@ def test_prepare_with_a_given_tokenizer(tmp_path, prepared, data, cache):
     assert np.array_equal(TokenData(entry).train, data.train)
     with pytest.raises(FileNotFoundError, match="missing.model"):
         prepare({**spec, "tokenizer": str(tmp_path / "missing.model")}, cache)
+
+
+def test_prepare_with_a_published_tokenizer_directory(tmp_path, docs):
+    directory = byte_bpe(tmp_path / "llama-tokenizer", "llama")
+    spec = {"source": "synthetic", "documents": 200, "tokenizer": str(directory), "val_fraction": 0.05}
+    entry = prepare(spec, tmp_path / "cache")
+    assert sorted(p.name for p in entry.iterdir()) == ["meta.json", "tokenizer.json", "tokenizer_config.json",
+                                                      "train.bin", "val.bin"]
+    data = TokenData(entry)
+    tok = data.tokenizer
+    assert (data.eos_id, tok.prefix, json.loads((entry / "meta.json").read_text())["prefix"]) == (1, (0,), [0])
+    train = np.asarray(data.train)
+    documents = _split_on(train, data.eos_id)
+    assert all(d[0] == 0 for d in documents), "every document starts with the tokenizer's BOS"
+    assert [data.decode(d) for d in documents] == docs[:190]
+    assert prepare({**spec, "tokenizer": str(directory / "tokenizer.json")}, tmp_path / "cache") == entry
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|begin_of_text|>"}))
+    assert prepare(spec, tmp_path / "cache") != entry, "another end-of-document token: other tokens"
 
 
 def test_text_source_reads_txt_paragraphs_and_jsonl_records(tmp_path):

@@ -38,3 +38,28 @@ def test_a_pretrained_model_goes_through_zero3_and_out_bit_for_bit(ranks, tmp_pa
     # and full_state_dict (rank 0's host memory) holds the same values
     state = torch.load(tmp_path / "full_state.pt")
     assert torch.equal(state["blocks.1.mlp.down.weight"], original["model.layers.1.mlp.down_proj.weight"])
+
+
+def test_model_hf_tokenizes_the_corpus_with_the_models_own_tokenizer(tmp_path):
+    """model=hf with data.tokenizer null: the model directory's tokenizer.json (and its
+    config's end-of-document token) makes the tokens, and one larger than the model's
+    embedding stops the run before training, saying both sizes."""
+    from shard.data import TokenData
+    from tests.shard.published_tokenizers import byte_bpe
+
+    model = tmp_path / "hf"
+    random_hf_model("llama", vocab_size=512).save_pretrained(model)
+    byte_bpe(model, "llama", vocab=500)
+    args = ["-m shard.tools.train", "model=hf", f"model.path={model}", "optim.lr=1e-3", "train.seq_len=32",
+            "train.micro_batch=2", "train.steps=2", "train.eval_batches=1", "log.progress=false",
+            "data.documents=100", f"data.cache_dir={tmp_path / 'cache'}"]
+    run = mpiexec(1, *args, f"train.out_dir={tmp_path / 'run'}", timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    import yaml
+    data = TokenData(yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["built"]["data"])
+    assert (data.directory / "tokenizer.json").read_bytes() == (model / "tokenizer.json").read_bytes()
+    assert (data.vocab_size, data.eos_id, data.tokenizer.prefix) == (500, 1, (0,))
+    byte_bpe(model, "llama", vocab=1000)
+    run = mpiexec(1, *args, f"train.out_dir={tmp_path / 'too-large'}", timeout=240)
+    assert run.returncode == 2 and "the tokenizer has 1000 tokens but model.vocab is 512" in run.stderr, run.stderr
+    assert not (tmp_path / "too-large" / "metrics.jsonl").exists()
