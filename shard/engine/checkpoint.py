@@ -109,45 +109,77 @@ def save(engine, optimizer, path, extra: Optional[dict] = None, keep: int = 1,
     loadable (a failure raises CheckpointSaveError on every rank). `extra`: rank 0's
     JSON-serializable state of the caller (a training loop's step, data position), kept
     with the snapshot. `written`: called on each rank once its files are written, before
-    the ranks agree (where fault injection kills a rank mid-save). Collective."""
-    if not (isinstance(keep, int) and keep >= 1):
-        raise ValueError(f"keep must be an integer >= 1 (snapshots kept), got {keep!r}")
+    the ranks agree (where fault injection kills a rank mid-save). Collective.
+    (background.BackgroundSaver writes the same snapshots while training goes on.)"""
+    check_keep(keep)
     root = Path(path)
-    token = engine.agree(int(uuid.uuid4().int % (1 << 62)))
-    state, rank = _state(engine, optimizer), engine.layout.rank
-    snap = root / f"snap-{state['steps']:08d}-{token:016x}"
-    shards = {u["name"]: {"start": u["start"], "end": u["end"], **{k: u[k].cpu().clone() for k in STATE}}
-              for u in state["units"] if u["first_replica"]}
+    snap, state = begin(engine, optimizer, root)
+    shards = {name: {k: v.cpu().clone() if k in STATE else v for k, v in piece.items()}
+              for name, piece in pieces(state).items()}
     problem = None
     try:
-        snap.mkdir(parents=True, exist_ok=True)
-        if shards:
-            write_atomic(snap / f"shard-{rank}.pt", lambda f: _save_tensors(shards, f))
-            digest = json.dumps(_digest(snap / f"shard-{rank}.pt")).encode()
-            write_atomic(snap / f"shard-{rank}.json", digest)
+        write_shards(snap, engine.layout.rank, shards)
     except OSError as e:
         problem = e
     if written is not None:
         written()
     _agree_written(engine, root, snap, problem, "its shard files")
     problem = None
-    if rank == 0:
+    if engine.layout.rank == 0:
         try:
-            meta = _metadata(state)
-            meta["files"] = {p.name: json.loads(p.with_suffix(".json").read_text())
-                             for p in sorted(snap.glob("shard-*.pt"))}
-            meta["extra"] = extra
-            write_atomic(snap / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
-            fsync_dir(snap)
-            write_atomic(root / "LATEST", lambda f: f.write(snap.name.encode()))
-            fsync_dir(root)
+            commit(root, snap, manifest(state, extra), keep)
         except OSError as e:
             problem = e
     _agree_written(engine, root, snap, problem, "the manifest")
-    if rank == 0:
-        for old in stale(root, snap, keep):
-            shutil.rmtree(old, ignore_errors=True)
     engine.barrier()
+
+
+def check_keep(keep) -> None:
+    if not (isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1):
+        raise ValueError(f"keep must be an integer >= 1 (snapshots kept), got {keep!r}")
+
+
+def begin(engine, optimizer, root: Path) -> tuple[Path, dict]:
+    """The new snapshot's directory (named alike on every rank: collective) and the state
+    it is to hold (its tensors the live ones: copy them before training goes on)."""
+    token = engine.agree(int(uuid.uuid4().int % (1 << 62)))
+    state = _state(engine, optimizer)
+    return root / f"snap-{state['steps']:08d}-{token:016x}", state
+
+
+def pieces(state: dict) -> dict[str, dict]:
+    """{unit: {start, end, master, exp_avg, exp_avg_sq}}: what this rank writes, the units
+    whose shard it holds as the first replica."""
+    return {u["name"]: {"start": u["start"], "end": u["end"], **{k: u[k] for k in STATE}}
+            for u in state["units"] if u["first_replica"]}
+
+
+def write_shards(snap: Path, rank: int, shards: dict) -> None:
+    """This rank's shard file and its size and checksum beside it, each written atomically
+    (none where it holds no first replica). Raises the OSError of a failed write."""
+    snap.mkdir(parents=True, exist_ok=True)
+    if shards:
+        write_atomic(snap / f"shard-{rank}.pt", lambda f: _save_tensors(shards, f))
+        write_atomic(snap / f"shard-{rank}.json", json.dumps(_digest(snap / f"shard-{rank}.pt")).encode())
+
+
+def manifest(state: dict, extra: Optional[dict]) -> dict:
+    """meta.json's content less the files' checksums, which commit() reads from the files."""
+    return {**_metadata(state), "extra": extra}
+
+
+def commit(root: Path, snap: Path, meta: dict, keep: int) -> None:
+    """Rank 0, once every rank's files are written: the manifest (with every shard file's
+    size and checksum), then LATEST naming the snapshot (the moment it becomes the one to
+    resume from), then the snapshots beyond the newest `keep` removed. Raises OSError."""
+    meta = {**meta, "files": {p.name: json.loads(p.with_suffix(".json").read_text())
+                              for p in sorted(snap.glob("shard-*.pt"))}}
+    write_atomic(snap / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    fsync_dir(snap)
+    write_atomic(root / "LATEST", lambda f: f.write(snap.name.encode()))
+    fsync_dir(root)
+    for old in stale(root, snap, keep):
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _save_tensors(obj, f) -> None:
@@ -185,15 +217,22 @@ def _agree_written(engine, root: Path, snap: Path, problem: Optional[OSError], w
     if not failed:
         return
     engine.barrier()
+    raise failure(root, snap, failed, problem, what, remove=engine.layout.rank == 0)
+
+
+def failure(root: Path, snap: Path, failed: int, problem: Optional[OSError], what: str,
+            remove: bool) -> CheckpointSaveError:
+    """The error of a save that failed writing `what` on `failed` ranks (`problem`: this
+    rank's own error, if any); `remove`: the partial snapshot is removed (by one rank)."""
     previous = (root / "LATEST").read_text().strip() if (root / "LATEST").is_file() else None
-    if engine.layout.rank == 0 and previous != snap.name:
+    if remove and previous != snap.name:
         shutil.rmtree(snap, ignore_errors=True)
     why = ""
     if problem is not None:
         why = f"{' (no space left on the device)' if problem.errno == errno.ENOSPC else ''}: {problem}"
     intact = f"the previous snapshot {previous} is intact" if previous else "no earlier snapshot exists"
-    raise CheckpointSaveError(problem.errno if problem else errno.EIO,
-                              f"saving checkpoint {snap.name} failed writing {what} on {failed} rank(s){why}; {intact}")
+    return CheckpointSaveError(problem.errno if problem else errno.EIO, f"saving checkpoint {snap.name} failed "
+                               f"writing {what} on {failed} rank(s){why}; {intact}")
 
 
 def problems(snap: Path, part: tuple[int, int] = (0, 1)) -> Optional[str]:

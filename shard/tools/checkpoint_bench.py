@@ -9,6 +9,12 @@ reads what it needs). Measured apart in the same run: the hashing alone (each ra
 own files) and the verification alone (checkpoint.choose: every rank re-hashing its share
 of the files), so "without the manifest" is the same save and load less those. Medians
 over repeats, the slowest rank.
+
+And the training stall per snapshot, sync against async (train.checkpoint_async): the
+time checkpoint.save() holds training, against the time AsyncSaver.save() does (copying
+the shards to host buffers) and the time its background write takes to commit; and
+--steps training steps of --seq tokens timed alone and right after an async save, while
+its thread writes (what the write costs the steps it overlaps, on shared cores).
 """
 from __future__ import annotations
 
@@ -30,10 +36,13 @@ def main(argv=None) -> None:
     ap.add_argument("--strategy", default="zero3")
     ap.add_argument("--repeats", type=at_least(1), default=5)
     ap.add_argument("--dir", default="checkpoint-bench", help="where the snapshots go (removed at the end)")
+    ap.add_argument("--steps", type=at_least(1), default=2, help="training steps timed alone and during a write")
+    ap.add_argument("--seq", type=at_least(1), default=64, help="tokens per training step")
     args = ap.parse_args(argv)
 
     import pccl
     from shard.engine import checkpoint
+    from shard.engine.checkpoint_async import AsyncSaver
     from shard.engine.engine import Engine
     from shard.engine.optimizer import ShardedAdamW
     from shard.models import GPT, GPTConfig
@@ -43,7 +52,17 @@ def main(argv=None) -> None:
     engine = Engine(GPT(GPTConfig.preset(args.model)), comm, strategy=args.strategy)
     optimizer = ShardedAdamW(engine)
     root = Path(args.dir)
-    rows = {"save_s": [], "load_s": [], "hash_s": [], "verify_s": []}
+    rows = {"save_s": [], "load_s": [], "hash_s": [], "verify_s": [], "async_stall_s": [], "async_commit_s": [],
+            "steps_alone_s": [], "steps_during_write_s": []}
+    saver = AsyncSaver(engine, root, keep=1)
+    tokens = torch.randint(0, engine.model.cfg.vocab, (1, args.seq + 1))
+
+    def steps() -> float:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            engine.backward(engine(tokens[:, :-1], targets=tokens[:, 1:]))
+            optimizer.step()
+        return time.perf_counter() - start
 
     def slowest(seconds: float) -> float:
         t = torch.tensor([seconds], dtype=torch.float64)
@@ -67,13 +86,23 @@ def main(argv=None) -> None:
         start = time.perf_counter()
         checkpoint.load(engine, optimizer, root)
         rows["load_s"].append(slowest(time.perf_counter() - start))
+        rows["steps_alone_s"].append(slowest(steps()))
+        engine.barrier()
+        start = time.perf_counter()
+        saver.save(optimizer, extra={"step": 0})
+        rows["async_stall_s"].append(slowest(time.perf_counter() - start))
+        rows["steps_during_write_s"].append(slowest(steps()))
+        saver.wait()
+        rows["async_commit_s"].append(slowest(time.perf_counter() - start))
     if comm.rank == 0:
         nbytes = sum(f.stat().st_size for f in checkpoint.latest(root).iterdir())
         median = {k: statistics.median(v) for k, v in rows.items()}
         print(json.dumps({"model": args.model, "strategy": args.strategy, "ranks": comm.size, "bytes": nbytes,
                           "repeats": args.repeats, **{k: round(v, 4) for k, v in median.items()},
                           "save_without_manifest_s": round(median["save_s"] - median["hash_s"], 4),
-                          "load_without_manifest_s": round(median["load_s"] - median["verify_s"], 4)}))
+                          "load_without_manifest_s": round(median["load_s"] - median["verify_s"], 4),
+                          "params": engine.model.cfg.num_params(),
+                          "async_stall_over_sync": round(median["async_stall_s"] / median["save_s"], 4)}))
         shutil.rmtree(root, ignore_errors=True)
     engine.close()
 

@@ -10,7 +10,8 @@ break, where and when, as KIND@STEP:RANK entries separated by commas, e.g.
   kill-backward  ... after its first micro-batch's backward of step STEP, with that
                  micro-batch's gradient reductions queued on the reduction lane
   kill-save      ... in the checkpoint save after step STEP, its own files written, before
-                 the ranks agree that the snapshot is complete
+                 the ranks agree that the snapshot is complete (train.checkpoint_async: on
+                 the writer thread, while the ranks train on)
   kill-data      ... as the run starts loading its data (STEP must be 0)
   stop           rank RANK stops (SIGSTOP) at the start of step STEP and is continued
                  (SIGCONT) SECONDS later by a helper process: KIND@STEP:RANK:SECONDS

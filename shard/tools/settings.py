@@ -148,6 +148,8 @@ class Train(Section):
     max_skipped_steps: Optional[int] = setting(integer(0, null=True))
     straggler_seconds: float = setting(number(0))
     keep_checkpoints: int = setting(integer(1))
+    checkpoint_async: bool = setting(choice(True, False))
+    checkpoint_dir: Optional[str] = setting(text(null=True))
     out_dir: str = setting(text())
     peak_tflops: Optional[float] = setting(number(0, above=True, null=True))
     threads: Optional[int] = setting(integer(1, null=True))

@@ -24,6 +24,7 @@ import torch
 import pccl
 from runkit.files import write_atomic
 from shard.engine import checkpoint
+from shard.engine.checkpoint_async import AsyncSaver
 from shard.engine.config import EngineConfig, OptimizerConfig
 from shard.engine.engine import Engine
 from shard.engine.optimizer import ShardedAdamW, StepResult
@@ -245,9 +246,12 @@ class Run:
     step: int = 0                       # optimizer steps done
     val_loss: Optional[float] = None    # the latest validation loss
     faults: dict = field(default_factory=faults.planned)   # injected on purpose (shard/tools/faults.py)
+    saver: Optional[AsyncSaver] = None  # train.checkpoint_async: snapshots written in the background
+    stalled_s: float = 0.0              # training time the saves since the last record took
 
     @property
     def checkpoints(self) -> Path:
+        """Where the snapshots are (a link to train.checkpoint_dir where that is set)."""
         return self.out_dir / "checkpoints"
 
     @property
@@ -285,6 +289,7 @@ def setup(cfg) -> Run:
     torch.set_num_threads(t.threads or (1 if comm.size > 1 else os.cpu_count() or 1))
     torch.manual_seed(t.seed)
     out_dir = Path(comm.broadcast_object(str(Path(str(t.out_dir)).resolve())))
+    checkpoints = Path(comm.broadcast_object(str(Path(str(t.checkpoint_dir)).resolve()) if t.checkpoint_dir else ""))
     problem = ""
     if comm.rank == 0:   # rank 0 writes the run's files: it checks, and every rank hears the outcome
         try:
@@ -292,12 +297,33 @@ def setup(cfg) -> Run:
             write_atomic(out_dir / ".writable", b"")
             (out_dir / ".writable").unlink()
         except OSError as e:
-            problem = str(e)
+            problem = f"train.out_dir={out_dir} cannot be written (on rank 0: {e})"
+        if t.checkpoint_dir and not problem:
+            problem = link_checkpoints(out_dir / "checkpoints", checkpoints)
     problem = comm.broadcast_object(problem)
     if problem:
-        raise ConfigError(f"train.out_dir={out_dir} cannot be written (on rank 0: {problem})")
+        raise ConfigError(problem)
     resolved["train"]["out_dir"] = str(out_dir)
     return Run(cfg, resolved, device, comm, out_dir, accumulation, mcfg, settings, optimizer)
+
+
+def link_checkpoints(link: Path, target: Path) -> str:
+    """Make `link` (out_dir/checkpoints) a symbolic link to `target` (train.checkpoint_dir),
+    so that resuming, shard-export and shard-generate find a run's snapshots in its
+    directory; what went wrong, or ""."""
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        write_atomic(target / ".writable", b"")
+        (target / ".writable").unlink()
+        if link.is_symlink() and link.resolve() == target:
+            return ""
+        if link.exists() or link.is_symlink():
+            return (f"train.checkpoint_dir={target}: {link} already exists and is not a link to it (it holds this "
+                    "run's earlier snapshots: move them there, or leave train.checkpoint_dir unset)")
+        link.symlink_to(target, target_is_directory=True)
+    except OSError as e:
+        return f"train.checkpoint_dir={target} cannot be written (on rank 0: {e})"
+    return ""
 
 
 def load_data(r: Run) -> None:
@@ -330,6 +356,8 @@ def make_engine(r: Run) -> None:
     r.engine, r.plan = build_engine(model, r.comm, r.engine_config, workload=workload,
                                     device=r.device if meta else None)
     r.optimizer = ShardedAdamW(r.engine, r.optimizer_config)
+    if r.cfg.train.checkpoint_async:
+        r.saver = AsyncSaver(r.engine, r.checkpoints, keep=r.cfg.train.keep_checkpoints)
     if r.plan is not None:   # the planner's choice, kept with the run, and its table for whoever asks why
         r.resolved["strategy"].update(chosen=r.engine.strategy.name, chosen_group_size=r.engine.layout.group)
         if r.comm.rank == 0:
@@ -495,7 +523,8 @@ def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], timing:
               "step_time_s": elapsed / steps, "peak_memory_gb": max(peak_memory),
               "skipped": result.skipped, "skipped_steps": r.optimizer.skipped_steps, "loss_scale": result.loss_scale,
               "epoch": r.batches.epoch, "straggler": find_straggler(r, report, longest, exposed),
-              "warmup": warmup, "warmup_s": warmup_s}
+              "warmup": warmup, "warmup_s": warmup_s, "checkpoint_stall_s": r.stalled_s}
+    r.stalled_s = 0.0
     if evaluate_now:
         r.val_loss = validate(r)
         record["val_loss"] = r.val_loss
@@ -527,18 +556,26 @@ def validate(r: Run) -> float:
 
 
 def save_checkpoint(r: Run) -> None:
-    """The engine's and the optimizer's state with the step and the data position, to resume from."""
+    """The engine's and the optimizer's state with the step and the data position, to
+    resume from: written before training goes on, or with train.checkpoint_async handed to
+    the background writer (its time, the stall, is added to stalled_s)."""
+    started = time.perf_counter()
     injected = (lambda: faults.kill_if_planned(r.faults, "kill-save", r.step, r.comm.rank, r.out_dir)) \
         if r.faults else None
-    checkpoint.save(r.engine, r.optimizer, r.checkpoints,
-                    extra={"step": r.step, "data": r.batches.state_dict(), "model": r.resolved["model"],
-                           "config": asdict(r.model),
-                           "strategy": r.resolved["strategy"]},
-                    keep=r.cfg.train.keep_checkpoints, written=injected)
+    extra = {"step": r.step, "data": r.batches.state_dict(), "model": r.resolved["model"],
+             "config": asdict(r.model), "strategy": r.resolved["strategy"]}
+    if r.saver is not None:
+        r.saver.save(r.optimizer, extra=extra, written=injected)
+    else:
+        checkpoint.save(r.engine, r.optimizer, r.checkpoints, extra=extra, keep=r.cfg.train.keep_checkpoints,
+                        written=injected)
+    r.stalled_s += time.perf_counter() - started
 
 
 def finish(r: Run) -> dict:
     """summary.json and the loss plot; the engine's threads stopped. Returns the summary."""
+    if r.saver is not None:   # the last snapshot committed before the run says it is done
+        r.saver.wait()
     summary = summarize(r.log.records, r.val_loss, r.resolved["built"])
     summary["self_calibration"], line = auto_basis(r.comm)
     r.log.write(line)

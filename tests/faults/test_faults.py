@@ -138,6 +138,22 @@ def test_a_rank_killed_mid_save_keeps_the_previous_snapshot_and_the_relaunch_res
     assert [checkpoint.problems(s) for s in checkpoint.snapshots(out / "checkpoints")] == [None, None]
 
 
+def test_a_rank_killed_mid_async_write_keeps_the_previous_snapshot_and_the_relaunch_resumes_exactly(reference):
+    """train.checkpoint_async=true, kill-save@4: rank 1's writer thread kills it after
+    writing its files of step 4's snapshot, while the ranks train step 5; rank 0's writer
+    never sees its marker and commits nothing: LATEST still names step 2's snapshot,
+    intact, and the relaunch resumes from it and ends with the uninterrupted losses."""
+    out = reference.parent / "kill-async-save"
+    o = recorded(suite.training("kill-save@4:1", "async checkpoint write", out, "train.steps=6",
+                                "train.checkpoint_interval=2", "train.checkpoint_async=true", restarts=1,
+                                timeout=suite.HEALTHY))
+    o.summary = "relaunched, resumed exactly"
+    assert o.exit_code == 0, o.output[-3000:]
+    assert "restart 1 of 1" in o.output and "resumed at step 2 from snap-00000002-" in o.output, o.output[-3000:]
+    assert suite.losses(out) == suite.losses(reference)
+    assert [checkpoint.problems(s) for s in checkpoint.snapshots(out / "checkpoints")] == [None, None]
+
+
 def test_a_stopped_rank_is_reported_as_a_straggler_and_changes_nothing(reference):
     out = reference.parent / "stop"
     o = recorded(suite.training("stop@3:1:6", "step start", out, "train.steps=6", "train.checkpoint_interval=2",

@@ -10,6 +10,7 @@ import torch
 
 import shard.engine.checkpoint as ckpt
 from shard import CheckpointError, CheckpointSaveError, ShardedAdamW
+from shard.engine.checkpoint_async import AsyncSaver
 from shard.engine.config import EngineConfig
 from tests.shard.test_engine_state import build, train_step
 
@@ -22,8 +23,15 @@ def trained(engines, comm, steps: int) -> ShardedAdamW:
     return optimizer
 
 
-def save(optimizer: ShardedAdamW, path, **options) -> None:
-    ckpt.save(optimizer.engine, optimizer, path, **options)
+def save(optimizer: ShardedAdamW, path, background: bool = False, **options) -> None:
+    """checkpoint.save, or with `background` the same snapshot through an AsyncSaver,
+    waited for."""
+    if background:
+        saver = AsyncSaver(optimizer.engine, path, keep=options.pop("keep", 1))
+        saver.save(optimizer, **options)
+        saver.wait()
+    else:
+        ckpt.save(optimizer.engine, optimizer, path, **options)
 
 
 def load(optimizer: ShardedAdamW, path, fallback: bool = False) -> ckpt.Restored:
@@ -68,7 +76,8 @@ def test_damaged_snapshots_are_named_and_fallback_takes_the_newest_intact(comm, 
         load(trained(engines, comm, 0), tmp_path, fallback=True)
 
 
-def test_a_full_disk_mid_save_leaves_the_previous_snapshot_intact(comm, engines, tmp_path, monkeypatch):
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
+def test_a_full_disk_mid_save_leaves_the_previous_snapshot_intact(comm, engines, tmp_path, monkeypatch, background):
     optimizer = trained(engines, comm, 1)
     save(optimizer, tmp_path, extra={"step": 1})
     good = ckpt.latest(tmp_path)
@@ -87,13 +96,13 @@ def test_a_full_disk_mid_save_leaves_the_previous_snapshot_intact(comm, engines,
                               else real(path, content))
             with pytest.raises(CheckpointSaveError, match=f"no space left .* the previous snapshot {good.name} is "
                                                           "intact") as failure:
-                save(optimizer, tmp_path, extra={"step": 2})
+                save(optimizer, tmp_path, background, extra={"step": 2})
         assert failure.value.errno == errno.ENOSPC
         assert ckpt.snapshots(tmp_path) == [good] and ckpt.latest(tmp_path) == good   # no partial snapshot left
         loader = trained(engines, comm, 0)
         assert load(loader, tmp_path).extra == {"step": 1}
         assert all(torch.equal(v, before[k]) for k, v in loader.engine.full_state_dict().items())
-    save(optimizer, tmp_path, extra={"step": 2})   # the disk has room again
+    save(optimizer, tmp_path, background, extra={"step": 2})   # the disk has room again
     assert ckpt.snapshots(tmp_path)[0] == ckpt.latest(tmp_path) != good
 
 
@@ -112,3 +121,37 @@ def test_snapshots_are_kept_as_asked_and_an_abandoned_future_is_removed(comm, en
     assert ckpt.snapshots(tmp_path) == [ckpt.latest(tmp_path)] and ckpt._step(ckpt.latest(tmp_path)) == 3
     with pytest.raises(ValueError, match="keep must be an integer >= 1"):
         save(optimizer, tmp_path, keep=0)
+
+
+def test_an_async_snapshot_holds_the_state_of_its_step_while_training_goes_on(comm, engines, tmp_path, monkeypatch):
+    """save() returns before anything is written (the writer is held back here), training
+    changes the live state, and the snapshot still holds the state of its step: the same
+    tensors and manifest as checkpoint.save's of that state. LATEST moves only once the
+    snapshot is complete, and keep prunes as in checkpoint.save."""
+    import threading
+
+    optimizer = trained(engines, comm, 1)
+    save(optimizer, tmp_path / "sync", extra={"step": 1})
+    expected = optimizer.engine.full_state_dict()
+    saver = AsyncSaver(optimizer.engine, tmp_path / "async", keep=1)
+    release, real = threading.Event(), ckpt.write_shards
+    monkeypatch.setattr(ckpt, "write_shards", lambda *a: (release.wait(), real(*a)))
+    saver.save(optimizer, extra={"step": 1})
+    train_step(optimizer, "mlp", 1)   # the live state moves on while the write waits
+    assert not (tmp_path / "async" / "LATEST").exists(), "nothing committed before the files are written"
+    release.set()
+    saver.wait()
+    mine, theirs = ckpt.latest(tmp_path / "async"), ckpt.latest(tmp_path / "sync")
+    assert ckpt.problems(mine) is None and not list(mine.glob(".written-*"))
+    assert json.loads((mine / "meta.json").read_text())["extra"] == {"step": 1}
+    strip = lambda meta: {k: v for k, v in meta.items() if k != "files"}   # noqa: E731
+    assert strip(json.loads((mine / "meta.json").read_text())) == strip(json.loads((theirs / "meta.json").read_text()))
+    a, b = (torch.load(shard_file(s), weights_only=True) for s in (mine, theirs))
+    assert a.keys() == b.keys() and all(torch.equal(a[u][k], b[u][k]) for u in a for k in ckpt.STATE)
+    loader = trained(engines, comm, 0)
+    assert load(loader, tmp_path / "async").extra == {"step": 1}
+    assert all(torch.equal(v, expected[k]) for k, v in loader.engine.full_state_dict().items())
+    saver.save(optimizer, extra={"step": 2})
+    saver.save(optimizer, extra={"step": 2})   # waits for the one before, then replaces it (keep=1)
+    saver.wait()
+    assert ckpt.snapshots(tmp_path / "async") == [ckpt.latest(tmp_path / "async")]

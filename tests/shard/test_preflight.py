@@ -36,7 +36,7 @@ NULL_DEFAULTS = {
     "optim.lr": ["x", 0, -1], "optim.min_lr": ["x", -1],
     "strategy.prefetch_bytes": ["x", 0], "strategy.auto.memory": ["x", 0, -1, "64XB"], "data.tokenizer": [3],
     "data.vocab_size": ["x", 10],
-    "data.config": [3], "log.wandb.entity": [3], "log.wandb.name": [3],
+    "data.config": [3], "log.wandb.entity": [3], "log.wandb.name": [3], "train.checkpoint_dir": [3],
 }
 
 

@@ -150,6 +150,29 @@ def test_resume_continues_with_the_uninterrupted_losses(tmp_path_factory, cache)
     assert [r["grad_norm"] for r in records[after]] == [r["grad_norm"] for r in uninterrupted[after]]
 
 
+def test_async_checkpoints_in_their_own_directory_resume_exactly(tmp_path_factory, cache):
+    """train.checkpoint_async=true with train.checkpoint_dir: a snapshot after every step,
+    written in the background into another directory (out_dir/checkpoints links to it),
+    the last committed before the run ends; resumed from it, the run ends with the
+    uninterrupted losses bit for bit."""
+    _, uninterrupted = train(tmp_path_factory, cache, "zero3-2", 2, "zero3")
+    root = tmp_path_factory.mktemp("async")
+    snapshots = root / "fast-disk" / "snapshots"
+    options = ("train.checkpoint_async=true", f"train.checkpoint_dir={snapshots}", "train.checkpoint_interval=1")
+    run = mpiexec(2, "-m shard.tools.train", "strategy=zero3", "comm.ranks_per_node=1", f"train.out_dir={root / 'run'}",
+                  f"data.cache_dir={cache}", f"train.steps={STEPS // 2}", *SMALL, *options)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (root / "run" / "checkpoints").resolve() == snapshots
+    assert [checkpoint._step(s) for s in checkpoint.snapshots(snapshots)] == [STEPS // 2, STEPS // 2 - 1]   # keep 2
+    assert checkpoint.problems(checkpoint.latest(snapshots)) is None
+    records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["checkpoint_stall_s"] > 0 for r in records[1:])   # each record's: the save after the one before
+    _, resumed = train(tmp_path_factory, cache, "async-resumed", 2, "zero3", "train.resume=true", *options,
+                       out=root / "run")
+    after = slice(STEPS // 2, None)
+    assert [r["loss"] for r in resumed[after]] == [r["loss"] for r in uninterrupted[after]]
+
+
 def test_resume_auto_on_another_world_size_and_strategy_continues_the_trajectory(tmp_path_factory, cache):
     """The 2-rank ZeRO-3 checkpoint resumed by 4 ranks under PaRO-IIG (resharded on load):
     the same step and data position, so the uninterrupted run's losses up to summation
