@@ -67,7 +67,7 @@ else
 	$(PY) -m pip install -q "$(MPI)" "mpi4py>=4.0"
 endif
 	$(PY) -m pip install -q numpy "nanobind>=2.4" "scikit-build-core>=0.10" cmake ninja pytest pytest-xdist "ruff==0.17.6" \
-		"hydra-core>=1.3" "datasets>=2.14" "sentencepiece>=0.1.99" "tokenizers>=0.19" "safetensors>=0.4" tqdm matplotlib wandb
+		"hydra-core>=1.3" "datasets>=2.14" "sentencepiece>=0.1.99" "tokenizers>=0.19" zstandard pyarrow "safetensors>=0.4" tqdm matplotlib wandb
 	# transformers: the reference implementation the model tests hold ours to (tests/models/test_hf.py)
 	$(PY) -m pip install -q "transformers>=4.45"
 	# zfpy (the zfp:RATE codec, an optional dependency): a wheel or nothing, since its source build

@@ -14,14 +14,23 @@ loss), which import no other part of shard.
 
 This module exports the engine's API.
 """
-from shard.engine.checkpoint import CheckpointError, CheckpointSaveError
-from shard.engine.config import EngineConfig, OptimizerConfig
-from shard.engine.engine import Engine, Gradients
-from shard.engine.flat import FlatParams
-from shard.engine.optimizer import ShardedAdamW, StepResult
-from shard.engine.strategy import STRATEGIES, Scope, Strategy, StrategyError
-from shard.engine.units import Unit, UnitError, split_units
+from importlib import import_module
 
-__all__ = ["Engine", "EngineConfig", "Gradients", "ShardedAdamW", "OptimizerConfig", "StepResult", "CheckpointError",
-           "CheckpointSaveError",
-           "Scope", "Strategy", "StrategyError", "STRATEGIES", "FlatParams", "Unit", "UnitError", "split_units"]
+# Loaded on first use (PEP 562): shard.data's tokenizing workers import their own modules
+# without torch and the engine.
+_EXPORTS = {
+    "CheckpointError": "shard.engine.checkpoint", "CheckpointSaveError": "shard.engine.checkpoint",
+    "EngineConfig": "shard.engine.config", "OptimizerConfig": "shard.engine.config",
+    "Engine": "shard.engine.engine", "Gradients": "shard.engine.engine", "FlatParams": "shard.engine.flat",
+    "ShardedAdamW": "shard.engine.optimizer", "StepResult": "shard.engine.optimizer",
+    "STRATEGIES": "shard.engine.strategy", "Scope": "shard.engine.strategy", "Strategy": "shard.engine.strategy",
+    "StrategyError": "shard.engine.strategy", "Unit": "shard.engine.units", "UnitError": "shard.engine.units",
+    "split_units": "shard.engine.units",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'shard' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

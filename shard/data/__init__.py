@@ -8,9 +8,19 @@ batches (batches.py).
     data = TokenData(path)                                                                       # every rank
     batches = Batches(data.train, seq_len, micro_batch, accumulation, rank, world, seed)
 """
-from shard.data.batches import Batches, eval_batches
+from importlib import import_module
+
 from shard.data.prepare import prepare
 from shard.data.synthetic import synthetic_documents
 from shard.data.tokens import DataError, TokenData
 
-__all__ = ["prepare", "TokenData", "DataError", "Batches", "eval_batches", "synthetic_documents"]
+# The batches load on first use (PEP 562): a tokenizing worker (workers.py) imports no torch.
+_EXPORTS = {"Batches": "shard.data.batches", "eval_batches": "shard.data.batches",
+            "StreamingBatches": "shard.data.stream", "Corpus": "shard.data.stream"}
+__all__ = ["prepare", "synthetic_documents", "DataError", "TokenData", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'shard.data' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

@@ -42,6 +42,8 @@ def _pairs(tokens: np.ndarray, windows: np.ndarray, seq_len: int, micro_batch: i
 class Batches:
     """Training batches of one rank; deterministic in (tokens, seed, global batch), resumable."""
 
+    waited_s = 0.0   # the memory-mapped tokens are read as the step asks: nothing runs ahead to wait for
+
     def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch: int, accumulation: int, rank: int,
                  world: int, seed: int):
         _check_tokens(tokens)
@@ -85,6 +87,9 @@ class Batches:
 
     def state_dict(self) -> dict:
         return {"consumed": self.consumed, "seed": self.seed}
+
+    def close(self) -> None:
+        """Nothing to release (StreamingBatches stops its workers)."""
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("seed") != self.seed:

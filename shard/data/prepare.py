@@ -92,6 +92,35 @@ def prepare(spec: Mapping, cache_dir) -> Path:
     return entry
 
 
+def prepare_tokenizer(spec: Mapping, cache_dir) -> Path:
+    """A streamed corpus's tokenizer (a normalized spec of source "files"): the one it names,
+    or one trained on a sample of its documents (every piece's first, up to the training
+    budget in all), cached in cache_dir/files-<hash12>/tokenizer.model. One process prepares
+    (rank 0)."""
+    from shard.data import readers
+    from shard.data.spec import digest
+
+    if spec["tokenizer"] is not None:
+        return tokenizer.locate(spec["tokenizer"])
+    ident = {"format": 1, "source": "files", "field": spec["field"], "vocab_size": spec["vocab_size"],
+             "files": readers.identity(spec["paths"])}
+    path = Path(cache_dir) / f"files-{digest(ident)[:12]}" / "tokenizer.model"
+    if path.is_file():
+        return path
+    pieces = readers.pieces(spec["paths"])
+    budget, documents = tokenizer.MAX_TRAINING_CHARS // len(pieces) + 1, []
+    for piece in pieces:
+        chars = 0
+        for _, text in readers.read(piece, spec["field"]):
+            documents.append(text)
+            chars += len(text)
+            if chars >= budget:
+                break
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.train(documents, spec["vocab_size"], path)   # written atomically
+    return path
+
+
 def _abandoned(suffix: str) -> bool:
     """Whether the temporary directory named `suffix` after its entry ("HOST-PID-XXXXXXXX")
     is a crashed prepare's: made on this host by a process that no longer runs (one of

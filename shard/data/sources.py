@@ -17,7 +17,7 @@ from typing import Iterable, Iterator
 
 from shard.data.synthetic import synthetic_documents
 
-SOURCES = ("synthetic", "text", "hf")
+SOURCES = ("synthetic", "text", "hf", "files")   # files: streamed (stream.py), not loaded here
 TEXT_SUFFIXES = (".txt", ".md")
 JSON_SUFFIXES = (".jsonl", ".json")
 

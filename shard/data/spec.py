@@ -12,6 +12,15 @@ Keys (a plain dict, e.g. from an OmegaConf config; keys of other sources may be 
                   (tokenizer.py); None or "train": train one on the corpus     (default None)
     vocab_size    vocabulary of the trained tokenizer                          (when training)
     val_fraction  share of the documents (the last ones) held out, in (0, 1)   (default 0.01)
+
+The streamed source (stream.py: read, tokenized and packed as training goes, nothing cached
+but a trained tokenizer):
+    files         paths: a list of globs, files or directories (readers.py)    (files)
+    weights       one positive weight per path, each path a source of the mixture; None:
+                  the paths are one source                                     (default None)
+    val_documents the first documents of the first file held out for validation (default 200)
+    streams       the streams the corpus is read as; None: the world size      (default None)
+    workers       tokenizing processes per rank (0: in the training process)   (default 1)
 """
 from __future__ import annotations
 
@@ -25,8 +34,10 @@ from shard.data.sources import SOURCES, missing_files
 
 FORMAT = 1  # bump when the files a spec produces change, so old cache entries are not reused
 DEFAULTS = {"seed": 0, "documents": None, "files": None, "name": None, "config": None, "split": "train",
-            "max_documents": None, "field": "text", "tokenizer": None, "vocab_size": None, "val_fraction": 0.01}
-REQUIRED = {"synthetic": ("documents",), "text": ("files",), "hf": ("name", "max_documents")}
+            "max_documents": None, "field": "text", "tokenizer": None, "vocab_size": None, "val_fraction": 0.01,
+            "paths": None, "weights": None, "val_documents": 200, "streams": None, "workers": 1}
+REQUIRED = {"synthetic": ("documents",), "text": ("files",), "hf": ("name", "max_documents"), "files": ("paths",)}
+STREAMED = ("files",)
 MIN_VOCAB = 260  # 256 byte pieces, unk, eos and a few more
 
 
@@ -60,6 +71,8 @@ def normalize(spec: Mapping) -> dict:
         out["files"] = [str(f) for f in out["files"]]
     if out["source"] == "hf":
         _int(out, "max_documents", 2)
+    if out["source"] == "files":
+        _streamed(out)
     if out["tokenizer"] == "train":
         out["tokenizer"] = None
     if out["tokenizer"] is None:
@@ -72,6 +85,23 @@ def normalize(spec: Mapping) -> dict:
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
         raise ValueError(f"data spec: val_fraction must be a number in (0, 1), got {fraction!r}")
     return out
+
+
+def _streamed(out: dict) -> None:
+    paths = out["paths"]
+    if isinstance(paths, (str, bytes)) or not paths or not all(isinstance(p, str) for p in paths):
+        raise ValueError(f"data spec: paths must be a non-empty list of globs, files or directories, got {paths!r}")
+    weights = out["weights"]
+    if weights is not None:
+        if isinstance(weights, (str, bytes)) or len(weights) != len(paths) or not all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 for w in weights):
+            raise ValueError(f"data spec: weights must be one positive number per path ({len(paths)}), or null for "
+                             f"one source, got {weights!r}")
+        out["weights"] = [float(w) for w in weights]
+    _int(out, "val_documents", 1)
+    _int(out, "workers", 0)
+    if out["streams"] is not None:
+        _int(out, "streams", 1)
 
 
 def _sha256(path: Path) -> str:

@@ -47,8 +47,9 @@ def _run_tokenizer(snap: Path) -> Path | None:
     for run in (snap.parent.parent, snap.parent, snap):
         config = run / "config.yaml"
         if config.is_file():
-            data = (yaml.safe_load(config.read_text()).get("built") or {}).get("data")
-            return Path(data) if data else None
+            built = yaml.safe_load(config.read_text()).get("built") or {}
+            found = built.get("tokenizer") or built.get("data")   # runs before streamed data recorded "data" only
+            return Path(found) if found else None
     return None
 
 

@@ -235,8 +235,11 @@ class Run:
     model: GPTConfig
     engine_config: EngineConfig
     optimizer_config: OptimizerConfig
-    data: Any = None                    # the tokenized corpus (TokenData)
-    batches: Any = None                 # this rank's training micro-batches (Batches: resumable)
+    data: Any = None                    # the tokenized corpus (TokenData); None when streamed (data=files)
+    tokenizer: str = ""                 # where the tokenizer is: its file, or the prepared corpus's directory
+    tokenizer_vocab: int = 0
+    batches: Any = None                 # this rank's training micro-batches (Batches, StreamingBatches: resumable)
+    data_waited_s: float = 0.0          # the time steps waited for tokens, up to the last record
     held_out: list = field(default_factory=list)   # this rank's validation micro-batches
     engine: Optional[Engine] = None
     optimizer: Optional[ShardedAdamW] = None
@@ -327,17 +330,58 @@ def link_checkpoints(link: Path, target: Path) -> str:
 
 
 def load_data(r: Run) -> None:
-    """The corpus (tokenized by rank 0, once: cached), this rank's training batches and its
-    held-out batches."""
+    """The corpus (tokenized by rank 0, once: cached; or data=files: streamed), this rank's
+    training batches and its held-out batches."""
     from shard.data import Batches, eval_batches
 
     t = r.cfg.train
     if r.faults:
         faults.kill_if_planned(r.faults, "kill-data", 0, r.comm.rank, r.out_dir)
-    r.data = _prepare_data(r.cfg.data, r.comm, r.model.vocab, r.cfg.model.path if r.cfg.model.preset == "hf" else None)
-    check_vocab(r.model, r.data.vocab_size)
-    r.batches = Batches(r.data.train, t.seq_len, t.micro_batch, r.accumulation, r.comm.rank, r.comm.size, t.seed)
-    r.held_out = eval_batches(r.data.val, t.seq_len, t.micro_batch, r.comm.rank, r.comm.size, t.eval_batches)
+    model_dir = r.cfg.model.path if r.cfg.model.preset == "hf" else None
+    if r.cfg.data.source == "files":
+        r.batches = _stream_data(r, model_dir)
+        r.tokenizer, r.tokenizer_vocab = r.batches.corpus.tokenizer, r.batches.tokenizer.vocab_size
+        held_out = r.batches.validation()
+    else:
+        r.data = _prepare_data(r.cfg.data, r.comm, r.model.vocab, model_dir)
+        r.tokenizer, r.tokenizer_vocab, held_out = str(r.data.directory), r.data.vocab_size, r.data.val
+        r.batches = Batches(r.data.train, t.seq_len, t.micro_batch, r.accumulation, r.comm.rank, r.comm.size, t.seed)
+    check_vocab(r.model, r.tokenizer_vocab)
+    r.held_out = eval_batches(held_out, t.seq_len, t.micro_batch, r.comm.rank, r.comm.size, t.eval_batches)
+
+
+def _stream_data(r: Run, model_dir: Optional[str]):
+    """data=files: the streamed batches of this rank (shard/data/stream.py), with the
+    tokenizer data.tokenizer names, else the Hugging Face model's own, else one rank 0
+    trains on a sample of the corpus (cached)."""
+    from shard.data import Corpus, StreamingBatches, tokenizer
+    from shard.data.prepare import prepare_tokenizer
+    from shard.data.spec import normalize
+
+    d, t = r.cfg.data, r.cfg.train
+    spec = {k: v for k, v in d.items() if k != "cache_dir"}
+    if spec.get("vocab_size") is None:
+        spec["vocab_size"] = r.model.vocab
+    if spec.get("tokenizer") is None and model_dir is not None:
+        try:
+            spec["tokenizer"] = str(tokenizer.locate(model_dir))
+        except FileNotFoundError:
+            pass
+    spec = normalize(spec)
+    path = ""
+    if r.comm.rank == 0:
+        try:
+            path = str(Path(prepare_tokenizer(spec, d.cache_dir)).resolve())
+        except (OSError, ValueError, RuntimeError) as e:
+            path = f"!{type(e).__name__}: {e}"
+    path = r.comm.broadcast_object(path)
+    if path.startswith("!"):
+        raise ConfigError(f"preparing the tokenizer failed on rank 0: {path[1:]}")
+    try:
+        return StreamingBatches(Corpus.of(spec, path), t.seq_len, t.micro_batch, r.accumulation, r.comm.rank,
+                                r.comm.size, t.seed, spec["streams"], spec["workers"])
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"data=files: {e}") from None
 
 
 def make_engine(r: Run) -> None:
@@ -366,7 +410,8 @@ def make_engine(r: Run) -> None:
                            "ranks_per_node": r.comm.topology.ranks_per_node, "accumulation": r.accumulation,
                            "global_batch_tokens": r.global_batch_tokens,
                            "precision": r.engine_config.precision, "device": str(r.device), "meta_init": meta,
-                           "tokenizer_vocab": r.data.vocab_size, "data": str(r.data.directory)}
+                           "tokenizer_vocab": r.tokenizer_vocab, "tokenizer": r.tokenizer,
+                           "data": r.tokenizer if r.data is None else str(r.data.directory)}
 
 
 def resume(r: Run) -> str:
@@ -379,7 +424,10 @@ def resume(r: Run) -> str:
         return f"a fresh start: train.resume={str(mode).lower()}, but {r.checkpoints} holds no checkpoint"
     restored = checkpoint.load(r.engine, r.optimizer, r.checkpoints, fallback=mode == "auto")
     r.step = restored.extra["step"]
-    r.batches.load_state_dict(restored.extra["data"])
+    try:
+        r.batches.load_state_dict(restored.extra["data"])
+    except ValueError as e:
+        raise ConfigError(f"resuming from {restored.snapshot.name}: {e}") from None
     skipped = "".join(f"; skipped {why}" for why in restored.skipped)
     return f"resumed at step {r.step} from {restored.snapshot.name}{skipped}"
 
@@ -523,8 +571,9 @@ def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], timing:
               "step_time_s": elapsed / steps, "peak_memory_gb": max(peak_memory),
               "skipped": result.skipped, "skipped_steps": r.optimizer.skipped_steps, "loss_scale": result.loss_scale,
               "epoch": r.batches.epoch, "straggler": find_straggler(r, report, longest, exposed),
-              "warmup": warmup, "warmup_s": warmup_s, "checkpoint_stall_s": r.stalled_s}
-    r.stalled_s = 0.0
+              "warmup": warmup, "warmup_s": warmup_s, "checkpoint_stall_s": r.stalled_s,
+              "data_wait_s": r.batches.waited_s - r.data_waited_s}
+    r.stalled_s, r.data_waited_s = 0.0, r.batches.waited_s
     if evaluate_now:
         r.val_loss = validate(r)
         record["val_loss"] = r.val_loss
@@ -562,7 +611,7 @@ def save_checkpoint(r: Run) -> None:
     started = time.perf_counter()
     injected = (lambda: faults.kill_if_planned(r.faults, "kill-save", r.step, r.comm.rank, r.out_dir)) \
         if r.faults else None
-    extra = {"step": r.step, "data": r.batches.state_dict(), "model": r.resolved["model"],
+    extra = {"step": r.step, "data": data_position(r), "model": r.resolved["model"],
              "config": asdict(r.model), "strategy": r.resolved["strategy"]}
     if r.saver is not None:
         r.saver.save(r.optimizer, extra=extra, written=injected)
@@ -570,6 +619,20 @@ def save_checkpoint(r: Run) -> None:
         checkpoint.save(r.engine, r.optimizer, r.checkpoints, extra=extra, keep=r.cfg.train.keep_checkpoints,
                         written=injected)
     r.stalled_s += time.perf_counter() - started
+
+
+def data_position(r: Run) -> dict:
+    """The batches' position, to resume from: a streamed corpus's with every rank's streams
+    (one all-gather of their few integers each). Collective."""
+    state = r.batches.state_dict()
+    if r.data is not None:   # the memmap batches' position is the same on every rank
+        return state
+    mine = [[int(s), *v] for s, v in state["positions"].items()]
+    rows = _gather(r.comm, r.device, [v for row in mine for v in row])
+    width = len(mine[0])
+    state["positions"] = {str(int(row[i])): [int(v) for v in row[i + 1:i + width]]
+                          for row in rows for i in range(0, len(row), width)}
+    return state
 
 
 def finish(r: Run) -> dict:
@@ -582,6 +645,7 @@ def finish(r: Run) -> dict:
     if r.comm.rank == 0:
         write_atomic(r.out_dir / "summary.json", json.dumps(summary, indent=1))
     r.log.close(r.out_dir / "loss.png" if r.cfg.log.plot else None)
+    r.batches.close()
     r.engine.close()
     return summary
 

@@ -1,0 +1,221 @@
+"""A corpus on disk as pieces that can be read apart, from any record, by any process.
+
+    pieces(["corpus/*.parquet"])          [Piece("corpus/a.parquet", "parquet", rows=(0, 8192)), ...]
+    read(piece, "text", start=100)        (record index, text) of the piece's records from 100 on
+
+A path is a glob (recursive `**` too), a file, or a directory (every readable file under it,
+or a Hugging Face `datasets` directory written by save_to_disk). Files are taken in sorted
+order, so the same paths give the same pieces on every rank and every run. The kinds:
+
+    .jsonl .json (+ .gz .zst)   one document per line, its `field` (JSON lines)
+    .txt .md (+ .gz .zst)       documents are paragraphs: blank lines between them
+    .parquet                    one document per row, column `field`; a piece per row group
+    datasets on disk            one per row, column `field`; a piece per ROWS_PER_PIECE rows
+
+A record's index is its line (JSON lines), paragraph (text) or row in the file; reading from
+`start` skips the earlier ones without parsing them. A file that is not split (JSON lines,
+text) is one piece; split(pieces, n) makes at least n pieces of a source by striding: piece
+k of K keeps the records whose index is k mod K, so n streams can each have their own.
+Empty documents (whitespace only) are skipped: they would add only an end-of-document token.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+JSON = (".jsonl", ".json")
+TEXT = (".txt", ".md")
+COMPRESSED = ("", ".gz", ".zst")
+ROWS_PER_PIECE = 65536   # datasets on disk: rows per piece (its Arrow files are memory-mapped)
+BATCH_ROWS = 1024        # rows read from parquet and Arrow at a time
+
+
+class CorpusError(ValueError):
+    """A corpus path that matches nothing, or a file that cannot be read as documents."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    path: str
+    kind: str                             # jsonl | text | parquet | arrow
+    rows: Optional[tuple[int, int]] = None   # parquet, arrow: the records [first, end) of the file
+    group: int = 0                        # parquet: the row group
+    stride: tuple[int, int] = (0, 1)      # (k, K): the records whose index is k mod K
+
+
+def kind_of(path: Path) -> Optional[str]:
+    """The kind of a corpus file (None: not one)."""
+    if path.is_dir():
+        return "arrow" if (path / "state.json").is_file() else None
+    name = path.name.lower()
+    for suffix in COMPRESSED:
+        if any(name.endswith(s + suffix) for s in JSON):
+            return "jsonl"
+        if any(name.endswith(s + suffix) for s in TEXT):
+            return "text"
+    return "parquet" if name.endswith(".parquet") else None
+
+
+def files(patterns: list[str]) -> list[Path]:
+    """The corpus files (and datasets directories) `patterns` name, each pattern's sorted."""
+    out = []
+    for pattern in patterns:
+        path = Path(pattern)
+        if path.is_dir() and kind_of(path) is None:   # its files (a datasets directory is named itself)
+            found = sorted(p for p in path.rglob("*") if p.is_file() and kind_of(p))
+        else:
+            found = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
+        if not found:
+            raise CorpusError(f"data.paths: {pattern!r} matches no file")
+        unreadable = [str(p) for p in found if kind_of(p) is None]
+        if unreadable:
+            raise CorpusError(f"data.paths: {pattern!r} matches {unreadable[:3]}, which are not corpus files: "
+                              f"expected {'/'.join(JSON + TEXT)} (optionally .gz or .zst), .parquet, or a "
+                              "datasets directory (save_to_disk)")
+        out += found
+    return out
+
+
+def _arrow(path: str):
+    import datasets
+
+    return datasets.load_from_disk(path)
+
+
+def pieces(patterns: list[str]) -> list[Piece]:
+    """Every piece of the files `patterns` name, in order."""
+    out = []
+    for path in files(patterns):
+        kind = kind_of(path)
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            meta = pq.ParquetFile(path).metadata
+            first = 0
+            for g in range(meta.num_row_groups):
+                rows = meta.row_group(g).num_rows
+                out.append(Piece(str(path), kind, (first, first + rows), g))
+                first += rows
+        elif kind == "arrow":
+            rows = len(_arrow(str(path)))
+            out += [Piece(str(path), kind, (a, min(a + ROWS_PER_PIECE, rows))) for a in range(0, rows, ROWS_PER_PIECE)]
+        else:
+            out.append(Piece(str(path), kind))
+    return out
+
+
+def split(pieces: list[Piece], at_least: int) -> list[Piece]:
+    """`pieces`, each cut into K strided pieces where there are fewer than `at_least` (K the
+    smallest that makes enough)."""
+    k = -(-at_least // len(pieces))
+    if k <= 1:
+        return pieces
+    return [Piece(p.path, p.kind, p.rows, p.group, (i, k)) for p in pieces for i in range(k)]
+
+
+def _open_text(path: str):
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    if path.endswith(".zst"):
+        import zstandard
+
+        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+        return io.TextIOWrapper(raw, encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _json_lines(path: str, field: str, start: int, keep) -> Iterator[tuple[int, str]]:
+    with _open_text(path) as f:
+        for i, line in enumerate(f):
+            if i < start or not keep(i) or not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise CorpusError(f"{path}: line {i + 1} is not JSON ({e})") from None
+            text = record.get(field) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise CorpusError(f"{path}: line {i + 1} has no string field {field!r} (it has "
+                                  f"{sorted(record) if isinstance(record, dict) else type(record).__name__}); "
+                                  "set data.field to the one holding the text")
+            yield i, text
+
+
+def _paragraphs(path: str, start: int, keep) -> Iterator[tuple[int, str]]:
+    with _open_text(path) as f:
+        index, lines = 0, []
+        for line in f:
+            if line.strip():
+                lines.append(line)
+                continue
+            if lines:
+                if index >= start and keep(index):
+                    yield index, "".join(lines).strip()
+                index, lines = index + 1, []
+        if lines and index >= start and keep(index):
+            yield index, "".join(lines).strip()
+
+
+def _rows(piece: Piece, field: str, start: int, keep) -> Iterator[tuple[int, str]]:
+    first, end = piece.rows
+    start = max(start, first)
+    if piece.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        f = pq.ParquetFile(piece.path)
+        if field not in f.schema_arrow.names:
+            raise CorpusError(f"{piece.path}: no column {field!r} (columns: {f.schema_arrow.names}); set data.field")
+        index = first
+        for batch in f.iter_batches(batch_size=BATCH_ROWS, row_groups=[piece.group], columns=[field]):
+            if index + batch.num_rows > start:   # batches wholly before `start` are not converted
+                for i, text in enumerate(batch.column(0).to_pylist(), index):
+                    if i >= start and keep(i):
+                        yield i, text
+            index += batch.num_rows
+    else:
+        ds = _arrow(piece.path)
+        if field not in ds.column_names:
+            raise CorpusError(f"{piece.path}: no column {field!r} (columns: {ds.column_names}); set data.field")
+        ds = ds.select_columns([field])
+        for a in range(start, end, BATCH_ROWS):
+            for i, text in enumerate(ds[a:min(a + BATCH_ROWS, end)][field], a):
+                if keep(i):
+                    yield i, text
+
+
+def read(piece: Piece, field: str, start: int = 0, held_out: int = 0) -> Iterator[tuple[int, str]]:
+    """(index, text) of the piece's non-empty documents whose index is >= start and
+    >= held_out (the first records of a file kept for validation), in order."""
+    k, n = piece.stride
+    keep = (lambda i: i % n == k) if n > 1 else (lambda i: True)
+    start = max(start, held_out)
+    if piece.kind == "jsonl":
+        records = _json_lines(piece.path, field, start, keep)
+    elif piece.kind == "text":
+        records = _paragraphs(piece.path, start, keep)
+    elif piece.kind in ("parquet", "arrow"):
+        records = _rows(piece, field, start, keep)
+    else:
+        raise CorpusError(f"{piece.path}: unknown piece kind {piece.kind!r}")
+    for index, text in records:
+        if text is None:
+            continue
+        if not isinstance(text, str):
+            raise CorpusError(f"{piece.path}: record {index}'s {field!r} is {type(text).__name__}, expected a string")
+        if text.strip():
+            yield index, text
+
+
+def identity(patterns: list[str]) -> list[dict]:
+    """What a resumed run checks the corpus against: every file's path, size and time."""
+    out = []
+    for path in files(patterns):
+        stat = os.stat(path / "state.json" if path.is_dir() else path)
+        out.append({"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+    return out

@@ -1,0 +1,233 @@
+"""Streaming data (shard/data/readers.py, feed.py, workers.py, stream.py), against
+independent references: the documents as written (every file kind reads back what was
+written), a stream's rows against the documents of its pieces, framed and concatenated by
+hand, and the rows of a step as one set, whatever the world size, the workers, or a resume
+from a saved position."""
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shard.data import readers, synthetic_documents, tokenizer
+from shard.data.feed import FeedSpec, order
+from shard.data.stream import Corpus, StreamingBatches
+from tests.shard.published_tokenizers import byte_bpe
+
+DOCS = synthetic_documents(360, seed=3)
+
+
+def write_corpus(d: Path) -> Path:
+    """DOCS over every kind of file: jsonl, jsonl.gz, jsonl.zst, txt and parquet of 3 row groups."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    d.mkdir(parents=True, exist_ok=True)
+    lines = lambda docs: "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(docs))  # noqa: E731
+    (d / "a.jsonl").write_text(lines(DOCS[:80]))
+    with gzip.open(d / "b.jsonl.gz", "wt") as f:
+        f.write(lines(DOCS[80:140]))
+    (d / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines(DOCS[140:200]).encode()))
+    (d / "d.txt").write_text("\n\n".join(DOCS[200:260]) + "\n")
+    pq.write_table(pa.table({"text": DOCS[260:]}), d / "e.parquet", row_group_size=40)
+    return d
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def tok_path(tmp_path_factory):
+    return str(byte_bpe(tmp_path_factory.mktemp("tok"), "llama") / "tokenizer.json")
+
+
+def corpus(corpus_dir, tok_path, **settings) -> Corpus:
+    values = dict(sources=((str(corpus_dir / "*"),),), weights=(1.0,), field="text", tokenizer=tok_path,
+                  val_documents=5)
+    return Corpus(**{**values, **settings})
+
+
+def test_every_file_kind_reads_back_its_documents_from_any_record(corpus_dir):
+    pieces = readers.pieces([str(corpus_dir / "*")])
+    assert [(Path(p.path).name, p.kind, p.rows) for p in pieces] == [
+        ("a.jsonl", "jsonl", None), ("b.jsonl.gz", "jsonl", None), ("c.jsonl.zst", "jsonl", None),
+        ("d.txt", "text", None), ("e.parquet", "parquet", (0, 40)), ("e.parquet", "parquet", (40, 80)),
+        ("e.parquet", "parquet", (80, 100))]
+    texts = [t for p in pieces for _, t in readers.read(p, "text")]
+    assert texts == DOCS
+    assert [i for i, _ in readers.read(pieces[0], "text", start=77)] == [77, 78, 79]
+    assert [t for _, t in readers.read(pieces[5], "text", start=75)] == DOCS[260 + 75:260 + 80]
+    assert [t for _, t in readers.read(pieces[3], "text", start=58)] == DOCS[258:260]
+    assert [t for _, t in readers.read(pieces[0], "text", held_out=78)] == DOCS[78:80]
+    strided = readers.split(pieces[:1], 3)
+    assert [p.stride for p in strided] == [(0, 3), (1, 3), (2, 3)]
+    parts = [[i for i, _ in readers.read(p, "text")] for p in strided]
+    assert sorted(sum(parts, [])) == list(range(80)) and parts[1][:2] == [1, 4]
+    assert readers.split(pieces, 4) == pieces, "enough pieces: not split"
+
+
+def test_a_datasets_directory_reads_in_pieces_of_rows(tmp_path, monkeypatch):
+    import datasets
+
+    datasets.Dataset.from_dict({"text": DOCS[:50], "n": list(range(50))}).save_to_disk(str(tmp_path / "ds"))
+    monkeypatch.setattr(readers, "ROWS_PER_PIECE", 20)
+    pieces = readers.pieces([str(tmp_path / "ds")])
+    assert [(p.kind, p.rows) for p in pieces] == [("arrow", (0, 20)), ("arrow", (20, 40)), ("arrow", (40, 50))]
+    assert [t for p in pieces for _, t in readers.read(p, "text")] == DOCS[:50]
+    assert [i for i, _ in readers.read(pieces[1], "text", start=37)] == [37, 38, 39]
+
+
+def test_bad_corpora_are_named_with_the_reason(tmp_path, corpus_dir):
+    with pytest.raises(readers.CorpusError, match="matches no file"):
+        readers.pieces([str(tmp_path / "nothing-*.jsonl")])
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(readers.CorpusError, match="not corpus files"):
+        readers.pieces([str(tmp_path / "x.csv")])
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\nnot json\n')
+    piece, = readers.pieces([str(tmp_path / "bad.jsonl")])
+    with pytest.raises(readers.CorpusError, match="line 2 has no string field 'text'.*body"):
+        list(readers.read(piece, "text"))
+    with pytest.raises(readers.CorpusError, match="line 3 is not JSON"):
+        list(readers.read(piece, "text", start=2))
+    piece = readers.pieces([str(corpus_dir / "e.parquet")])[0]
+    with pytest.raises(readers.CorpusError, match="no column 'body'"):
+        list(readers.read(piece, "body"))
+
+
+def framed(tok_path: str, texts: list[str]) -> np.ndarray:
+    ids, _ = tokenizer.load(tok_path).frame(texts, dtype=np.int64)
+    return ids
+
+
+def test_a_stream_packs_its_pieces_documents_in_order_into_rows(corpus_dir, tok_path):
+    """One stream: its rows, each starting on the previous row's last token, are the framed
+    documents of its pieces in the epoch's order, the held-out ones left out, epoch after epoch."""
+    c = corpus(corpus_dir, tok_path)
+    batches = StreamingBatches(c, seq_len=64, micro_batch=2, accumulation=1, rank=0, world=1, seed=7, streams=1,
+                               workers=0)
+    spec = FeedSpec(tuple(batches.pieces[0]), "text", tok_path, 7, 0, 0, 1, batches.held_out)
+    path, held = batches.held_out
+    assert (Path(path).name, held) == ("a.jsonl", 5)
+    assert np.array_equal(batches.validation(), framed(tok_path, DOCS[:5]))
+    expected = []
+    for epoch in range(2):
+        for p in order(spec, epoch):
+            piece = batches.pieces[0][p]
+            expected += [t for _, t in readers.read(piece, "text", held_out=held if piece.path == path else 0)]
+    stream = framed(tok_path, expected)
+    steps = len(stream) // (2 * 64) - 2   # into the second epoch
+    rows = np.concatenate([np.concatenate([x, y[:, -1:]], axis=1) for _ in range(steps)
+                           for x, y in batches.next_step()])
+    flat = np.concatenate([rows[0, :1], rows[:, 1:].reshape(-1)])
+    assert np.array_equal(flat, stream[:len(flat)])
+    assert batches.epoch == 1
+    batches.close()
+
+
+def step_rows(batches: list[StreamingBatches], steps: int) -> list[list[tuple]]:
+    """Per step, every rank's rows (input and its last target) as one sorted list."""
+    out = []
+    for _ in range(steps):
+        rows = []
+        for b in batches:
+            for x, y in b.next_step():
+                rows += [tuple(r) + (int(t),) for r, t in zip(x.tolist(), y[:, -1].tolist())]
+        out.append(sorted(rows))
+    return out
+
+
+def ranks(c: Corpus, world: int, streams: int = 4, workers: int = 0, seed: int = 0, global_batch: int = 8):
+    return [StreamingBatches(c, 32, 2, global_batch // (2 * world), r, world, seed, streams, workers)
+            for r in range(world)]
+
+
+def merged_state(batches: list[StreamingBatches]) -> dict:
+    """What train.py saves: rank 0's state with every rank's positions."""
+    state = batches[0].state_dict()
+    for b in batches[1:]:
+        state["positions"].update(b.state_dict()["positions"])
+    return json.loads(json.dumps(state))   # as a checkpoint's meta.json gives it back
+
+
+def test_a_step_reads_the_same_rows_at_any_world_size_with_any_workers(corpus_dir, tok_path):
+    c = corpus(corpus_dir, tok_path)
+    reference = step_rows(ranks(c, 1), 6)
+    assert step_rows(ranks(c, 2), 6) == reference
+    four = ranks(c, 4, workers=1)
+    assert step_rows(four, 6) == reference
+    assert all(b.waited_s >= 0 for b in four)
+    for b in four:
+        b.close()
+    assert step_rows(ranks(c, 1, seed=1), 6) != reference, "another seed, another order"
+    rows = [r for step in reference for r in step]
+    assert len(set(rows)) == len(rows), "no row twice"
+    held_out = framed(tok_path, DOCS[:5])
+    assert not any(np.array_equal(held_out[i:i + 33], r) for r in map(np.array, rows)
+                   for i in range(0, len(held_out) - 33, 97)), "validation documents are not trained on"
+
+
+@pytest.mark.parametrize("world_after", [2, 4])
+def test_a_resumed_stream_reads_exactly_what_the_uninterrupted_one_would(corpus_dir, tok_path, world_after):
+    c = corpus(corpus_dir, tok_path)
+    uninterrupted = step_rows(ranks(c, 2), 9)
+    first = ranks(c, 2)
+    assert step_rows(first, 4) == uninterrupted[:4]
+    state = merged_state(first)
+    after = ranks(c, world_after, workers=1 if world_after == 4 else 0)
+    for b in after:
+        b.load_state_dict(state)
+    assert step_rows(after, 5) == uninterrupted[4:]
+    for b in after:
+        b.close()
+
+
+def test_a_mixture_draws_sources_by_weight_and_resumes_mid_document(corpus_dir, tok_path):
+    """Two sources weighted 3:1: about three quarters of the documents from the first; and a
+    position saved with rows cut through documents resumes exactly."""
+    c = corpus(corpus_dir, tok_path, sources=((str(corpus_dir / "*.jsonl*"),), (str(corpus_dir / "e.parquet"),)),
+               weights=(3.0, 1.0))
+    reference = step_rows(ranks(c, 1, streams=2), 8)
+    first = ranks(c, 1, streams=2)
+    step_rows(first, 3)
+    state = merged_state(first)
+    assert any(v[1] > 0 for v in state["positions"].values()), "a row starts inside a document"
+    resumed = ranks(c, 2, streams=2)
+    for b in resumed:
+        b.load_state_dict(state)
+    assert step_rows(resumed, 5) == reference[3:]
+    stream = first[0]._streams[0]
+    drawn = [stream._source(n) for n in range(4000)]
+    assert 0.72 < drawn.count(0) / len(drawn) < 0.78
+
+
+def test_streams_that_do_not_fit_the_world_or_the_batch_are_refused_before_reading(corpus_dir, tok_path):
+    c = corpus(corpus_dir, tok_path)
+    with pytest.raises(ValueError, match="4 streams, which 3 ranks cannot share"):
+        StreamingBatches(c, 32, 2, 1, 0, 3, 0, streams=4)
+    with pytest.raises(ValueError, match="must be a multiple of the world size and divide the global batch"):
+        StreamingBatches(c, 32, 1, 1, 0, 2, 0, streams=4)
+    b = StreamingBatches(c, 32, 2, 2, 0, 2, 0, streams=4, workers=0)
+    state = merged_state(ranks(c, 1))
+    with pytest.raises(ValueError, match="saved with seed"):
+        StreamingBatches(c, 32, 2, 2, 0, 2, 1, streams=4, workers=0).load_state_dict(state)
+    changed = json.loads(json.dumps(state))
+    changed["corpus"][0][0]["bytes"] += 1
+    with pytest.raises(ValueError, match="the corpus changed"):
+        b.load_state_dict(changed)
+    with pytest.raises(ValueError, match="data.weights must be one positive number per source"):
+        corpus(corpus_dir, tok_path, weights=(1.0, 2.0))
+
+
+def test_a_worker_that_fails_says_why(tmp_path, tok_path):
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS[:20]) + "{broken\n")
+    c = Corpus(((str(tmp_path / "a.jsonl"),),), (1.0,), "text", tok_path, 2)
+    for workers in (0, 1):
+        b = StreamingBatches(c, 32, 1, 1, 0, 1, 0, streams=1, workers=workers)
+        with pytest.raises(readers.CorpusError, match="line 21 is not JSON"):
+            for _ in range(100):
+                b.next_step()
+        b.close()
