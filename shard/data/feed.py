@@ -83,7 +83,11 @@ class Feed:
             documents = list(islice(self._records, CHUNK_DOCUMENTS))
             if documents:
                 self._empty = 0
-                tokens, ends = self.tokenizer.frame([text for _, text in documents], dtype=self.spec.dtype)
+                if piece.kind == "tokens":   # framed when they were tokenized
+                    tokens = np.concatenate([ids for _, ids in documents]).astype(self.spec.dtype)
+                    ends = np.cumsum([len(ids) for _, ids in documents])
+                else:
+                    tokens, ends = self.tokenizer.frame([text for _, text in documents], dtype=self.spec.dtype)
                 after = np.array([i + 1 for i, _ in documents], dtype=np.int64)
                 self.position = Position(epoch, index, int(after[-1]))
                 return Chunk(tokens, ends, epoch, index, after)

@@ -94,14 +94,17 @@ def prepare(spec: Mapping, cache_dir) -> Path:
 
 def prepare_tokenizer(spec: Mapping, cache_dir) -> Path:
     """A streamed corpus's tokenizer (a normalized spec of source "files"): the one it names,
-    or one trained on a sample of its documents (every piece's first, up to the training
-    budget in all), cached in cache_dir/files-<hash12>/tokenizer.model. One process prepares
-    (rank 0)."""
+    that of its first pre-tokenized directory, or one trained on a sample of its documents
+    (every piece's first, up to the training budget in all), cached in
+    cache_dir/files-<hash12>/tokenizer.model. One process prepares (rank 0)."""
     from shard.data import readers
     from shard.data.spec import digest
 
     if spec["tokenizer"] is not None:
         return tokenizer.locate(spec["tokenizer"])
+    tokenized = readers.token_directory(spec["paths"])
+    if tokenized is not None:   # the tokenizer its tokens were made with
+        return tokenizer.locate(tokenized)
     ident = {"format": 1, "source": "files", "field": spec["field"], "vocab_size": spec["vocab_size"],
              "files": readers.identity(spec["paths"])}
     path = Path(cache_dir) / f"files-{digest(ident)[:12]}" / "tokenizer.model"

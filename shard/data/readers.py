@@ -11,6 +11,10 @@ order, so the same paths give the same pieces on every rank and every run. The k
     .txt .md (+ .gz .zst)       documents are paragraphs: blank lines between them
     .parquet                    one document per row, column `field`; a piece per row group
     datasets on disk            one per row, column `field`; a piece per ROWS_PER_PIECE rows
+    token directories           documents tokenized already (pretokenize.py: shard-data
+                                prepare): a piece per shard, each document its token ids
+    hub(name, config, split)    a Hugging Face dataset streamed (from the Hub: the network),
+                                a piece per shard of it (its data files), column `field`
 
 A record's index is its line (JSON lines), paragraph (text) or row in the file; reading from
 `start` skips the earlier ones without parsing them. A file that is not split (JSON lines,
@@ -29,11 +33,45 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+import numpy as np
+
 JSON = (".jsonl", ".json")
 TEXT = (".txt", ".md")
 COMPRESSED = ("", ".gz", ".zst")
 ROWS_PER_PIECE = 65536   # datasets on disk: rows per piece (its Arrow files are memory-mapped)
 BATCH_ROWS = 1024        # rows read from parquet and Arrow at a time
+
+
+HUB = "hf:"   # a path naming a Hugging Face dataset streamed (hub() makes it)
+
+
+def hub(name: str, config: Optional[str] = None, split: str = "train", data_files=None) -> str:
+    """The path of a Hugging Face dataset, streamed (data=hf streaming=true): `name` on the
+    Hub, or a builder such as "json" with its `data_files`."""
+    return HUB + json.dumps({"name": name, "config": config, "split": split, "data_files": data_files}, sort_keys=True)
+
+
+def _hub_stream(path: str):
+    import datasets
+
+    spec = json.loads(path[len(HUB):path.rfind("}") + 1])   # a shard's path goes on: "#<shard>"
+    try:
+        return datasets.load_dataset(spec["name"], spec["config"], split=spec["split"], data_files=spec["data_files"],
+                                     streaming=True)
+    except Exception as e:   # datasets raises many kinds (missing dataset, no network, bad config)
+        raise CorpusError(f"the Hugging Face dataset {spec['name']!r} ({spec['config']}, {spec['split']}) cannot be "
+                          f"streamed: {type(e).__name__}: {e}") from None
+
+
+def _hub_records(piece, field: str, start: int, keep) -> Iterator[tuple[int, str]]:
+    ds = _hub_stream(piece.path)
+    for i, record in enumerate(ds.shard(num_shards=ds.n_shards, index=piece.group)):
+        if i < start or not keep(i):
+            continue
+        if field not in record:
+            raise CorpusError(f"{piece.path}: record {i} of shard {piece.group} has no field {field!r} (it has "
+                              f"{sorted(record)}); set data.field")
+        yield i, record[field]
 
 
 class CorpusError(ValueError):
@@ -43,16 +81,18 @@ class CorpusError(ValueError):
 @dataclass(frozen=True)
 class Piece:
     path: str
-    kind: str                             # jsonl | text | parquet | arrow
-    rows: Optional[tuple[int, int]] = None   # parquet, arrow: the records [first, end) of the file
-    group: int = 0                        # parquet: the row group
+    kind: str                             # jsonl | text | parquet | arrow | tokens
+    rows: Optional[tuple[int, int]] = None   # parquet, arrow, tokens: the records [first, end) of the file
+    group: int = 0                        # parquet: the row group; tokens: the shard
     stride: tuple[int, int] = (0, 1)      # (k, K): the records whose index is k mod K
 
 
-def kind_of(path: Path) -> Optional[str]:
+def kind_of(path) -> Optional[str]:
     """The kind of a corpus file (None: not one)."""
+    if isinstance(path, str):
+        return "hub" if path.startswith(HUB) else kind_of(Path(path))
     if path.is_dir():
-        return "arrow" if (path / "state.json").is_file() else None
+        return "arrow" if (path / "state.json").is_file() else "tokens" if (path / "tokens.json").is_file() else None
     name = path.name.lower()
     for suffix in COMPRESSED:
         if any(name.endswith(s + suffix) for s in JSON):
@@ -62,10 +102,14 @@ def kind_of(path: Path) -> Optional[str]:
     return "parquet" if name.endswith(".parquet") else None
 
 
-def files(patterns: list[str]) -> list[Path]:
-    """The corpus files (and datasets directories) `patterns` name, each pattern's sorted."""
+def files(patterns: list[str]) -> list:
+    """The corpus files (and datasets directories, and a streamed dataset's shards, as
+    strings) `patterns` name, each pattern's sorted."""
     out = []
     for pattern in patterns:
+        if pattern.startswith(HUB):   # its shards, each a "file" of its own
+            out += [f"{pattern}#{g}" for g in range(_hub_stream(pattern).n_shards)]
+            continue
         path = Path(pattern)
         if path.is_dir() and kind_of(path) is None:   # its files (a datasets directory is named itself)
             found = sorted(p for p in path.rglob("*") if p.is_file() and kind_of(p))
@@ -82,6 +126,31 @@ def files(patterns: list[str]) -> list[Path]:
     return out
 
 
+def _manifest(path) -> dict:
+    try:
+        return json.loads((Path(path) / "tokens.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CorpusError(f"{path}: its tokens.json cannot be read: {e}") from None
+
+
+def token_directory(patterns: list[str]) -> Optional[Path]:
+    """The first directory of pre-tokenized documents among the files `patterns` name."""
+    return next((p for p in files(patterns) if kind_of(p) == "tokens"), None)
+
+
+def _tokens(piece: Piece, start: int, keep) -> Iterator[tuple[int, np.ndarray]]:
+    manifest = _manifest(piece.path)
+    name = manifest["shards"][piece.group]["name"]
+    base = Path(piece.path) / name
+    ids = np.memmap(f"{base}.bin", dtype=np.dtype(manifest["dtype"]).newbyteorder("<"), mode="r")
+    ends = np.fromfile(f"{base}.idx", dtype="<i8").reshape(-1, 2)[:, 0]
+    first, end = piece.rows
+    for i in range(max(start, first), end):
+        if keep(i):
+            local = i - first
+            yield i, np.asarray(ids[ends[local - 1] if local else 0:ends[local]])
+
+
 def _arrow(path: str):
     import datasets
 
@@ -93,7 +162,9 @@ def pieces(patterns: list[str]) -> list[Piece]:
     out = []
     for path in files(patterns):
         kind = kind_of(path)
-        if kind == "parquet":
+        if kind == "hub":
+            out.append(Piece(path, kind, None, int(path.rsplit("#", 1)[1])))
+        elif kind == "parquet":
             import pyarrow.parquet as pq
 
             meta = pq.ParquetFile(path).metadata
@@ -102,6 +173,11 @@ def pieces(patterns: list[str]) -> list[Piece]:
                 rows = meta.row_group(g).num_rows
                 out.append(Piece(str(path), kind, (first, first + rows), g))
                 first += rows
+        elif kind == "tokens":
+            first = 0
+            for g, shard in enumerate(_manifest(path)["shards"]):
+                out.append(Piece(str(path), kind, (first, first + shard["documents"]), g))
+                first += shard["documents"]
         elif kind == "arrow":
             rows = len(_arrow(str(path)))
             out += [Piece(str(path), kind, (a, min(a + ROWS_PER_PIECE, rows))) for a in range(0, rows, ROWS_PER_PIECE)]
@@ -191,7 +267,8 @@ def _rows(piece: Piece, field: str, start: int, keep) -> Iterator[tuple[int, str
 
 def read(piece: Piece, field: str, start: int = 0, held_out: int = 0) -> Iterator[tuple[int, str]]:
     """(index, text) of the piece's non-empty documents whose index is >= start and
-    >= held_out (the first records of a file kept for validation), in order."""
+    >= held_out (the first records of a file kept for validation), in order; of a token
+    directory's, (index, token ids)."""
     k, n = piece.stride
     keep = (lambda i: i % n == k) if n > 1 else (lambda i: True)
     start = max(start, held_out)
@@ -201,6 +278,11 @@ def read(piece: Piece, field: str, start: int = 0, held_out: int = 0) -> Iterato
         records = _paragraphs(piece.path, start, keep)
     elif piece.kind in ("parquet", "arrow"):
         records = _rows(piece, field, start, keep)
+    elif piece.kind == "hub":
+        records = _hub_records(piece, field, start, keep)
+    elif piece.kind == "tokens":
+        yield from _tokens(piece, start, keep)   # token ids, framed already
+        return
     else:
         raise CorpusError(f"{piece.path}: unknown piece kind {piece.kind!r}")
     for index, text in records:
@@ -216,6 +298,9 @@ def identity(patterns: list[str]) -> list[dict]:
     """What a resumed run checks the corpus against: every file's path, size and time."""
     out = []
     for path in files(patterns):
-        stat = os.stat(path / "state.json" if path.is_dir() else path)
+        if isinstance(path, str):   # a streamed dataset's shard: nothing to stat
+            out.append({"path": path})
+            continue
+        stat = os.stat(path / ("state.json" if kind_of(path) == "arrow" else "tokens.json") if path.is_dir() else path)
         out.append({"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns})
     return out

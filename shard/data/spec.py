@@ -7,6 +7,8 @@ Keys (a plain dict, e.g. from an OmegaConf config; keys of other sources may be 
     files         text: list of .txt/.md/.jsonl/.json paths                    (text)
     name, config, split, max_documents   hf: Hub dataset, its first documents  (hf; config
                   default None, split default "train")
+    streaming     hf: streamed as source "files" streams (below), the whole dataset, instead
+                  of its first max_documents cached                            (default False)
     field         the record field holding the text, .json(l) and hf           (default "text")
     tokenizer     a tokenizer.json, a directory holding one, a sentencepiece .model
                   (tokenizer.py); None or "train": train one on the corpus     (default None)
@@ -29,13 +31,13 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from shard.data import tokenizer
+from shard.data import readers, tokenizer
 from shard.data.sources import SOURCES, missing_files
 
 FORMAT = 1  # bump when the files a spec produces change, so old cache entries are not reused
 DEFAULTS = {"seed": 0, "documents": None, "files": None, "name": None, "config": None, "split": "train",
             "max_documents": None, "field": "text", "tokenizer": None, "vocab_size": None, "val_fraction": 0.01,
-            "paths": None, "weights": None, "val_documents": 200, "streams": None, "workers": 1}
+            "paths": None, "weights": None, "val_documents": 200, "streams": None, "workers": 1, "streaming": False}
 REQUIRED = {"synthetic": ("documents",), "text": ("files",), "hf": ("name", "max_documents"), "files": ("paths",)}
 STREAMED = ("files",)
 MIN_VOCAB = 260  # 256 byte pieces, unk, eos and a few more
@@ -57,6 +59,10 @@ def normalize(spec: Mapping) -> dict:
     out = {**DEFAULTS, **spec}
     if out.get("source") not in SOURCES:
         raise ValueError(f"data spec: unknown source {out.get('source')!r}; valid sources: {list(SOURCES)}")
+    if out["streaming"] not in (True, False):
+        raise ValueError(f"data spec: streaming must be true or false, got {out['streaming']!r}")
+    if out["source"] == "hf" and out["streaming"]:   # streamed as data=files streams its paths
+        out.update(source="files", paths=[readers.hub(out["name"], out["config"], out["split"])], weights=None)
     missing = [k for k in REQUIRED[out["source"]] if out[k] is None]
     if out["tokenizer"] in (None, "train") and out["vocab_size"] is None:
         missing.append("vocab_size (or a tokenizer)")
@@ -73,6 +79,10 @@ def normalize(spec: Mapping) -> dict:
         _int(out, "max_documents", 2)
     if out["source"] == "files":
         _streamed(out)
+    _int(out, "val_documents", 1)   # the streamed sources' keys: checked wherever they are set
+    _int(out, "workers", 0)
+    if out["streams"] is not None:
+        _int(out, "streams", 1)
     if out["tokenizer"] == "train":
         out["tokenizer"] = None
     if out["tokenizer"] is None:
@@ -98,10 +108,6 @@ def _streamed(out: dict) -> None:
             raise ValueError(f"data spec: weights must be one positive number per path ({len(paths)}), or null for "
                              f"one source, got {weights!r}")
         out["weights"] = [float(w) for w in weights]
-    _int(out, "val_documents", 1)
-    _int(out, "workers", 0)
-    if out["streams"] is not None:
-        _int(out, "streams", 1)
 
 
 def _sha256(path: Path) -> str:

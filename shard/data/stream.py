@@ -162,12 +162,22 @@ class StreamingBatches:
         self.rank, self.world, self.seed, self.workers = rank, world, seed, workers
         self.global_batch = world * micro_batch * accumulation
         self.tokenizer = tokenizer.load(corpus.tokenizer)
+        self._check_token_directories()
         self.identity = [readers.identity(list(s)) for s in corpus.sources]
         self._given = streams
         self._feeds: Optional[Feeds] = None
         self._streams: list[Stream] = []
         self._configure(world if streams is None else streams)
         self.held_out, self._validation = self._hold_out()
+
+    def _check_token_directories(self) -> None:
+        """A pre-tokenized source must have been tokenized by this run's tokenizer."""
+        mine = [f.read_bytes() for f in self.tokenizer.files]
+        for source in self.corpus.sources:
+            for path in readers.files(list(source)):
+                if readers.kind_of(path) == "tokens" and [f.read_bytes() for f in tokenizer.load(path).files] != mine:
+                    raise readers.CorpusError(f"{path} was tokenized with another tokenizer than "
+                                              f"{self.corpus.tokenizer} (data.tokenizer): its tokens mean other text")
 
     def _configure(self, streams: int) -> None:
         self.per_stream = _check(self.world, self.micro_batch, self.accumulation, streams)
@@ -187,7 +197,9 @@ class StreamingBatches:
                 break
         if not documents:
             raise readers.CorpusError(f"{first}: no documents to hold out for validation")
-        tokens, _ = self.tokenizer.frame([text for _, (_, text) in documents], dtype=np.int64)
+        texts = [text for _, (_, text) in documents]
+        tokens = np.concatenate(texts).astype(np.int64) if not isinstance(texts[0], str) else \
+            self.tokenizer.frame(texts, dtype=np.int64)[0]   # a token directory's, framed already
         return (str(first), documents[-1][1][0] + 1), tokens
 
     def validation(self) -> np.ndarray:
@@ -222,7 +234,8 @@ class StreamingBatches:
 
     @property
     def waited_s(self) -> float:
-        """Time the training process blocked on its workers for tokens."""
+        """Time the training process spent getting tokens: waiting for its workers (or, with
+        none, tokenizing)."""
         return self._feeds.waited_s if self._feeds else 0.0
 
     def state_dict(self) -> dict:

@@ -37,7 +37,7 @@ class Feeds:
         self.local: dict[Any, Feed] = {}
         self.tokenizers: dict[str, Any] = {}
         self.owner: dict[Any, _Worker] = {}
-        self.waited_s = 0.0   # time next() blocked for a worker
+        self.waited_s = 0.0   # time next() took: blocked for a worker, or tokenizing itself (workers=0)
 
     def add(self, key, spec: FeedSpec, position: Position = Position(0, 0, 0)) -> None:
         if not self.workers:
@@ -52,10 +52,8 @@ class Feeds:
         worker.open(key, spec, position)
 
     def next(self, key):
-        if key in self.local:
-            return self.local[key].next_chunk()
         started = time.perf_counter()
-        chunk = self.owner[key].next(key)
+        chunk = self.local[key].next_chunk() if key in self.local else self.owner[key].next(key)
         self.waited_s += time.perf_counter() - started
         return chunk
 

@@ -338,7 +338,7 @@ def load_data(r: Run) -> None:
     if r.faults:
         faults.kill_if_planned(r.faults, "kill-data", 0, r.comm.rank, r.out_dir)
     model_dir = r.cfg.model.path if r.cfg.model.preset == "hf" else None
-    if r.cfg.data.source == "files":
+    if r.cfg.data.source == "files" or (r.cfg.data.source == "hf" and r.cfg.data.get("streaming")):
         r.batches = _stream_data(r, model_dir)
         r.tokenizer, r.tokenizer_vocab = r.batches.corpus.tokenizer, r.batches.tokenizer.vocab_size
         held_out = r.batches.validation()
@@ -351,9 +351,9 @@ def load_data(r: Run) -> None:
 
 
 def _stream_data(r: Run, model_dir: Optional[str]):
-    """data=files: the streamed batches of this rank (shard/data/stream.py), with the
-    tokenizer data.tokenizer names, else the Hugging Face model's own, else one rank 0
-    trains on a sample of the corpus (cached)."""
+    """data=files (or data=hf streaming=true): the streamed batches of this rank
+    (shard/data/stream.py), with the tokenizer data.tokenizer names, else the Hugging Face
+    model's own, else one rank 0 trains on a sample of the corpus (cached)."""
     from shard.data import Corpus, StreamingBatches, tokenizer
     from shard.data.prepare import prepare_tokenizer
     from shard.data.spec import normalize

@@ -20,7 +20,7 @@ GROUPS = sorted({p.name for p in CONFIGS.iterdir() if p.is_dir()} | {"strategy"}
 # Keys for which zero, or a negative number, is a valid value.
 ZERO_VALID = {"train.seed", "train.eval_interval", "train.checkpoint_interval", "train.max_skipped_steps",
               "train.straggler_seconds", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay",
-              "strategy.prefetch", "strategy.min_shard_numel", "strategy.auto.headroom", "data.seed"}
+              "strategy.prefetch", "strategy.min_shard_numel", "strategy.auto.headroom", "data.seed", "data.workers"}
 NEGATIVE_VALID = {"data.seed"}   # any integer seeds the synthetic corpus
 FREE_TEXT = {"train.out_dir", "comm.name", "log.wandb.project", "data.cache_dir", "data.field", "data.name",
              "data.split", "model.preset"}   # any string goes (model.preset: an unknown one is below)
@@ -35,7 +35,7 @@ NULL_DEFAULTS = {
     "comm.compression.grads": ["int7", 3], "optim.decay_steps": ["x", 0], "strategy.group_size": ["x", 0],
     "optim.lr": ["x", 0, -1], "optim.min_lr": ["x", -1],
     "strategy.prefetch_bytes": ["x", 0], "strategy.auto.memory": ["x", 0, -1, "64XB"], "data.tokenizer": [3],
-    "data.vocab_size": ["x", 10],
+    "data.vocab_size": ["x", 10], "data.weights": ["x", [1.0, 2.0], [0]], "data.streams": ["x", 0],
     "data.config": [3], "log.wandb.entity": [3], "log.wandb.name": [3], "train.checkpoint_dir": [3],
 }
 
@@ -90,6 +90,7 @@ def with_value(resolved: dict, path: str, value) -> dict:
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_key_of_every_option_refuses_bad_values_naming_the_key(group, option, tmp_path):
     extra = {("data", "text"): [f"data.files=[{tmp_path / 'corpus.txt'}]"],
+             ("data", "files"): [f"data.paths=[{tmp_path / '*.jsonl'}]"],
              ("model", "hf"): [f"model.path={hf_model(tmp_path)}", "optim.lr=1e-4", "train.seq_len=32"]}.get(
         (group, option), [])
     resolved = composed([f"{group}={option}", *extra])

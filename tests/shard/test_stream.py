@@ -231,3 +231,46 @@ def test_a_worker_that_fails_says_why(tmp_path, tok_path):
             for _ in range(100):
                 b.next_step()
         b.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_corpus_tokenized_once_streams_the_same_rows_as_its_text(corpus_dir, tok_path, tmp_path, workers):
+    """shard-data prepare's token shards (any number of workers) streamed in place of the
+    text: the same rows, the same held-out documents, exactly."""
+    from shard.data.pretokenize import tokenize_corpus
+    from shard.tools.data import main as shard_data
+
+    out = tmp_path / "tokens"
+    assert shard_data(["prepare", str(corpus_dir / "*"), "--tokenizer", tok_path, "--out", str(out),
+                       "--workers", str(workers)]) == 0
+    manifest = json.loads((out / "tokens.json").read_text())
+    assert manifest["documents"] == len(DOCS) and len(manifest["shards"]) == 7
+    assert (out / "tokenizer.json").read_bytes() == Path(tok_path).read_bytes()
+    text = ranks(corpus(corpus_dir, tok_path), 2)
+    tokens = ranks(corpus(corpus_dir, tok_path, sources=((str(out),),)), 2)
+    assert np.array_equal(tokens[0].validation(), text[0].validation())
+    assert step_rows(tokens, 12) == step_rows(text, 12)
+    with pytest.raises(FileExistsError, match="exists and is not empty"):
+        tokenize_corpus([str(corpus_dir / "*")], tok_path, out)
+    other = byte_bpe(tmp_path / "other", "gpt2")
+    with pytest.raises(readers.CorpusError, match="tokenized with another tokenizer"):
+        corpus_of_tokens = corpus(corpus_dir, str(other / "tokenizer.json"), sources=((str(out),),))
+        StreamingBatches(corpus_of_tokens, 32, 2, 1, 0, 1, 0, 1, workers=0)
+
+
+def test_a_streamed_hugging_face_dataset_gives_the_rows_its_files_give(corpus_dir, tok_path):
+    """data=hf streaming=true reads a dataset's shards through `datasets` streaming: here the
+    "json" builder over three local files (the Hub needs the network), against the same
+    files read directly. The spec becomes the streamed source's."""
+    from shard.data.spec import normalize
+
+    parts = [str(corpus_dir / n) for n in ("a.jsonl", "b.jsonl.gz", "c.jsonl.zst")]
+    spec = normalize({"source": "hf", "name": "json", "streaming": True, "vocab_size": 512})
+    assert spec["source"] == "files" and spec["paths"] == [readers.hub("json", None, "train")]
+    streamed = readers.hub("json", None, "train", data_files=parts)
+    assert [p.group for p in readers.pieces([streamed])] == [0, 1, 2]
+    direct = ranks(corpus(corpus_dir, tok_path, sources=(tuple(parts),)), 1, streams=2)
+    hub = ranks(corpus(corpus_dir, tok_path, sources=((streamed,),)), 2, streams=2)
+    assert step_rows(hub, 8) == step_rows(direct, 8)
+    with pytest.raises(readers.CorpusError, match="cannot be streamed"):
+        readers.pieces([readers.hub("json", None, "train", data_files=[str(corpus_dir / "none.jsonl")])])

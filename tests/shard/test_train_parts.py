@@ -251,7 +251,8 @@ def test_interval_record_has_the_mean_loss_and_the_largest_ranks_peak_memory_fro
                         engine=SimpleNamespace(comm_report=lambda reset: {"exposed_s": 0.0, "busy_s": {},
                                                                           "longest_wait_s": 0.0, "other_waits_s": 0.0,
                                                                           "longest_other_wait": ""}),
-                        log=SimpleNamespace(log=logged.append), batches=SimpleNamespace(epoch=0), stalled_s=0.0)
+                        log=SimpleNamespace(log=logged.append), batches=SimpleNamespace(epoch=0, waited_s=0.0),
+                        stalled_s=0.0, data_waited_s=0.0)
     train.straggler_seconds = 0
     result = StepResult(grad_norm=1.0, skipped=False, loss_scale=1.0)
     log_interval(r, result, [torch.tensor(1.0)] * 2, (0.0, 2), False)

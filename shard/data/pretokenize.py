@@ -1,0 +1,108 @@
+"""A corpus tokenized once, in parallel, into token shards the streaming reader reads as it
+reads text (a data.paths entry naming the directory), for runs that would rather not
+tokenize as they train.
+
+    tokenize_corpus(["web/*.jsonl.zst"], "Llama-3.2-1B/", "web-tokens/", workers=8)
+
+    web-tokens/    tokens.json                  the manifest, written last: the directory is
+                                                complete once it is there
+                   tokenizer.json (+ config)    the tokenizer, copied (or tokenizer.model)
+                   shard-00000.bin, .idx ...    one per input piece: the documents' framed
+                                                tokens (uint16 where the vocabulary fits, else
+                                                uint32, little-endian), and where each ends
+                                                and which record it was (int64 pairs)
+
+Each input piece (readers.py) is one task: `workers` processes tokenize the pieces side by
+side and write their shards atomically; the manifest lists them in the input's order, so the
+shards are the same whatever the number of workers. The whole is built in a temporary
+directory beside `out` and renamed into place.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from runkit.files import fsync_dir, write_atomic
+from shard.data import readers, tokenizer
+
+MANIFEST = "tokens.json"
+FORMAT = 1
+
+
+def _dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+def _shard(task: tuple) -> dict:
+    """Tokenize one piece into shard-<n>.bin/.idx in `directory`; what the manifest says of it."""
+    n, piece, field, tokenizer_path, directory = task
+    tok = tokenizer.load(tokenizer_path)
+    dtype = _dtype(tok.vocab_size)
+    tokens, index, documents, written = [], [], [], 0
+    for record, text in readers.read(piece, field):
+        documents.append((record, text))
+        if len(documents) == 1024:
+            written = _frame(tok, documents, dtype, tokens, index, written)
+            documents = []
+    written = _frame(tok, documents, dtype, tokens, index, written)
+    name = f"shard-{n:05d}"
+    ids = np.concatenate(tokens) if tokens else np.zeros(0, dtype)
+    write_atomic(Path(directory) / f"{name}.bin", ids.tobytes())
+    pairs = np.array(index, dtype="<i8").reshape(-1, 2)
+    write_atomic(Path(directory) / f"{name}.idx", pairs.tobytes())
+    return {"name": name, "documents": len(pairs), "tokens": int(written), "from": piece.path,
+            "rows": piece.rows}
+
+
+def _frame(tok, documents, dtype, tokens, index, written) -> int:
+    if not documents:
+        return written
+    ids, ends = tok.frame([t for _, t in documents], dtype=dtype)
+    tokens.append(ids)
+    index += [(int(written + e), r) for e, (r, _) in zip(ends, documents)]
+    return written + len(ids)
+
+
+def tokenize_corpus(patterns: list[str], tokenizer_path, out, field: str = "text", workers: int = 1) -> dict:
+    """Tokenize the corpus `patterns` name into the directory `out` (module docstring);
+    returns the manifest. Refuses an `out` that exists and is not empty."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty: give a new directory")
+    tok = tokenizer.load(tokenizer_path)
+    pieces = readers.pieces(patterns)
+    if any(p.kind == "tokens" for p in pieces):
+        raise readers.CorpusError("the corpus is already tokenized (a token directory among data.paths)")
+    tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        main, *rest = tok.files
+        write_atomic(tmp / ("tokenizer.json" if main.suffix == ".json" else "tokenizer.model"), main.read_bytes())
+        for f in rest:
+            write_atomic(tmp / f.name, f.read_bytes())
+        tasks = [(n, p, field, str(tmp), str(tmp)) for n, p in enumerate(pieces)]
+        if workers > 0:
+            with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+                shards = list(pool.map(_shard, tasks))
+        else:
+            shards = [_shard(t) for t in tasks]
+        manifest = {"format": FORMAT, "dtype": _dtype(tok.vocab_size).name, "vocab_size": tok.vocab_size,
+                    "eos_id": tok.eos_id, "prefix": list(tok.prefix), "field": field, "shards": shards,
+                    "documents": sum(s["documents"] for s in shards), "tokens": sum(s["tokens"] for s in shards)}
+        write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        fsync_dir(tmp)
+        if out.exists():
+            out.rmdir()
+        os.rename(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
