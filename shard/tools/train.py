@@ -180,10 +180,10 @@ def _reset_peak_memory(device: torch.device) -> None:
         pass
 
 
-def _prepare_data(d, comm: pccl.Communicator, vocab: int, model_dir: Optional[str]):
-    """The prepared corpus of data group `d`; a tokenizer trained to `vocab`, or with
-    data.tokenizer null and a Hugging Face model (`model_dir`), that model's own."""
-    from shard.data import TokenData, prepare, tokenizer
+def _data_spec(d, vocab: int, model_dir: Optional[str]) -> dict:
+    """The data group `d` as a data spec: a tokenizer trained to `vocab` where it sets none,
+    or with data.tokenizer null and a Hugging Face model (`model_dir`), that model's own."""
+    from shard.data import tokenizer
 
     spec = {k: v for k, v in d.items() if k != "cache_dir"}
     if spec.get("vocab_size") is None:
@@ -193,16 +193,22 @@ def _prepare_data(d, comm: pccl.Communicator, vocab: int, model_dir: Optional[st
             spec["tokenizer"] = str(tokenizer.locate(model_dir))
         except FileNotFoundError:   # a model directory without one: a tokenizer trained on the corpus
             pass
+    return spec
+
+
+def _on_rank_0(comm: pccl.Communicator, what: str, make) -> str:
+    """The path `make()` returns on rank 0 (it prepares once; the others read the result),
+    resolved, on every rank; its error raised on every rank as a ConfigError."""
     path = ""
-    if comm.rank == 0:   # one rank tokenizes (once: cached); the others read the result, or its error
+    if comm.rank == 0:
         try:
-            path = str(prepare(spec, Path(d.cache_dir)).resolve())
+            path = str(Path(make()).resolve())
         except (OSError, ValueError, RuntimeError) as e:   # RuntimeError: sentencepiece's
             path = f"!{type(e).__name__}: {e}"   # a resolved path starts with "/"
     path = comm.broadcast_object(path)
     if path.startswith("!"):
-        raise ConfigError(f"preparing the data failed on rank 0: {path[1:]}")
-    return TokenData(path)
+        raise ConfigError(f"{what} failed on rank 0: {path[1:]}")
+    return path
 
 
 def _restart_interval(engine: Engine, device: torch.device) -> float:
@@ -332,7 +338,7 @@ def link_checkpoints(link: Path, target: Path) -> str:
 def load_data(r: Run) -> None:
     """The corpus (tokenized by rank 0, once: cached; or data=files: streamed), this rank's
     training batches and its held-out batches."""
-    from shard.data import Batches, eval_batches
+    from shard.data import Batches, TokenData, eval_batches, prepare
 
     t = r.cfg.train
     if r.faults:
@@ -342,8 +348,9 @@ def load_data(r: Run) -> None:
         r.batches = _stream_data(r, model_dir)
         r.tokenizer, r.tokenizer_vocab = r.batches.corpus.tokenizer, r.batches.tokenizer.vocab_size
         held_out = r.batches.validation()
-    else:
-        r.data = _prepare_data(r.cfg.data, r.comm, r.model.vocab, model_dir)
+    else:   # rank 0 tokenizes, once (cached)
+        spec = _data_spec(r.cfg.data, r.model.vocab, model_dir)
+        r.data = TokenData(_on_rank_0(r.comm, "preparing the data", lambda: prepare(spec, r.cfg.data.cache_dir)))
         r.tokenizer, r.tokenizer_vocab, held_out = str(r.data.directory), r.data.vocab_size, r.data.val
         r.batches = Batches(r.data.train, t.seq_len, t.micro_batch, r.accumulation, r.comm.rank, r.comm.size, t.seed)
     check_vocab(r.model, r.tokenizer_vocab)
@@ -354,29 +361,16 @@ def _stream_data(r: Run, model_dir: Optional[str]):
     """data=files (or data=hf streaming=true): the streamed batches of this rank
     (shard/data/stream.py), with the tokenizer data.tokenizer names, else the Hugging Face
     model's own, else one rank 0 trains on a sample of the corpus (cached)."""
-    from shard.data import Corpus, StreamingBatches, tokenizer
+    from shard.data import Corpus, StreamingBatches
     from shard.data.prepare import prepare_tokenizer
     from shard.data.spec import normalize
 
-    d, t = r.cfg.data, r.cfg.train
-    spec = {k: v for k, v in d.items() if k != "cache_dir"}
-    if spec.get("vocab_size") is None:
-        spec["vocab_size"] = r.model.vocab
-    if spec.get("tokenizer") is None and model_dir is not None:
-        try:
-            spec["tokenizer"] = str(tokenizer.locate(model_dir))
-        except FileNotFoundError:
-            pass
-    spec = normalize(spec)
-    path = ""
-    if r.comm.rank == 0:
-        try:
-            path = str(Path(prepare_tokenizer(spec, d.cache_dir)).resolve())
-        except (OSError, ValueError, RuntimeError) as e:
-            path = f"!{type(e).__name__}: {e}"
-    path = r.comm.broadcast_object(path)
-    if path.startswith("!"):
-        raise ConfigError(f"preparing the tokenizer failed on rank 0: {path[1:]}")
+    t = r.cfg.train
+    try:
+        spec = normalize(_data_spec(r.cfg.data, r.model.vocab, model_dir))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    path = _on_rank_0(r.comm, "preparing the tokenizer", lambda: prepare_tokenizer(spec, r.cfg.data.cache_dir))
     try:
         return StreamingBatches(Corpus.of(spec, path), t.seq_len, t.micro_batch, r.accumulation, r.comm.rank,
                                 r.comm.size, t.seed, spec["streams"], spec["workers"])
