@@ -42,6 +42,19 @@ ROWS_PER_PIECE = 65536   # datasets on disk: rows per piece (its Arrow files are
 BATCH_ROWS = 1024        # rows read from parquet and Arrow at a time
 
 
+class CorpusError(ValueError):
+    """A corpus path that matches nothing, or a file that cannot be read as documents."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    path: str
+    kind: str                             # jsonl | text | parquet | arrow | tokens | hub
+    rows: Optional[tuple[int, int]] = None   # parquet, arrow, tokens: the records [first, end) of the file
+    group: int = 0                        # parquet: the row group; tokens, hub: the shard
+    stride: tuple[int, int] = (0, 1)      # (k, K): the records whose index is k mod K
+
+
 HUB = "hf:"   # a path naming a Hugging Face dataset streamed (hub() makes it)
 
 
@@ -72,19 +85,6 @@ def _hub_records(piece, field: str, start: int, keep) -> Iterator[tuple[int, str
             raise CorpusError(f"{piece.path}: record {i} of shard {piece.group} has no field {field!r} (it has "
                               f"{sorted(record)}); set data.field")
         yield i, record[field]
-
-
-class CorpusError(ValueError):
-    """A corpus path that matches nothing, or a file that cannot be read as documents."""
-
-
-@dataclass(frozen=True)
-class Piece:
-    path: str
-    kind: str                             # jsonl | text | parquet | arrow | tokens
-    rows: Optional[tuple[int, int]] = None   # parquet, arrow, tokens: the records [first, end) of the file
-    group: int = 0                        # parquet: the row group; tokens: the shard
-    stride: tuple[int, int] = (0, 1)      # (k, K): the records whose index is k mod K
 
 
 def kind_of(path) -> Optional[str]:
@@ -120,8 +120,8 @@ def files(patterns: list[str]) -> list:
         unreadable = [str(p) for p in found if kind_of(p) is None]
         if unreadable:
             raise CorpusError(f"data.paths: {pattern!r} matches {unreadable[:3]}, which are not corpus files: "
-                              f"expected {'/'.join(JSON + TEXT)} (optionally .gz or .zst), .parquet, or a "
-                              "datasets directory (save_to_disk)")
+                              f"expected {'/'.join(JSON + TEXT)} (optionally .gz or .zst), .parquet, a "
+                              "datasets directory (save_to_disk) or a token directory (shard-data prepare)")
         out += found
     return out
 
