@@ -47,10 +47,9 @@ def _build(spec: dict, ident: dict, key: str, directory: Path) -> None:
     if spec["tokenizer"] is None:
         tokenizer.train(documents, spec["vocab_size"], directory / "tokenizer.model")
     else:   # its defining files, copied under the names load() looks for: the entry stands alone
-        main, *rest = tokenizer.load(spec["tokenizer"]).files   # a damaged file is named as the user gave it
-        write_atomic(directory / ("tokenizer.json" if main.suffix == ".json" else "tokenizer.model"), main.read_bytes())
-        for f in rest:
-            write_atomic(directory / f.name, f.read_bytes())
+        tokenizer.load(spec["tokenizer"])   # a damaged file is named as the user gave it
+        for name, f in tokenizer.named_files(spec["tokenizer"]):
+            write_atomic(directory / name, f.read_bytes())
     counts = pack(documents, tokenizer.load(directory), directory, spec["val_fraction"])
     # meta.json last: TokenData and _complete treat a directory without it as unfinished.
     write_json_atomic(directory / "meta.json", {**counts, "spec_hash": key, "spec": ident})

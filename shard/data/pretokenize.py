@@ -83,10 +83,8 @@ def tokenize_corpus(patterns: list[str], tokenizer_path, out, field: str = "text
     tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
-        main, *rest = tok.files
-        write_atomic(tmp / ("tokenizer.json" if main.suffix == ".json" else "tokenizer.model"), main.read_bytes())
-        for f in rest:
-            write_atomic(tmp / f.name, f.read_bytes())
+        for name, f in tokenizer.named_files(tokenizer_path):
+            write_atomic(tmp / name, f.read_bytes())
         tasks = [(n, p, field, str(tmp), str(tmp)) for n, p in enumerate(pieces)]
         if workers > 0:
             with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:

@@ -183,6 +183,14 @@ def defining_files(path) -> tuple[Path, ...]:
     return (path, config) if path.suffix == ".json" and config.is_file() else (path,)
 
 
+def named_files(path) -> list[tuple[str, Path]]:
+    """The files defining the tokenizer at `path`, each with the name load() looks for in a
+    directory: what a directory that carries it (a prepared corpus, token shards, an
+    exported model) copies."""
+    main, *rest = defining_files(path)
+    return [("tokenizer.json" if main.suffix == ".json" else "tokenizer.model", main), *((f.name, f) for f in rest)]
+
+
 def load(path, documents: bool = True) -> Tokenizer:
     """The tokenizer at `path`: a tokenizer.json, a sentencepiece model, or a directory
     holding one (see the module's docstring). documents=False: for text alone (generation),

@@ -371,10 +371,12 @@ class Writer:
     config, each tensor as it arrives (`write(name, tensor)` with our names, any order); then
     `close()` checks that all came and moves the directory into place."""
 
-    def __init__(self, cfg: GPTConfig, path, dtype: torch.dtype = torch.bfloat16, shard_bytes: int = SHARD_BYTES):
+    def __init__(self, cfg: GPTConfig, path, dtype: torch.dtype = torch.bfloat16, shard_bytes: int = SHARD_BYTES,
+                 beside: Optional[dict] = None):
         if dtype not in NAMES:
             raise ValueError(f"dtype must be one of {list(NAMES)}, got {dtype}")
         self.cfg, self.dtype, self.path = cfg, dtype, Path(path)
+        self.beside = dict(beside or {})   # name -> file, copied in beside the weights
         if self.path.exists() and any(self.path.iterdir()):
             raise FileExistsError(f"{self.path} exists and is not empty: name a new directory")
         self.arch = export_arch(cfg)
@@ -472,6 +474,8 @@ class Writer:
             (self.tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
         config = config_to_hf(self.cfg, self.dtype)
         (self.tmp / "config.json").write_text(json.dumps(config, indent=1))
+        for name, source in self.beside.items():
+            shutil.copyfile(source, self.tmp / name)
         fsync_dir(self.tmp)
         if self.path.exists():
             self.path.rmdir()   # empty (checked before writing)
@@ -481,13 +485,14 @@ class Writer:
 
 
 def save_pretrained(model: Union[GPT, tuple[GPTConfig, Iterable[tuple[str, torch.Tensor]]]], path,
-                    dtype: torch.dtype = torch.bfloat16, shard_bytes: int = SHARD_BYTES) -> Path:
+                    dtype: torch.dtype = torch.bfloat16, shard_bytes: int = SHARD_BYTES,
+                    beside: Optional[dict] = None) -> Path:
     """Write `model` (a GPT, or a config and its parameters' (name, tensor) pairs, which may
     come one at a time from a generator) as a Hugging Face directory at `path`: config.json
-    and safetensors files of at most `shard_bytes` each, with an index beyond one. The
-    directory appears whole or not at all."""
+    and safetensors files of at most `shard_bytes` each, with an index beyond one, and the
+    files `beside` maps names to (a tokenizer's). The directory appears whole or not at all."""
     cfg, tensors = (model.cfg, model.named_parameters()) if isinstance(model, GPT) else model
-    writer = Writer(cfg, path, dtype, shard_bytes)
+    writer = Writer(cfg, path, dtype, shard_bytes, beside)
     try:
         for name, tensor in tensors:
             writer.write(name, tensor)

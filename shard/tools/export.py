@@ -8,7 +8,9 @@ The snapshot is verified against its manifest first. Then each parameter is asse
 the shard files that hold its pieces (memory-mapped), written where it belongs in the output
 files, and dropped: the process holds one parameter at a time, never the model. The output
 loads in `transformers.AutoModelForCausalLM.from_pretrained(DIR)`, and in `shard-train
-model=hf model.path=DIR`. The model's config comes from the snapshot (what the run built).
+model=hf model.path=DIR`. The model's config comes from the snapshot (what the run built),
+and the run's tokenizer (its tokenizer.json with its config, or its sentencepiece model) is
+copied beside the weights, so that a run from the export tokenizes as this one did.
 """
 from __future__ import annotations
 
@@ -29,23 +31,27 @@ def main(argv=None) -> int:
     ap.add_argument("--shard-size", type=float, default=2.0, help="GB per safetensors file, beyond which an index "
                                                                   "lists several (default 2)")
     args = ap.parse_args(argv)
+    from shard.data import tokenizer
     from shard.engine import checkpoint
     from shard.models.hf import save_pretrained
-    from shard.tools.preflight import snapshot_config
+    from shard.tools.preflight import run_tokenizer, snapshot_config
 
     try:
         snap = checkpoint.snapshot(args.path)
         cfg = snapshot_config(snap)
+        found = run_tokenizer(snap)
+        beside = dict(tokenizer.named_files(found)) if found is not None and found.exists() else {}
         start = time.perf_counter()
         out = save_pretrained((cfg, checkpoint.parameters(snap)), args.out, PRECISIONS[args.dtype],
-                              int(args.shard_size * 1e9))
+                              int(args.shard_size * 1e9), beside)
     except (checkpoint.CheckpointError, OSError, ValueError) as e:
         print(f"shard-export: {e}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - start
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     print(f"{snap} -> {out}: {cfg.num_params():,} parameters, {size / 1e9:.3f} GB of {args.dtype} in "
-          f"{seconds:.1f} s ({seconds / max(size / 1e9, 1e-9):.1f} s/GB)")
+          f"{seconds:.1f} s ({seconds / max(size / 1e9, 1e-9):.1f} s/GB)"
+          + (f"; the run's tokenizer beside them ({', '.join(beside)})" if beside else "; no tokenizer recorded"))
     return 0
 
 

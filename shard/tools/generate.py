@@ -40,19 +40,6 @@ class Text:
         return self.tokenizer.decode(ids)
 
 
-def _run_tokenizer(snap: Path) -> Path | None:
-    """The tokenizer the run that wrote `snap` trained on: its config.yaml's prepared corpus."""
-    import yaml
-
-    for run in (snap.parent.parent, snap.parent, snap):
-        config = run / "config.yaml"
-        if config.is_file():
-            built = yaml.safe_load(config.read_text()).get("built") or {}
-            found = built.get("tokenizer") or built.get("data")   # runs before streamed data recorded "data" only
-            return Path(found) if found else None
-    return None
-
-
 def newest_run(path: Path) -> Path:
     """`path`, or where it is a directory of runs (runs/), the run whose snapshot is newest."""
     if any((path / name).exists() for name in ("config.json", "meta.json", "LATEST", "checkpoints")):
@@ -71,13 +58,13 @@ def load(path: Path, device, tokenizer: str | None):
         found, corpus = path, False
     else:
         from shard.engine import checkpoint
-        from shard.tools.preflight import snapshot_config
+        from shard.tools.preflight import run_tokenizer, snapshot_config
 
         snap = checkpoint.snapshot(path)
         values = dict(checkpoint.parameters(snap))
         with torch.device(device):
             model = GPT(snapshot_config(snap), weights=lambda name, tensor: tensor.copy_(values[name]))
-        found, corpus = _run_tokenizer(snap), True
+        found, corpus = run_tokenizer(snap), True
     chosen = Path(tokenizer) if tokenizer else found
     if chosen is None:
         raise FileNotFoundError(f"no tokenizer for {path}: name one with --tokenizer (a tokenizer.json, a "

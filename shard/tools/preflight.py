@@ -97,6 +97,21 @@ def snapshot_config(snap: Path) -> GPTConfig:
     raise CheckpointError(f"{snap} does not say which model it holds: its meta.json has no model config")
 
 
+def run_tokenizer(snap: Path) -> Path | None:
+    """The tokenizer of the run that wrote snapshot `snap` (its config.yaml's, beside the
+    snapshot's checkpoints directory): a tokenizer file, or a prepared corpus's directory;
+    None where the run did not record one."""
+    import yaml
+
+    for run in (snap.parent.parent, snap.parent, snap):
+        config = run / "config.yaml"
+        if config.is_file():
+            built = yaml.safe_load(config.read_text()).get("built") or {}
+            found = built.get("tokenizer") or built.get("data")   # runs before streamed data recorded "data" only
+            return Path(found) if found else None
+    return None
+
+
 def learning_rates(resolved: dict) -> dict:
     """{"lr", "min_lr"} as the run uses them: optim.lr, or when null the model preset's
     peak rate (a larger model needs a smaller one); optim.min_lr, or when null a tenth of

@@ -17,6 +17,7 @@ from shard.tools import export
 from shard.tools import generate as generate_tool
 from tests.models.test_generate import transformers_greedy
 from tests.models.test_hf import random_hf_model
+from tests.shard.published_tokenizers import byte_bpe
 
 
 def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, capsys):
@@ -28,8 +29,16 @@ def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, ca
     engine = Engine(model, comm, strategy="zero3")
     engines.append(engine)
     checkpoint.save(engine, ShardedAdamW(engine), tmp_path / "run" / "checkpoints", extra={"config": asdict(cfg)})
+    # the run's config.yaml names its tokenizer (a tokenizer.json with its config): it goes out beside the weights
+    tokenizer = byte_bpe(tmp_path / "tokenizer", "llama", vocab=300) / "tokenizer.json"
+    (tmp_path / "run" / "config.yaml").write_text(f"built:\n  tokenizer: {tokenizer}\n")
     assert export.main([str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--dtype", "fp32"]) == 0
     assert "parameters" in capsys.readouterr().out and (tmp_path / "hf" / "config.json").is_file()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "hf" / name).read_bytes() == (tokenizer.parent / name).read_bytes()
+    text = "Alice found the old lamp ."
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(text)["input_ids"] == \
+        transformers.AutoTokenizer.from_pretrained(tokenizer.parent)(text)["input_ids"]
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
     with torch.no_grad():
         assert (theirs(tokens).logits - ours).abs().max().item() <= 1e-4
