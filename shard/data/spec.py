@@ -99,6 +99,8 @@ def normalize(spec: Mapping) -> dict:
 
 def _streamed(out: dict) -> None:
     paths = out["paths"]
+    if paths == "???":   # Hydra's mark of a value the config leaves to the command line
+        raise ValueError("data spec: source 'files' needs paths: data.paths=[GLOB,...] (globs, files or directories)")
     if isinstance(paths, (str, bytes)) or not paths or not all(isinstance(p, str) for p in paths):
         raise ValueError(f"data spec: paths must be a non-empty list of globs, files or directories, got {paths!r}")
     weights = out["weights"]

@@ -149,8 +149,11 @@ def serve(inp, out) -> None:
         except (OSError, ValueError) as e:   # CorpusError is a ValueError
             failed[key] = f"{type(e).__name__}: {e}"
             reply = (key, "error", failed[key])
-        pickle.dump(reply, out, protocol=pickle.HIGHEST_PROTOCOL)
-        out.flush()
+        try:
+            pickle.dump(reply, out, protocol=pickle.HIGHEST_PROTOCOL)
+            out.flush()
+        except (BrokenPipeError, OSError):   # the training process is gone: so is the work
+            return
 
 
 if __name__ == "__main__":

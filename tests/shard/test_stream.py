@@ -274,3 +274,33 @@ def test_a_streamed_hugging_face_dataset_gives_the_rows_its_files_give(corpus_di
     assert step_rows(hub, 8) == step_rows(direct, 8)
     with pytest.raises(readers.CorpusError, match="cannot be streamed"):
         readers.pieces([readers.hub("json", None, "train", data_files=[str(corpus_dir / "none.jsonl")])])
+
+
+def test_a_worker_ends_with_the_training_process_that_started_it(corpus_dir, tok_path):
+    """A rank killed outright (SIGKILL: no close()) leaves no worker behind: its worker sees
+    its pipes close and exits."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (f"import time\nfrom shard.data.stream import Corpus, StreamingBatches\n"
+              f"c = Corpus((({str(corpus_dir / '*')!r},),), (1.0,), 'text', {tok_path!r}, 5)\n"
+              "b = StreamingBatches(c, 32, 1, 1, 0, 1, 0, 1, workers=1)\nb.next_step()\n"
+              "print(b._feeds.workers[0].proc.pid, flush=True)\ntime.sleep(120)\n")
+    rank = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    worker = int(rank.stdout.readline())
+    os.kill(worker, 0)   # running
+    rank.send_signal(signal.SIGKILL)
+    rank.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:   # gone, or a zombie that a container's init has not reaped yet: ended either way
+            if "State:\tZ" in Path(f"/proc/{worker}/status").read_text():
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.1)
+    os.kill(worker, signal.SIGKILL)
+    raise AssertionError(f"worker {worker} still runs 20 s after its rank was killed")
