@@ -312,8 +312,31 @@ def setup(cfg) -> Run:
     problem = comm.broadcast_object(problem)
     if problem:
         raise ConfigError(problem)
+    check_shared(comm, device, checkpoints if t.checkpoint_dir else out_dir,
+                 "train.checkpoint_dir" if t.checkpoint_dir else "train.out_dir")
     resolved["train"]["out_dir"] = str(out_dir)
     return Run(cfg, resolved, device, comm, out_dir, accumulation, mcfg, settings, optimizer)
+
+
+def check_shared(comm: pccl.Communicator, device: torch.device, directory: Path, key: str) -> None:
+    """Every rank sees the files rank 0 writes in `directory` (collective): a snapshot's
+    manifest lists every rank's files, and rank 0 commits once it sees them. A node-local
+    directory on several nodes is refused here, not found out at the first save."""
+    if comm.size == 1:
+        return
+    probe = directory / f".shared-{os.getpid()}-{int(time.time() * 1e6)}"
+    name = comm.broadcast_object(probe.name)
+    if comm.rank == 0:
+        write_atomic(probe, b"")
+    comm.barrier()
+    unseen, = _max(comm, device, [0.0 if (directory / name).is_file() else 1.0])
+    comm.barrier()
+    if comm.rank == 0:
+        probe.unlink()
+    if unseen:
+        raise ConfigError(f"{key}={directory} is not one filesystem for every rank: some ranks do not see the files "
+                          "rank 0 writes there, and snapshots need them to (a shared filesystem, not a node-local "
+                          "disk)")
 
 
 def link_checkpoints(link: Path, target: Path) -> str:

@@ -219,6 +219,9 @@ class _Ranks:
         reduce = {"max": lambda: values.max(0).values, "avg": lambda: values.mean(0), "sum": lambda: values.sum(0)}
         t.copy_(reduce[op]())
 
+    def barrier(self):
+        self.ops.append("barrier")
+
     def broadcast_object(self, obj, root=0):
         self.ops.append(f"broadcast from {root}")
         return obj if root == self.rank else self.others.pop(0)
@@ -233,6 +236,19 @@ def test_max_over_ranks():
     from shard.tools.train import _max
     comm = _Ranks([3.0, 0.5])
     assert _max(comm, torch.device("cpu"), [1.0, 2.0]) == [3.0, 2.0] and comm.ops == ["max"]
+
+
+def test_a_snapshot_directory_some_rank_cannot_see_is_refused(tmp_path):
+    """check_shared: rank 0 writes a probe, every rank looks for it. The other rank (the
+    stand-in's values) sees it, then does not (a node-local disk): the second is refused,
+    and the probe is gone either way."""
+    from shard.tools.preflight import ConfigError
+    from shard.tools.train import check_shared
+
+    check_shared(_Ranks([0.0]), torch.device("cpu"), tmp_path, "train.out_dir")
+    with pytest.raises(ConfigError, match=r"train.checkpoint_dir=.* is not one filesystem for every rank"):
+        check_shared(_Ranks([1.0]), torch.device("cpu"), tmp_path, "train.checkpoint_dir")
+    assert not list(tmp_path.iterdir())
 
 
 def test_interval_record_has_the_mean_loss_and_the_largest_ranks_peak_memory_from_one_collective():
