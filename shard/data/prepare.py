@@ -101,15 +101,16 @@ def prepare_tokenizer(spec: Mapping, cache_dir) -> Path:
 
     if spec["tokenizer"] is not None:
         return tokenizer.locate(spec["tokenizer"])
-    tokenized = readers.token_directory(spec["paths"])
-    if tokenized is not None:   # the tokenizer its tokens were made with
-        return tokenizer.locate(tokenized)
+    found = readers.files(spec["paths"])
+    tokenized = [path for path in found if readers.kind_of(path) == "tokens"]
+    if tokenized:   # the tokenizer its tokens were made with
+        return tokenizer.locate(tokenized[0])
     ident = {"format": 1, "source": "files", "field": spec["field"], "vocab_size": spec["vocab_size"],
-             "files": readers.identity(spec["paths"])}
+             "files": readers.identity(found)}
     path = Path(cache_dir) / f"files-{digest(ident)[:12]}" / "tokenizer.model"
     if path.is_file():
         return path
-    pieces = readers.pieces(spec["paths"])
+    pieces = readers.pieces_of(found)
     budget, documents = tokenizer.MAX_TRAINING_CHARS // len(pieces) + 1, []
     for piece in pieces:
         chars = 0

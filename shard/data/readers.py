@@ -133,11 +133,6 @@ def _manifest(path) -> dict:
         raise CorpusError(f"{path}: its tokens.json cannot be read: {e}") from None
 
 
-def token_directory(patterns: list[str]) -> Optional[Path]:
-    """The first directory of pre-tokenized documents among the files `patterns` name."""
-    return next((p for p in files(patterns) if kind_of(p) == "tokens"), None)
-
-
 def _tokens(piece: Piece, start: int, keep) -> Iterator[tuple[int, np.ndarray]]:
     manifest = _manifest(piece.path)
     name = manifest["shards"][piece.group]["name"]
@@ -159,8 +154,13 @@ def _arrow(path: str):
 
 def pieces(patterns: list[str]) -> list[Piece]:
     """Every piece of the files `patterns` name, in order."""
+    return pieces_of(files(patterns))
+
+
+def pieces_of(found: list) -> list[Piece]:
+    """Every piece of `found` (files() of some patterns), in order."""
     out = []
-    for path in files(patterns):
+    for path in found:
         kind = kind_of(path)
         if kind == "hub":
             out.append(Piece(path, kind, None, int(path.rsplit("#", 1)[1])))
@@ -294,10 +294,11 @@ def read(piece: Piece, field: str, start: int = 0, held_out: int = 0) -> Iterato
             yield index, text
 
 
-def identity(patterns: list[str]) -> list[dict]:
-    """What a resumed run checks the corpus against: every file's path, size and time."""
+def identity(found: list) -> list[dict]:
+    """What a resumed run checks the corpus against: every file's (of `found`, files() of
+    some patterns) path, size and time."""
     out = []
-    for path in files(patterns):
+    for path in found:
         if isinstance(path, str):   # a streamed dataset's shard: nothing to stat
             out.append({"path": path})
             continue

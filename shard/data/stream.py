@@ -162,8 +162,9 @@ class StreamingBatches:
         self.rank, self.world, self.seed, self.workers = rank, world, seed, workers
         self.global_batch = world * micro_batch * accumulation
         self.tokenizer = tokenizer.load(corpus.tokenizer)
+        self.files = [readers.files(list(s)) for s in corpus.sources]   # globbed (a Hub dataset: listed) once
+        self.identity = [readers.identity(found) for found in self.files]
         self._check_token_directories()
-        self.identity = [readers.identity(list(s)) for s in corpus.sources]
         self._given = streams
         self._feeds: Optional[Feeds] = None
         self._streams: list[Stream] = []
@@ -173,8 +174,8 @@ class StreamingBatches:
     def _check_token_directories(self) -> None:
         """A pre-tokenized source must have been tokenized by this run's tokenizer."""
         mine = [f.read_bytes() for f in self.tokenizer.files]
-        for source in self.corpus.sources:
-            for path in readers.files(list(source)):
+        for found in self.files:
+            for path in found:
                 if readers.kind_of(path) == "tokens" and [f.read_bytes() for f in tokenizer.load(path).files] != mine:
                     raise readers.CorpusError(f"{path} was tokenized with another tokenizer than "
                                               f"{self.corpus.tokenizer} (data.tokenizer): its tokens mean other text")
@@ -182,12 +183,12 @@ class StreamingBatches:
     def _configure(self, streams: int) -> None:
         self.per_stream = _check(self.world, self.micro_batch, self.accumulation, streams)
         self.streams = streams
-        self.pieces = [tuple(readers.split(readers.pieces(list(s)), streams)) for s in self.corpus.sources]
+        self.pieces = [tuple(readers.split(readers.pieces_of(found), streams)) for found in self.files]
         self.mine = list(range(self.rank, streams, self.world))
         self._states = {s: [0] * (2 + 3 * len(self.corpus.sources)) for s in self.mine}
 
     def _hold_out(self) -> tuple[tuple[str, int], np.ndarray]:
-        first = readers.files(list(self.corpus.sources[0]))[0]
+        first = self.files[0][0]
         documents = []
         for piece in (p for p in self.pieces[0] if p.path == str(first) and p.stride[0] == 0):
             whole = readers.Piece(piece.path, piece.kind, piece.rows, piece.group)
