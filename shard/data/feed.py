@@ -49,6 +49,14 @@ class Chunk:
     after: np.ndarray        # int64: each document's record index + 1 (where reading resumes after it)
 
 
+def framed(documents: list, tok, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, ends) of documents as readers.read gives them: texts, framed by the
+    Tokenizer `tok`; or a token directory's ids, framed when they were tokenized."""
+    if documents and not isinstance(documents[0], str):
+        return np.concatenate(documents).astype(dtype), np.cumsum([len(ids) for ids in documents])
+    return tok.frame(documents, dtype=dtype)
+
+
 def order(spec: FeedSpec, epoch: int) -> np.ndarray:
     """The pieces stream `spec.stream` reads in `epoch`, in order."""
     perm = np.random.default_rng([spec.seed, spec.source, epoch]).permutation(len(spec.pieces))
@@ -83,11 +91,7 @@ class Feed:
             documents = list(islice(self._records, CHUNK_DOCUMENTS))
             if documents:
                 self._empty = 0
-                if piece.kind == "tokens":   # framed when they were tokenized
-                    tokens = np.concatenate([ids for _, ids in documents]).astype(self.spec.dtype)
-                    ends = np.cumsum([len(ids) for _, ids in documents])
-                else:
-                    tokens, ends = self.tokenizer.frame([text for _, text in documents], dtype=self.spec.dtype)
+                tokens, ends = framed([d for _, d in documents], self.tokenizer, self.spec.dtype)
                 after = np.array([i + 1 for i, _ in documents], dtype=np.int64)
                 self.position = Position(epoch, index, int(after[-1]))
                 return Chunk(tokens, ends, epoch, index, after)

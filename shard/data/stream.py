@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from shard.data import readers, tokenizer
-from shard.data.feed import FeedSpec, Position
+from shard.data.feed import FeedSpec, Position, framed
 from shard.data.workers import Feeds
 
 DRAWS = 4096   # mixture draws made at a time (one generator per block of documents)
@@ -198,9 +198,7 @@ class StreamingBatches:
                 break
         if not documents:
             raise readers.CorpusError(f"{first}: no documents to hold out for validation")
-        texts = [text for _, (_, text) in documents]
-        tokens = np.concatenate(texts).astype(np.int64) if not isinstance(texts[0], str) else \
-            self.tokenizer.frame(texts, dtype=np.int64)[0]   # a token directory's, framed already
+        tokens, _ = framed([d for _, (_, d) in documents], self.tokenizer, np.int64)
         return (str(first), documents[-1][1][0] + 1), tokens
 
     def validation(self) -> np.ndarray:

@@ -123,9 +123,8 @@ class _Worker:
 def serve(inp, out) -> None:
     """A worker's loop: open feeds, answer each request for a chunk with the chunk or the
     error that stopped its feed (which then answers every later request with it)."""
-    feeds: dict[Any, Feed] = {}
+    feeds = Feeds(workers=0)   # this process's own: one tokenizer per path, whatever its feeds
     failed: dict[Any, str] = {}
-    tokenizers: dict[str, Any] = {}
     while True:
         try:
             kind, key, payload = pickle.load(inp)
@@ -136,16 +135,12 @@ def serve(inp, out) -> None:
         if kind == "open":
             spec, position = payload
             try:
-                from shard.data import tokenizer
-
-                if spec.tokenizer not in tokenizers:   # one per worker, whatever its feeds
-                    tokenizers[spec.tokenizer] = tokenizer.load(spec.tokenizer)
-                feeds[key] = Feed(spec, Position(*position), tokenizers[spec.tokenizer])
+                feeds.add(key, spec, Position(*position))
             except (OSError, ValueError) as e:
                 failed[key] = f"{type(e).__name__}: {e}"
             continue
         try:
-            reply = (key, "chunk", feeds[key].next_chunk()) if key not in failed else (key, "error", failed[key])
+            reply = (key, "chunk", feeds.next(key)) if key not in failed else (key, "error", failed[key])
         except (OSError, ValueError) as e:   # CorpusError is a ValueError
             failed[key] = f"{type(e).__name__}: {e}"
             reply = (key, "error", failed[key])
