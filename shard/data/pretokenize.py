@@ -24,6 +24,7 @@ import os
 import shutil
 import uuid
 from concurrent.futures import ProcessPoolExecutor
+from itertools import islice
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -31,43 +32,34 @@ import numpy as np
 
 from runkit.files import fsync_dir, write_atomic
 from shard.data import readers, tokenizer
+from shard.data.pack import ENCODE_BATCH, token_dtype
 
 MANIFEST = "tokens.json"
 FORMAT = 1
 
 
-def _dtype(vocab_size: int) -> np.dtype:
-    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
-
-
 def _shard(task: tuple) -> dict:
-    """Tokenize one piece into shard-<n>.bin/.idx in `directory`; what the manifest says of it."""
+    """Tokenize one piece into shard-<n>.bin/.idx in `directory`, written a batch of
+    documents at a time (a piece may be a large file); what the manifest says of it."""
     n, piece, field, tokenizer_path, directory = task
     tok = tokenizer.load(tokenizer_path)
-    dtype = _dtype(tok.vocab_size)
-    tokens, index, documents, written = [], [], [], 0
-    for record, text in readers.read(piece, field):
-        documents.append((record, text))
-        if len(documents) == 1024:
-            written = _frame(tok, documents, dtype, tokens, index, written)
-            documents = []
-    written = _frame(tok, documents, dtype, tokens, index, written)
+    dtype = token_dtype(tok.vocab_size)
+    index = []   # (end, record) of each document
+
+    def write(f) -> None:
+        written, records = 0, readers.read(piece, field)
+        while batch := list(islice(records, ENCODE_BATCH)):
+            ids, ends = tok.frame([text for _, text in batch], dtype=dtype)
+            f.write(ids.tobytes())
+            index.extend((written + int(e), r) for e, (r, _) in zip(ends, batch))
+            written += len(ids)
+
     name = f"shard-{n:05d}"
-    ids = np.concatenate(tokens) if tokens else np.zeros(0, dtype)
-    write_atomic(Path(directory) / f"{name}.bin", ids.tobytes())
+    write_atomic(Path(directory) / f"{name}.bin", write)
     pairs = np.array(index, dtype="<i8").reshape(-1, 2)
     write_atomic(Path(directory) / f"{name}.idx", pairs.tobytes())
-    return {"name": name, "documents": len(pairs), "tokens": int(written), "from": piece.path,
-            "rows": piece.rows}
-
-
-def _frame(tok, documents, dtype, tokens, index, written) -> int:
-    if not documents:
-        return written
-    ids, ends = tok.frame([t for _, t in documents], dtype=dtype)
-    tokens.append(ids)
-    index += [(int(written + e), r) for e, (r, _) in zip(ends, documents)]
-    return written + len(ids)
+    return {"name": name, "documents": len(pairs), "tokens": int(pairs[-1, 0]) if len(pairs) else 0,
+            "from": piece.path, "rows": piece.rows}
 
 
 def tokenize_corpus(patterns: list[str], tokenizer_path, out, field: str = "text", workers: int = 1) -> dict:
@@ -91,7 +83,7 @@ def tokenize_corpus(patterns: list[str], tokenizer_path, out, field: str = "text
                 shards = list(pool.map(_shard, tasks))
         else:
             shards = [_shard(t) for t in tasks]
-        manifest = {"format": FORMAT, "dtype": _dtype(tok.vocab_size).name, "vocab_size": tok.vocab_size,
+        manifest = {"format": FORMAT, "dtype": token_dtype(tok.vocab_size).name, "vocab_size": tok.vocab_size,
                     "eos_id": tok.eos_id, "prefix": list(tok.prefix), "field": field, "shards": shards,
                     "documents": sum(s["documents"] for s in shards), "tokens": sum(s["tokens"] for s in shards)}
         write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
