@@ -160,7 +160,6 @@ class StreamingBatches:
                  seed: int, streams: Optional[int] = None, workers: int = 1):
         self.corpus, self.seq_len, self.micro_batch, self.accumulation = corpus, seq_len, micro_batch, accumulation
         self.rank, self.world, self.seed, self.workers = rank, world, seed, workers
-        self.global_batch = world * micro_batch * accumulation
         self.tokenizer = tokenizer.load(corpus.tokenizer)
         self.files = [readers.files(list(s)) for s in corpus.sources]   # globbed (a Hub dataset: listed) once
         self.identity = [readers.identity(found) for found in self.files]
@@ -240,8 +239,8 @@ class StreamingBatches:
     def state_dict(self) -> dict:
         """This rank's streams' positions, and what they are positions in."""
         states = {s: stream.state() for s, stream in zip(self.mine, self._streams)} if self._streams else self._states
-        return {"streams": self.streams, "seed": self.seed, "sources": [list(s) for s in self.corpus.sources],
-                "corpus": self.identity, "positions": {str(s): list(map(int, v)) for s, v in states.items()}}
+        return {"streams": self.streams, "seed": self.seed, "corpus": self.identity,
+                "positions": {str(s): list(map(int, v)) for s, v in states.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state`: every stream's position (the merge of all ranks'

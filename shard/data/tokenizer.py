@@ -52,7 +52,6 @@ class Tokenizer:
     dropped), frame (documents' tokens), vocab_size (every id is below it), eos_id, prefix,
     and `files`: the files that define it."""
 
-    kind: str
     vocab_size: int
     eos_id: int
     prefix: tuple[int, ...]
@@ -88,8 +87,6 @@ class Tokenizer:
 
 
 class SentencePiece(Tokenizer):
-    kind = "sentencepiece"
-
     def __init__(self, path: Path):
         import sentencepiece as spm
 
@@ -113,8 +110,6 @@ class SentencePiece(Tokenizer):
 
 
 class HuggingFace(Tokenizer):
-    kind = "tokenizer.json"
-
     def __init__(self, path: Path, documents: bool = True):
         from tokenizers import Tokenizer as Rust
 
