@@ -1,12 +1,18 @@
 """Launch an mpiexec job from pytest and return its output (multi-rank tests)."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import tempfile
+import time
+from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
 from runkit.mpirun import MPIEXEC, launcher  # noqa: F401 - MPIEXEC is used by tests
 
@@ -21,12 +27,45 @@ def job_env() -> dict:
     return dict(env, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
 
 
-def mpiexec(ranks: int, script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run `script` (a path under the repository, or "-m module") on `ranks` ranks. Past
-    `timeout` seconds the whole job (mpiexec and every rank: its own session) is killed and
-    subprocess.TimeoutExpired raised."""
+@lru_cache(maxsize=1)
+def fork_servers() -> Optional[str]:
+    """The directory of this process's fork servers (tests/support/zygote.py), started at
+    the first launch (which waits until they listen) and ended with this process; None
+    where SUITE_FORK_SERVER=0 asks for every rank to start its own interpreter."""
+    if os.environ.get("SUITE_FORK_SERVER", "1") == "0":
+        return None
+    from tests.support.zygote import SERVERS
+
+    directory = tempfile.mkdtemp(prefix="zygote-")
+    servers = []
+    for index in range(SERVERS):
+        env = dict(job_env(), PYTHONHASHSEED=str(random.randrange(1, 2**32)))
+        with open(os.path.join(directory, f"{index}.log"), "w") as log:
+            servers.append(subprocess.Popen([sys.executable, "-m", "tests.support.zygote", "serve", directory,
+                                             str(index)], env=env, cwd=ROOT, stdout=log, stderr=log,
+                                            stdin=subprocess.DEVNULL))
+    atexit.register(lambda: [server.kill() for server in servers])
+    # ready once each listens (its imports done, a few seconds); one that ended says why
+    while not all(os.path.exists(os.path.join(directory, f"{i}.sock")) for i in range(SERVERS)):
+        ended = [i for i, server in enumerate(servers) if server.poll() is not None]
+        if ended:
+            log = Path(directory, f"{ended[0]}.log").read_text()
+            raise RuntimeError(f"the suite's fork server {ended[0]} ended as it started:\n{log[-3000:]}")
+        time.sleep(0.05)
+    return directory
+
+
+def mpiexec(ranks: int, script: str, *args: str, timeout: float = 600,
+            fork_server: bool = True) -> subprocess.CompletedProcess:
+    """Run `script` (a path under the repository, or "-m module") on `ranks` ranks, each
+    forked from a fork server with torch imported (fork_servers; with `fork_server=False`
+    each its own interpreter). Past `timeout` seconds the whole
+    job (mpiexec and every rank: its own session) is killed and subprocess.TimeoutExpired
+    raised."""
     target = list(script.split()) if script.startswith("-m ") else [str(ROOT / script)]
-    cmd = [*launcher(), "-n", str(ranks), sys.executable, *target, *args]
+    servers = fork_servers() if fork_server else None
+    start = ["-m", "tests.support.zygote", "run", servers] if servers else []
+    cmd = [*launcher(), "-n", str(ranks), sys.executable, *start, *target, *args]
     with subprocess.Popen(cmd, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                           start_new_session=True) as job:
         try:
