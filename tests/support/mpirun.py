@@ -5,6 +5,7 @@ import atexit
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +38,9 @@ def fork_servers() -> Optional[str]:
     from tests.support.zygote import SERVERS
 
     directory = tempfile.mkdtemp(prefix="zygote-")
+    if len(directory) > 90:   # a socket's path holds at most 107 bytes
+        os.rmdir(directory)
+        directory = tempfile.mkdtemp(prefix="zygote-", dir="/tmp")
     servers = []
     for index in range(SERVERS):
         env = dict(job_env(), PYTHONHASHSEED=str(random.randrange(1, 2**32)))
@@ -44,7 +48,13 @@ def fork_servers() -> Optional[str]:
             servers.append(subprocess.Popen([sys.executable, "-m", "tests.support.zygote", "serve", directory,
                                              str(index)], env=env, cwd=ROOT, stdout=log, stderr=log,
                                             stdin=subprocess.DEVNULL))
-    atexit.register(lambda: [server.kill() for server in servers])
+
+    def end() -> None:
+        for server in servers:
+            server.kill()
+            server.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+    atexit.register(end)
     # ready once each listens (its imports done, a few seconds); one that ended says why
     while not all(os.path.exists(os.path.join(directory, f"{i}.sock")) for i in range(SERVERS)):
         ended = [i for i, server in enumerate(servers) if server.poll() is not None]
