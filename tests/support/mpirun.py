@@ -69,9 +69,8 @@ def mpiexec(ranks: int, script: str, *args: str, timeout: float = 600,
             fork_server: bool = True) -> subprocess.CompletedProcess:
     """Run `script` (a path under the repository, or "-m module") on `ranks` ranks, each
     forked from a fork server with torch imported (fork_servers; with `fork_server=False`
-    each its own interpreter). Past `timeout` seconds the whole
-    job (mpiexec and every rank: its own session) is killed and subprocess.TimeoutExpired
-    raised."""
+    each its own interpreter). Past `timeout` seconds the whole job (mpiexec and every
+    rank: its own session) is killed and subprocess.TimeoutExpired raised."""
     target = list(script.split()) if script.startswith("-m ") else [str(ROOT / script)]
     servers = fork_servers() if fork_server else None
     start = ["-m", "tests.support.zygote", "run", servers] if servers else []
