@@ -1,11 +1,10 @@
 """A fork server for the suite's MPI ranks: a rank's interpreter starts with torch already
 imported, forked from a server that imported it once.
 
-Starting a rank costs about 2.5 s of CPU, nearly all of it importing torch (and numpy,
-Hydra): across the ~400 ranks of the multi-rank tests, more than half of the stage's CPU
-on this 2-core machine. mpiexec starts `python -m tests.support.zygote run DIR ARGS` in
-place of `python ARGS`: this client, which imports nothing heavy, hands the server its
-arguments, environment, working directory and every open file descriptor (stdio, the
+A rank's Python spends about 1.2 s of a core importing torch, numpy and Hydra, and the
+multi-rank tests start about 400 ranks on a 2-core machine. mpiexec starts `python -m
+tests.support.zygote run DIR ARGS` in place of `python ARGS`: this client, which imports
+nothing heavy, hands the server its arguments, environment, working directory and every open file descriptor (stdio, the
 process manager's PMI socket), and the server forks a child that takes them over, as
 exec would, then runs ARGS (`-m MODULE ...` or `SCRIPT ...`) as __main__. The child is
 the rank: MPI starts in it (the server never imports mpi4py.MPI). The client waits and
@@ -18,8 +17,9 @@ What a fresh interpreter would differ in is kept: third-party modules only are p
 the child); the ranks draw their hash seeds from two servers with different seeds (rank
 parity), so an order that depends on string hashing still differs between ranks; torch's
 and numpy's default generators are seeded afresh in each child, as a fresh process seeds
-them. Without a server (or for
-arguments other than those two forms) the client execs the interpreter itself.
+them; a client whose interpreter start-up variables (PYTHON*) differ from the server's
+is told to start its own. Without a server, or for arguments other than those two forms,
+the client execs the interpreter itself.
 
     python -m tests.support.zygote serve DIR INDEX     # a server, socket DIR/INDEX.sock
     python -m tests.support.zygote run DIR ARGS...     # what mpiexec starts per rank
@@ -227,7 +227,9 @@ def start(conn: socket.socket, servers: tuple, events) -> int | None:
         traceback.print_exc()
         os._exit(1)
     # what the rank raises (SystemExit too) goes up through the server's frames, and the
-    # interpreter ends as a script's does
+    # interpreter ends as a script's does: not os._exit, which would skip MPI's
+    # finalization (mpi4py runs it as the interpreter finalizes), and mpiexec takes a rank
+    # that leaves without it for a crash and kills the job
     run_main(request["args"])
     sys.exit(0)
 
