@@ -121,8 +121,7 @@ def serve(directory: str, index: int) -> None:
     signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     events.register(wake_read, selectors.EVENT_READ)
-    children: dict[int, socket.socket] = {}     # pid -> its client's connection
-    by_conn: dict[socket.socket, int] = {}
+    children: dict[int, socket.socket] = {}     # pid -> its client's connection (None once gone)
     while os.getppid() == parent:   # the suite's process went: so does the server
         for key, _ in events.select(timeout=0.5):
             if key.fileobj is wake_read:
@@ -133,15 +132,15 @@ def serve(directory: str, index: int) -> None:
                         break
             elif key.fileobj is listener:
                 conn, _ = listener.accept()
-                pid = start(conn, (listener, wake_read, wake_write, *by_conn), events)
+                pid = start(conn, (listener, wake_read, wake_write, *filter(None, children.values())), events)
                 if pid is None:
                     continue
-                children[pid], by_conn[conn] = conn, pid
-                events.register(conn, selectors.EVENT_READ)
+                children[pid] = conn
+                events.register(conn, selectors.EVENT_READ, pid)
             else:
                 conn = key.fileobj
                 message = conn.recv(64)
-                pid = by_conn[conn]
+                pid = key.data
                 if message:   # "kill S": a signal the client got
                     for line in message.decode().split("\n"):
                         if line.startswith("kill "):
@@ -150,9 +149,8 @@ def serve(directory: str, index: int) -> None:
                     kill(pid, signal.SIGKILL)
                     events.unregister(conn)
                     conn.close()
-                    del by_conn[conn]
                     children[pid] = None
-        reap(children, events, by_conn)
+        reap(children, events)
     for pid in children:
         kill(pid, signal.SIGKILL)
 
@@ -164,7 +162,7 @@ def kill(pid: int, signum: int) -> None:
         pass
 
 
-def reap(children: dict, events, by_conn: dict) -> None:
+def reap(children: dict, events) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -182,7 +180,6 @@ def reap(children: dict, events, by_conn: dict) -> None:
             pass
         events.unregister(conn)
         conn.close()
-        del by_conn[conn]
 
 
 def settled_at_start(env: dict) -> dict:
