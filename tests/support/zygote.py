@@ -21,11 +21,18 @@ them; a client whose interpreter start-up variables (PYTHON*) differ from the se
 is told to start its own. Without a server, or for arguments other than those two forms,
 the client execs the interpreter itself.
 
+The preloaded modules' objects (about 180,000) are frozen (gc.freeze) before
+the first fork: a child's full collections would otherwise walk every one of them again,
+and write to each one's header, copying the server's heap page by page. A child's own
+objects are collected as in any interpreter. (On plans and collectives' tests, two files
+side by side: 25% less user time, 12% less wall time.)
+
     python -m tests.support.zygote serve DIR INDEX     # a server, socket DIR/INDEX.sock
     python -m tests.support.zygote run DIR ARGS...     # what mpiexec starts per rank
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -106,6 +113,7 @@ def serve(directory: str, index: int) -> None:
         except ImportError:
             pass
     assert "mpi4py.MPI" not in sys.modules, "a preloaded module started MPI; the ranks must start it"
+    gc.freeze()   # see the module's docstring
     parent = os.getppid()
     path = os.path.join(directory, f"{index}.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
