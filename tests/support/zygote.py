@@ -6,11 +6,11 @@ multi-rank tests start about 400 ranks on a 2-core machine. mpiexec starts `pyth
 tests.support.zygote run DIR ARGS` in place of `python ARGS`: this client, which imports
 nothing heavy, hands the server its arguments, environment, working directory and every
 open file descriptor (stdio, the process manager's PMI socket), and the server forks a
-child that takes them over, as exec would, then runs ARGS (`-m MODULE ...` or `SCRIPT ...`) as __main__. The child is
-the rank: MPI starts in it (the server never imports mpi4py.MPI). The client waits and
-ends as the child ended (its exit status, or killed by the same signal); a signal sent to
-the client is passed on to the child, and a client that dies (mpiexec killing its job)
-takes the child with it.
+child that takes them over, as exec would, then runs ARGS (`-m MODULE ...` or
+`SCRIPT ...`) as __main__. The child is the rank: MPI starts in it (the server never
+imports mpi4py.MPI). The client waits and ends as the child ended (its exit status, or
+killed by the same signal); a signal sent to the client is passed on to the child, and a
+client that dies (mpiexec killing its job) takes the child with it.
 
 What a fresh interpreter would differ in is kept: third-party modules only are preloaded
 (the project's own modules, which may read the environment as they import, import in
