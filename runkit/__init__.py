@@ -1,3 +1,3 @@
 """Helpers that pccl and shard both use and that are not about collectives: crash-safe
-file writes, byte sizes as people write them, command-line argument checks, and the
-mpiexec launcher. It imports neither package."""
+file writes, byte sizes as people write them, command-line argument checks, the mpiexec
+launcher and the CPUs a process may use. It imports neither package."""

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from itertools import chain
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
+from runkit.cpus import available_cores
 from runkit.files import write_atomic
 
 UNK_ID, EOS_ID = 0, 1
@@ -103,7 +103,7 @@ class SentencePiece(Tokenizer):
         self.prefix = (self.processor.bos_id(),) if self.processor.bos_id() >= 0 else ()
 
     def encode_batch(self, texts):
-        return self.processor.encode(list(texts), num_threads=min(16, os.cpu_count() or 1))
+        return self.processor.encode(list(texts), num_threads=min(16, available_cores()))
 
     def decode(self, ids) -> str:
         return self.processor.decode(_ints(ids))

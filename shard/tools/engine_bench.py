@@ -50,6 +50,8 @@ import sys
 import time
 from pathlib import Path
 
+from runkit.cpus import available_cores
+
 DEFAULT_STRATEGIES = "ddp,zero1,zero2,zero3,mics,paro-iig,paro-igg,paro-nig"
 REPLAYS = 3
 CORES_PER_RANK = 2   # compute and communication each on a core of its own, as measured apart
@@ -310,10 +312,6 @@ def format_row(row: dict, compute: dict | None, cores: int) -> str:
             f"{row['comm_alone_s']:8.3f} {hidden:>8} {sum(row['busy_s'].values()):8.3f} {waited(row):8.3f} "
             f"{'n/a' if overlap is None else f'{overlap:.0%}':>7} {row['sent_bytes'] / 1e6:8.2f} {memory}  "
             + "; ".join(notes)).rstrip()
-
-
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def duration(seconds: float) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 
 import pccl
+from runkit.cpus import available_cores
 from runkit.files import write_atomic
 from shard.engine import checkpoint
 from shard.engine.checkpoint_async import AsyncSaver
@@ -52,6 +53,24 @@ def device_type(name: str, cuda_available: Callable[[], bool] = torch.cuda.is_av
     if name == "cuda" and not cuda_available():
         raise ConfigError("train.device=cuda, but torch sees no GPU")
     return name
+
+
+def cpu_threads(setting: Optional[int], ranks: int, env=os.environ) -> int:
+    """torch's CPU threads per rank: train.threads where set, else OMP_NUM_THREADS where the
+    user or the launcher set it (torchrun sets 1), else 1 when the job has several ranks,
+    else every CPU this process may run on (its affinity: a Slurm job's or a container's
+    cores, not the whole node's)."""
+    if setting:
+        return setting
+    given = env.get("OMP_NUM_THREADS", "").strip()
+    if given:
+        first = given.split(",")[0]   # OpenMP's list form: the outermost level's count
+        if not (first.isdigit() and int(first) > 0):
+            raise ConfigError(f"OMP_NUM_THREADS must be a positive number of threads, got {given!r}")
+        return int(first)
+    if ranks > 1:
+        return 1
+    return available_cores()
 
 
 def _device(name: str) -> torch.device:
@@ -295,7 +314,7 @@ def setup(cfg) -> Run:
     comm = _communicator(cfg.comm, device)
     # every rank fails alike, before any collective
     _, accumulation = global_batch(t.global_batch_tokens, t.accumulation, comm.size, t.micro_batch, t.seq_len)
-    torch.set_num_threads(t.threads or (1 if comm.size > 1 else os.cpu_count() or 1))
+    torch.set_num_threads(cpu_threads(t.threads, comm.size))
     torch.manual_seed(t.seed)
     out_dir = Path(comm.broadcast_object(str(Path(str(t.out_dir)).resolve())))
     checkpoints = Path(comm.broadcast_object(str(Path(str(t.checkpoint_dir)).resolve()) if t.checkpoint_dir else ""))
@@ -425,8 +444,8 @@ def make_engine(r: Run) -> None:
             write_atomic(r.out_dir / "plan.json", json.dumps(r.plan.to_json(), indent=1, default=str))
     r.resolved["built"] = {"model": asdict(r.model), "num_params": r.model.num_params(), "world": r.comm.size,
                            "ranks_per_node": r.comm.topology.ranks_per_node, "accumulation": r.accumulation,
-                           "global_batch_tokens": r.global_batch_tokens,
-                           "precision": r.engine_config.precision, "device": str(r.device), "meta_init": meta,
+                           "global_batch_tokens": r.global_batch_tokens, "precision": r.engine_config.precision,
+                           "device": str(r.device), "cpu_threads": torch.get_num_threads(), "meta_init": meta,
                            "tokenizer_vocab": r.tokenizer_vocab, "tokenizer": r.tokenizer,
                            "data": r.tokenizer if r.data is None else str(r.data.directory)}
 
@@ -460,11 +479,12 @@ def start_log(r: Run, resumed: str) -> None:
     r.meter = Throughput(r.model.flops_per_token(t.seq_len), r.comm.size, peak)
     r.log = RunLog(r.out_dir, r.comm.rank == 0, t.steps, r.step, r.cfg.log.progress, r.resolved["log"]["wandb"],
                    r.resolved)
+    threads = torch.get_num_threads()
     r.log.write(f"{r.model.num_params() / 1e6:.1f}M parameters, {r.meter.flops_per_token / 1e9:.3f} GFLOP/token; "
                 f"{r.comm.size} ranks ({r.comm.topology.ranks_per_node} per node), strategy "
                 f"{r.engine.strategy.name}, comm {r.cfg.comm.name} ({r.cfg.comm.algorithm}), {precision} on "
-                f"{r.device}; {r.accumulation} micro-batches of {t.micro_batch}x{t.seq_len} per rank per step "
-                f"({r.global_batch_tokens} tokens); "
+                f"{r.device} ({threads} CPU thread{'s' * (threads > 1)} per rank); {r.accumulation} micro-batches of "
+                f"{t.micro_batch}x{t.seq_len} per rank per step ({r.global_batch_tokens} tokens); "
                 f"peak: {peak_source}; {resumed}; out: {r.out_dir}")
     plan = r.plan
     if plan is not None:

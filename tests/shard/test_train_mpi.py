@@ -70,6 +70,8 @@ def test_loss_falls_and_outputs_are_written(tmp_path_factory, cache, ranks, stra
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "checkpoints" / "LATEST").is_file()
     said = (out / "stdout.txt").read_text()
+    # the launcher's OMP_NUM_THREADS=1 (tests/support/mpirun.py), on one rank as on several
+    assert summary["cpu_threads"] == 1 and "(1 CPU thread per rank)" in said
     if ranks == 1:
         assert summary["self_calibration"] == {} and "auto: unmeasured (one rank, nothing to measure)" in said
     else:

@@ -167,6 +167,23 @@ def test_device_auto_is_cuda_where_torch_sees_a_gpu():
         device_type("tpu", gpu)
     assert device_type("auto") == ("cuda" if torch.cuda.is_available() else "cpu")   # the real check by default
 
+def test_cpu_threads_follow_the_setting_then_omp_num_threads_then_the_cores_this_process_may_use():
+    """A one-rank run took os.cpu_count() threads, over OMP_NUM_THREADS and the process's
+    affinity: two such runs side by side on 2 cores each kept an OpenMP thread spinning."""
+    from shard.tools.train import ConfigError, cpu_threads
+    allowed = len(os.sched_getaffinity(0))
+    assert cpu_threads(None, 1, {}) == allowed
+    assert cpu_threads(None, 4, {}) == 1
+    assert cpu_threads(None, 1, {"OMP_NUM_THREADS": "1"}) == 1
+    assert cpu_threads(None, 4, {"OMP_NUM_THREADS": " 3 "}) == 3
+    assert cpu_threads(None, 1, {"OMP_NUM_THREADS": "6,2"}) == 6   # OpenMP's nested form: the outer level
+    assert cpu_threads(5, 1, {"OMP_NUM_THREADS": "1"}) == 5
+    assert cpu_threads(None, 1, {"OMP_NUM_THREADS": ""}) == allowed
+    for bad in ("0", "-2", "two", "1.5"):
+        with pytest.raises(ConfigError, match=f"OMP_NUM_THREADS must be a positive number of threads, got '{bad}'"):
+            cpu_threads(None, 1, {"OMP_NUM_THREADS": bad})
+
+
 
 def test_transport_follows_the_device_and_must_carry_its_tensors():
     from shard.tools.train import ConfigError, check_comm_device, comm_transport
