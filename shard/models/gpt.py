@@ -199,8 +199,10 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Rotary:
-    """cos and sin tables per (positions, device, dtype), computed on first use (no buffers,
-    so nothing to materialize from the meta device)."""
+    """cos and sin of positions 0, 1, ...: one table per device and dtype, computed on first
+    use (no buffers, so nothing to materialize from the meta device) and grown, at least
+    doubling, when a call reaches past it. A call gets rows of it: sampling one position at
+    a time keeps one table, as long as the context, not one per position."""
 
     def __init__(self, head_size: int, theta: float, scaling: Optional[RopeScaling] = None):
         # on the CPU even in a model built under torch.device("meta"): the tables need values
@@ -209,12 +211,13 @@ class Rotary:
         self.tables: dict = {}
 
     def __call__(self, length: int, device, dtype, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (start, length, str(device), dtype)
-        if key not in self.tables:
-            positions = torch.arange(start, start + length, dtype=torch.float64, device="cpu")
-            angles = torch.outer(positions, self.inv_freq)
-            self.tables[key] = (angles.cos().to(device, dtype), angles.sin().to(device, dtype))
-        return self.tables[key]
+        key, end = (str(device), dtype), start + length
+        table = self.tables.get(key)
+        if table is None or len(table[0]) < end:
+            rows = end if table is None else max(end, 2 * len(table[0]))
+            angles = torch.outer(torch.arange(rows, dtype=torch.float64, device="cpu"), self.inv_freq)
+            self.tables[key] = table = (angles.cos().to(device, dtype), angles.sin().to(device, dtype))
+        return table[0][start:end], table[1][start:end]
 
 
 class KVCache:
@@ -230,6 +233,9 @@ class KVCache:
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values of every position so far, with `k` and `v` (the new ones) stored."""
         end = self.length + k.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"the KV cache holds {self.capacity} positions; {self.length} are filled and "
+                             f"{k.shape[2]} more were given")
         self.keys[layer][:, :, self.length:end] = k
         self.values[layer][:, :, self.length:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
@@ -258,9 +264,12 @@ class SelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.extend(layer, k, v)
         # with a cache, the new positions see all earlier ones: causal within the new ones alone
-        mask = None if start == 0 else torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(start)
+        # (one new position sees every key: no mask. SDPA's is_causal aligns its mask to the
+        # top left, so it holds only where no earlier position is cached)
+        causal = start == 0
+        mask = None if causal or t == 1 else torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(start)
         # grouped-query attention: each k and v head serves heads / kv query heads
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                            enable_gqa=self.kv != self.heads)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 

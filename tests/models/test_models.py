@@ -126,6 +126,28 @@ def test_bad_configurations_are_refused():
         GPTConfig(rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context=64))
 
 
+def test_rotary_rows_for_positions_one_at_a_time_are_the_whole_tables_rows_in_one_table():
+    """Sampling asks for one position at a time; each used to get a table of its own."""
+    whole_cos, whole_sin = Rotary(8, 10000.0)(40, "cpu", torch.float32)
+    rotary = Rotary(8, 10000.0)
+    rows = [rotary(5, "cpu", torch.float32)] + [rotary(1, "cpu", torch.float32, start) for start in range(5, 40)]
+    assert torch.equal(torch.cat([c for c, _ in rows]), whole_cos) and torch.equal(torch.cat([s for _, s in rows]),
+                                                                                    whole_sin)
+    (cos, _), = rotary.tables.values()   # one table, grown by doubling: 5, 10, 20, 40 rows
+    assert len(cos) == 40
+    assert set(rotary.tables) == {("cpu", torch.float32)}
+    rotary(3, "cpu", torch.float64)
+    assert len(rotary.tables) == 2   # a table per dtype
+
+
+def test_a_kv_cache_refuses_positions_past_its_capacity():
+    cfg = GPTConfig(**SMALL, **LLAMA)
+    model, cache = GPT(cfg), KVCache(cfg, 1, 4, "cpu", torch.float32)
+    model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="the KV cache holds 4 positions; 3 are filled and 2 more were given"):
+        model(torch.zeros(1, 2, dtype=torch.long), cache=cache)
+
+
 def test_grouped_query_attention_is_attention_with_each_kv_head_repeated():
     """The reference: k and v heads copied out to one per query head, as before GQA kernels."""
     cfg = GPTConfig(**SMALL, **LLAMA)
