@@ -364,15 +364,27 @@ def parameters(snap: Path):
     """(name, values) of every parameter of the model a verified snapshot holds, each in
     full, fp32, on the CPU, one at a time, from its files alone (any world size or
     strategy wrote it): what an export streams. Raises CheckpointError if it is damaged."""
+    names, read = parameter_reader(snap)
+    for name in names:
+        yield name, read(name)
+
+
+def parameter_reader(snap: Path):
+    """(the parameters' names in the model's order, read): read(name) is that parameter of
+    a verified snapshot in full, fp32, on the CPU, from its files alone, in any order: a
+    model filled one parameter at a time holds one parameter more than itself. Raises
+    CheckpointError if the snapshot is damaged."""
     problem = problems(snap)
     if problem:
         raise CheckpointError(problem)
     meta = json.loads((snap / "meta.json").read_text())
-    source = _Source(snap, meta)
-    for name, shape in meta["params"].items():
-        values = torch.empty(shape, dtype=torch.float32)
+    source, shapes = _Source(snap, meta), meta["params"]
+
+    def read(name: str) -> torch.Tensor:
+        values = torch.empty(shapes[name], dtype=torch.float32)
         source.read(name, 0, values.numel(), {"master": values.view(-1)})
-        yield name, values
+        return values
+    return list(shapes), read
 
 
 def load(engine, optimizer, path, fallback: bool = False) -> Restored:

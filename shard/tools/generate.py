@@ -61,9 +61,9 @@ def load(path: Path, device, tokenizer: str | None):
         from shard.tools.preflight import run_tokenizer, snapshot_config
 
         snap = checkpoint.snapshot(path)
-        values = dict(checkpoint.parameters(snap))
+        _, read = checkpoint.parameter_reader(snap)   # one parameter at a time, not the model twice
         with torch.device(device):
-            model = GPT(snapshot_config(snap), weights=lambda name, tensor: tensor.copy_(values[name]))
+            model = GPT(snapshot_config(snap), weights=lambda name, tensor: tensor.copy_(read(name)))
         found, corpus = run_tokenizer(snap), True
     chosen = Path(tokenizer) if tokenizer else found
     if chosen is None:

@@ -4,6 +4,7 @@ text comes back from a Hugging Face directory with its tokenizer.json, as transf
 greedy decoding gives it."""
 import json
 import os
+import weakref
 from dataclasses import asdict
 
 import torch
@@ -20,7 +21,7 @@ from tests.models.test_hf import random_hf_model
 from tests.shard.published_tokenizers import byte_bpe
 
 
-def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, capsys):
+def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, capsys, monkeypatch):
     cfg = GPTConfig.preset("llama_tiny", vocab=96, context=32)
     model = GPT(cfg, seed=4)
     tokens = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -42,6 +43,24 @@ def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, ca
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
     with torch.no_grad():
         assert (theirs(tokens).logits - ours).abs().max().item() <= 1e-4
+    # shard-generate builds the same model from the snapshot, reading one parameter at a time
+    read_by_name = checkpoint.parameter_reader
+    alive = []
+
+    def reader(snap):
+        names, read = read_by_name(snap)
+
+        def one(name):
+            assert all(ref() is None for ref in alive), "a parameter read before is still held"
+            values = read(name)
+            alive.append(weakref.ref(values))
+            return values
+        return names, one
+    monkeypatch.setattr(checkpoint, "parameter_reader", reader)
+    sampler, _ = generate_tool.load(tmp_path / "run", "cpu", None)
+    assert len(alive) == len(list(model.parameters()))
+    with torch.no_grad():
+        assert torch.equal(sampler(tokens), ours)
     assert export.main([str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 1   # not empty: refused
     assert "exists and is not empty" in capsys.readouterr().err
     assert export.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 1
