@@ -17,7 +17,8 @@
 #   PYTHON          interpreter (default: the repository's .venv/bin/python, else python3)
 #   MPIEXEC         mpiexec (default: the one next to PYTHON, else mpiexec on PATH)
 #   MPIEXEC_ARGS    extra mpiexec arguments, split on spaces (default none)
-#   OMP_NUM_THREADS threads per rank (default 1 on cpu)
+#   OMP_NUM_THREADS threads per rank (default 1 on cpu with several ranks; one rank: shard-train
+#                   takes every core it may use)
 #   RESTARTS        relaunch a failed run up to this many times, each with train.resume=auto
 #                   (the newest intact checkpoint); train.out_dir is fixed for all attempts
 #                   (default 0: no relaunch)
@@ -68,7 +69,7 @@ restart_overrides "runs/$(date -u +%Y-%m-%d_%H-%M-%S)" "$@"
 
 cmd=("${launcher[@]}" "${extra[@]}" -n "$NPROC" "$PYTHON" -m shard.tools.train "${overrides[@]}" "$@")
 
-if [[ $DEVICE != cuda || -n ${OMP_NUM_THREADS:-} ]]; then
+if [[ ($DEVICE != cuda && $NPROC -gt 1) || -n ${OMP_NUM_THREADS:-} ]]; then
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     [[ $DRY_RUN == 1 ]] && echo "export OMP_NUM_THREADS=$(quote_words "$OMP_NUM_THREADS")"
 fi

@@ -333,6 +333,9 @@ def test_local_defaults_and_overrides():
     env, words, _ = parsed(run("local.sh", DEVICE="cuda", MPIEXEC_ARGS="-bind-to none"))
     assert overrides(words)["train.device"] == "cuda" and env == {}
     assert words.index("-bind-to") + 2 == words.index("-n")
+    # one rank on the CPU (make train) leaves the threads to shard-train: every core it may use
+    env, words, _ = parsed(run("local.sh", NPROC="1"))
+    assert opt(words, "-n") == "1" and env == {}
 
 
 @pytest.mark.parametrize("env, message", [
