@@ -15,10 +15,10 @@ trust_native).
 
 A call larger than the sweep's largest size (a sharded engine's units: tens to hundreds of
 MB) is measured at its size (the next power of two) at its first use, up to REACH_MAX:
-every candidate where the projection fits REACH times the budget, else the candidate auto
-would run, then the next it would run, until it would run one timed there or the time is
-spent (reach): a candidate's cost need not grow past the sizes measured as the model's
-does. The size joins the entry in the cache, so it is measured once per shape.
+every candidate where the projection fits REACH times the budget, else the candidates one
+at a time in the order auto would run them (its pick first, ranked again after each) until
+the time is spent (reach): a candidate's cost need not grow past the sizes measured as the
+model's does. The size joins the entry in the cache, so it is measured once per shape.
 
 Each device type is measured apart, and the host's figures never decide for GPU buffers:
 over MPI a GPU's messages are staged through pinned host memory or handed to a GPU-aware
@@ -346,13 +346,15 @@ def reach(comm, collective: str, dtype: torch.dtype, entry: dict, nbytes: int, s
     one reach_size gives for a call of `nbytes` above every size it holds, up to REACH_MAX;
     None where nothing was measured. Where every candidate's projected time (along the line
     through the last two sizes, as measure() projects) fits `seconds`, every candidate is
-    timed there. Otherwise, with `choose` (entry -> the candidate auto would run at that
-    size with those figures), the candidate auto would run is timed, then the one it would
-    run next, until it would run one it has timed there, or the next does not fit what is
-    left of `seconds`: a candidate is never chosen there on a ratio held from below, which
-    could hide a growth the model lacks, without its own figure. Each is timed in ROUNDS
-    one-call loops (at such sizes a call lasts milliseconds). Collective over `comm`
-    (every rank holds the same entry and asks for the same size)."""
+    timed there. Otherwise, with `choose` (entry -> the candidates in the order auto would
+    run them at that size with those figures: its pick, then the others by predicted time),
+    the first not yet timed there is timed, and the candidates ranked again, until every one
+    is timed or the next does not fit what is left of `seconds`: a candidate is never chosen
+    there on a ratio held from below, which could hide a growth the model lacks, without its
+    own figure, and the time left goes to the pick's likeliest rivals (one never timed
+    there, held from below, could hide a slower growth as well). Each is timed in ROUNDS
+    one-call loops (at such sizes a call lasts milliseconds). Collective over `comm` (every
+    rank holds the same entry and asks for the same size)."""
     names = list(entry)
     element = dtype.itemsize
     target = reach_size(collective, comm.size, element, nbytes)
@@ -369,10 +371,13 @@ def reach(comm, collective: str, dtype: torch.dtype, entry: dict, nbytes: int, s
         return {name: [*entry[name], [target, median]] for name, median in zip(names, medians)}
     grown, left = dict(entry), seconds
     while choose is not None:
-        name = choose(grown)
-        # not a candidate (one the environment forces), timed already, or past the time left
-        if name not in grown or grown[name][-1][0] == target or projected([name]) > left:
+        ranking = choose(grown)
+        if ranking[0] not in grown:   # one the environment forces: nothing to decide
             break
+        untimed = [name for name in ranking if name in grown and grown[name][-1][0] != target]
+        if not untimed or projected(untimed[:1]) > left:
+            break
+        name = untimed[0]
         (median,), charged = time_size(comm, collective, [name], target, dtype, 1, device)
         grown[name] = [*grown[name], [target, median]]
         left -= charged
@@ -459,18 +464,21 @@ class SelfCalibration:
         self.settled[entry] = nbytes
         start = time.perf_counter()
         grown = reach(self.comm, collective, dtype, self.measured[entry], nbytes, REACH * self.budget, self.device,
-                      choose=lambda figures: self._choice(entry, figures, collective, dtype, nbytes))
+                      choose=lambda figures: self._ranking(entry, figures, collective, dtype, nbytes))
         if grown is not None:
             self.measured[entry] = grown
             self._keep(entry, time.perf_counter() - start)
 
-    def _choice(self, entry: str, figures: dict, collective: str, dtype: torch.dtype, nbytes: int) -> str:
-        """What auto would run for `nbytes` with `figures` as `entry`'s (and decides with
-        them from then on, as it will once they are kept)."""
+    def _ranking(self, entry: str, figures: dict, collective: str, dtype: torch.dtype, nbytes: int) -> list[str]:
+        """The candidates in the order auto would run them for `nbytes` with `figures` as
+        `entry`'s: its pick, then the others by predicted time (and decides with them from
+        then on, as it will once they are kept)."""
         self.measured[entry] = figures
         self._apply()
-        return self.selector.tuner_for(self.device).name(collective, reach_size(
-            collective, self.comm.size, dtype.itemsize, nbytes), dtype)
+        tuner = self.selector.tuner_for(self.device)
+        size = reach_size(collective, self.comm.size, dtype.itemsize, nbytes)
+        pick, times = tuner.name(collective, size, dtype), tuner.predictions(collective, size, dtype)
+        return [pick, *sorted((name for name in times if name != pick), key=times.get)]
 
     def _keep(self, entry: str, seconds: float) -> None:
         """After measuring `entry` for `seconds`: account, store (rank 0), decide with it."""
