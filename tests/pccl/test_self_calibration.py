@@ -263,8 +263,9 @@ def ranking(entry, nbytes):
 
 
 def slower_growth(nbytes, algorithm):
-    """Two schedules a ratio apart up to 16 MB; past it the faster one's cost grows 1.5x
-    faster than its bytes (a cache it outgrows), so the runner-up wins at 64 MB."""
+    """Two schedules a ratio apart up to 16 MB; past it the faster one's cost grows faster
+    than its bytes (a cache it outgrows: 1.5x its bytes' share at 64 MB), so the runner-up
+    wins at 64 MB."""
     base = 1e-5 + nbytes / 1e9
     growth = max(1.0, nbytes / (16 * MB)) ** 0.3 if algorithm == "recursive_doubling" else 1.0
     factor = {"recursive_doubling": 1.0, "bruck": 1.1}.get(algorithm, 2.0)
