@@ -645,8 +645,8 @@ def save_checkpoint(r: Run) -> None:
     """The engine's and the optimizer's state with the step and the data position, to
     resume from: written before training goes on, or with train.checkpoint_async handed to
     the background writer (its time, the stall, is added to stalled_s)."""
-    started = time.perf_counter()
-    injected = (lambda: faults.kill_if_planned(r.faults, "kill-save", r.step, r.comm.rank, r.out_dir)) \
+    started, step = time.perf_counter(), r.step   # the saved step: an async writer runs on as r.step moves
+    injected = (lambda: faults.kill_if_planned(r.faults, "kill-save", step, r.comm.rank, r.out_dir)) \
         if r.faults else None
     extra = {"step": r.step, "data": data_position(r), "model": r.resolved["model"],
              "config": asdict(r.model), "strategy": r.resolved["strategy"]}

@@ -407,3 +407,24 @@ def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkey
     assert all(x["step_time_s"] == 1.0 and not x["warmup"] and x["warmup_s"] is None for x in rest)
     summary = train.summarize(logged, None, {})
     assert summary["step_time_s"] == 1.0 and summary["warmup_s"] == (None if interval == 1 else 10.0)
+
+
+def test_an_async_saves_injected_kill_is_for_the_step_saved_not_the_step_training_has_reached(monkeypatch):
+    """kill-save@4 on an async save: the writer thread calls back after training has moved
+    on; the callback read r.step then, saw 5 and did not kill (a fault test passed without
+    its fault, once, in CI)."""
+    from types import SimpleNamespace
+
+    from shard.tools import faults, train
+    asked = []
+    monkeypatch.setattr(faults, "kill_if_planned", lambda planned, kind, step, rank, out: asked.append((kind, step)))
+    monkeypatch.setattr(train, "data_position", lambda r: {})
+    writes = []
+    saver = SimpleNamespace(save=lambda optimizer, extra, written: writes.append(written))
+    r = SimpleNamespace(step=4, faults={("kill-save", 4, 0): 0.0}, comm=SimpleNamespace(rank=0), out_dir="out",
+                        resolved={"model": {}, "strategy": {}}, model=train.GPTConfig(), saver=saver,
+                        optimizer=None, stalled_s=0.0)
+    train.save_checkpoint(r)
+    r.step = 5   # training goes on before the writer is done
+    writes[0]()
+    assert asked == [("kill-save", 4)]
