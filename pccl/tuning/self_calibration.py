@@ -41,7 +41,9 @@ time but does not end the calibration early. A size's warm-up is charged at most
 calls' expected time: the first call at a new size can pay a setup that a run pays at its
 first such call anyway. docs/tuning.md gives the figures behind these choices.
 
-Agreement: rank 0 reads the cache and broadcasts what it found; the times are all-reduced
+Agreement: rank 0 reads the cache and broadcasts what it found (at the first need, and
+again at the first need of an entry the communicator lacks or of a size beyond it: another
+communicator of the shape may have stored it since, _catch_up); the times are all-reduced
 (max), so every rank holds the same figures, stops at the same size and makes the same
 choices. These and the barriers time out on an interruptible communicator (its broadcast
 polled, the rest through pccl's schedules), where a blocking MPI call would hang. Rank 0
@@ -359,7 +361,7 @@ def reach(comm, collective: str, dtype: torch.dtype, entry: dict, nbytes: int, s
     element = dtype.itemsize
     target = reach_size(collective, comm.size, element, nbytes)
     sizes = swept_sizes(entry)
-    if target <= max(n for points in entry.values() for n, _ in points) or target > REACH_MAX:
+    if target <= largest(entry) or target > REACH_MAX:
         return None
 
     def projected(chosen: list[str]) -> float:
@@ -382,6 +384,11 @@ def reach(comm, collective: str, dtype: torch.dtype, entry: dict, nbytes: int, s
         grown[name] = [*grown[name], [target, median]]
         left -= charged
     return grown if grown != entry else None
+
+
+def largest(entry: dict) -> int:
+    """The largest size any candidate of `entry` was measured at."""
+    return max(n for points in entry.values() for n, _ in points)
 
 
 def swept_sizes(entry: dict) -> list[int]:
@@ -444,6 +451,8 @@ class SelfCalibration:
             self.measured = self._agreed_cache()
             self._apply()
             _account(self.path, 0.0)
+        else:
+            self._catch_up(entry)
         if not self._current(entry, collective):
             start = time.perf_counter()
             names = self.selector.tuner_for(self.device).candidates(collective)
@@ -453,11 +462,26 @@ class SelfCalibration:
         if self._beyond(entry, nbytes):
             self._reach(entry, collective, DTYPE_OF[klass], nbytes)
 
+    def _catch_up(self, entry: str) -> None:
+        """Take `entry` from rank 0's cache file where the file holds it and this
+        communicator does not, or holds it to a larger size: communicators of one shape
+        share a file (the engine's lanes and shard-train's own), and another may have
+        measured it since this one read the file. Measured again, it would cost the budget
+        twice and its figures would replace theirs in the file, so that the next run (a
+        resumed one) decides with other figures than this run did. Collective over `comm`."""
+        stored = None
+        if self.comm.rank == 0:
+            on_disk, refused = read(self.path, self.key)
+            stored = on_disk.get(entry) if refused is None else None
+        stored = self.comm.broadcast_object(stored)
+        if stored is not None and (entry not in self.measured or largest(stored) > largest(self.measured[entry])):
+            self.measured[entry] = stored
+            self._apply()
+
     def _beyond(self, entry: str, nbytes: int) -> bool:
         """Whether a call of `nbytes` is larger than every size `entry` holds and every call
         reach() was asked about."""
-        held = max(n for points in self.measured[entry].values() for n, _ in points)
-        return nbytes > max(held, self.settled.get(entry, 0))
+        return nbytes > max(largest(self.measured[entry]), self.settled.get(entry, 0))
 
     def _reach(self, entry: str, collective: str, dtype: torch.dtype, nbytes: int) -> None:
         """Measure `entry` at a call's size beyond its largest, where reach() takes it."""

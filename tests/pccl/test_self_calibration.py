@@ -478,7 +478,8 @@ def test_a_world_of_one_rank_never_calibrates_on_any_executor(tmp_path, monkeypa
 def test_ranks_measure_once_share_rank_0s_figures_and_redo_a_corrupt_entry(tmp_path):
     """3 ranks, each with its own cache directory (as on nodes without a shared file
     system): the first communicator measures, a second reads rank 0's file, a corrupt file
-    is measured again, a gloo communicator measures as MPI's do; every rank holds the same
+    is measured again, a second communicator of a shape takes what the first measured since it
+read the file, a gloo communicator measures as MPI's do; every rank holds the same
     figures and makes the same choices; the collectives stay exact throughout; GPU buffers
     (a stand-in GPU) are measured apart and read back
     (tests/pccl/workers/run_self_calibration.py)."""
@@ -502,6 +503,10 @@ def test_ranks_measure_once_share_rank_0s_figures_and_redo_a_corrupt_entry(tmp_p
     assert reach["grown"] == reach["swept"] + [sc.reach_size("all_reduce", 3, 4, 2 * reach["swept"][-1])], \
         "a call beyond the sweep adds its size (a power of two), one inside it none"
     assert reach["read_back"] and reach["measured_again"] == [], "the reached size is kept in the cache"
+    side = report["side_by_side"]
+    assert side["exact"] and side["lane_measured_now"] == ["all_gather"] and side["grown"]
+    assert side["measured_now"] == ["all_reduce/full"] and side["same"] and side["kept"], \
+        "a second communicator of the shape takes the first's figures from the file, and leaves them there"
     names = set(interruptible["figures"]["all_reduce/full"])
     assert "native_nonblocking" in names and "native" not in names, "an interruptible communicator never blocks"
     assert interruptible["path"] != first["path"]

@@ -5,7 +5,8 @@
 Each rank caches in DIR/rank-R (no shared file system). In turn: a first communicator
 measures all-gather and bf16 all-reduce at their first auto call; a second reads rank 0's
 file; rank 0's file is corrupted and a third measures again; a tiny budget stops after the
-first size; a call beyond the sweep is measured at its size; an interruptible communicator
+first size; a call beyond the sweep is measured at its size; of two communicators of one
+shape open at once, the second takes what the first measured since it read the file; an interruptible communicator
 has a key (and candidates) of its own; a gloo communicator (torch.distributed, brought up
 through MPI) measures as MPI's do; GPU buffers, on a stand-in GPU (torch.cuda's answers
 stood in, host tensors for the device's), are measured apart, into a file of their own, and
@@ -100,8 +101,41 @@ def reaching() -> dict:
     return out
 
 
+def side_by_side() -> dict:
+    """Two communicators of one shape open at once (as the engine's lanes and shard-train's
+    own): the second reads the file first, for an all-reduce; the first then measures
+    all-gather and reaches a call beyond its sweep; the second's first all-gather takes
+    those figures from the file instead of measuring again, and the file keeps them."""
+    os.environ["PCCL_CACHE_DIR"] = str(root / f"side-{rank}")
+    sc.REACH = 1e6
+    lane, own = pccl.init(), pccl.init()
+    own.all_reduce(torch.ones(8))
+    lane.all_gather(torch.empty(4 * p), torch.ones(4))
+    figures = lane.selector.self_calibration.measured
+    swept = max(n for n, _ in next(iter(figures["all_gather"].values())))
+    block = torch.full((2 * swept // (4 * p),), float(rank))   # 2x the largest in bytes: fp32 elements
+    full = torch.empty(p * len(block))
+    lane.all_gather(full, block)
+    gathered = torch.empty(4 * p)
+    own.all_gather(gathered, torch.full((4,), float(rank)))
+    mine, theirs = own.selector.self_calibration, lane.selector.self_calibration
+    stored = sc.read(theirs.path, theirs.key)[0] if rank == 0 else None
+    out = {"measured_now": sorted(mine.seconds), "lane_measured_now": sorted(theirs.seconds),
+           "same": mine.measured["all_gather"] == theirs.measured["all_gather"],
+           "grown": sc.largest(theirs.measured["all_gather"]) > swept,
+           "kept": world.bcast(stored is not None and stored.get("all_gather") == theirs.measured["all_gather"]),
+           "exact": bool(world.allreduce(int(torch.equal(full, torch.arange(p).repeat_interleave(len(block)).float())
+                                             and torch.equal(gathered, torch.arange(p).repeat_interleave(4).float())),
+                                         op=MPI.MIN))}
+    own.close()
+    lane.close()
+    sc.REACH = REACH
+    return out
+
+
 REACH = sc.REACH
 report["reach"] = reaching()
+report["side_by_side"] = side_by_side()
 os.environ["PCCL_CACHE_DIR"] = str(root / f"rank-{rank}")
 report["interruptible"] = step({"interruptible": True}, dtype=torch.float32)
 os.environ["PCCL_CACHE_DIR"] = str(root / f"gloo-{rank}")
