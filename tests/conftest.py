@@ -4,12 +4,15 @@ fresh machine. Where the cache lives is not a choice the product makes for its u
 the suite's own keeps the runs of developers' tests out of their ~/.cache/pccl (and theirs
 out of the suite), and the suite's first calls of each world shape measure it, as a new
 user's do."""
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
 
 os.environ["PCCL_CACHE_DIR"] = tempfile.mkdtemp(prefix="pccl-test-cache-")
+atexit.register(shutil.rmtree, os.environ["PCCL_CACHE_DIR"], ignore_errors=True)
 
 # make test runs the multi-rank files two at a time (--dist loadfile: a file's tests on the
 # worker that takes it). The files whose launches take longest start first, so that the two
