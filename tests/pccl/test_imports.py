@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.import_graph import PAGES, documented
+
 ROOT = Path(__file__).resolve().parents[2]
 PCCL = ROOT / "pccl"
 
@@ -71,6 +73,15 @@ def test_the_layer_graph_has_no_cycle_and_covers_every_sub_package():
     on_disk = {p.name for p in PCCL.iterdir() if (p / "__init__.py").is_file()} | \
         {p.stem for p in PCCL.glob("*.py") if p.name != "__init__.py"}   # and top-level modules
     assert on_disk == set(ALLOWED), f"sub-packages {sorted(on_disk ^ set(ALLOWED))} are not in the layer graph"
+
+
+def test_the_pages_draw_this_graph():
+    """README.md and docs/architecture.md draw the pccl lines of ALLOWED, no more, no less."""
+    spelled = {"native": "_native", "facade": "pccl"}
+    table = {spelled.get(k, k): {spelled.get(t, t) for t in v} for k, v in ALLOWED.items()}
+    for page in PAGES:
+        drawn = {k: v for k, v in documented(page).items() if not k.startswith("shard")}
+        assert drawn == table, page
 
 
 def test_sub_packages_import_only_down_the_layer_graph():

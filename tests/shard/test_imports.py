@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.import_graph import PAGES, documented
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Who may import whom (docs/architecture.md). "facade" is `import shard`; "pccl" is pccl's
@@ -75,6 +77,16 @@ def test_the_layers_have_no_cycle_and_cover_every_sub_package():
     assert set(order) == set(ALLOWED) - {"pccl"} | {"facade"}
     on_disk = {p.name for p in (ROOT / "shard").iterdir() if (p / "__init__.py").is_file()} | {"facade"}
     assert on_disk == set(ALLOWED), f"sub-packages {sorted(on_disk ^ set(ALLOWED))} are not in the layers"
+
+
+def test_the_pages_draw_these_layers():
+    """README.md and docs/architecture.md draw the shard lines of ALLOWED, no more, no less."""
+    def spelled(part: str) -> str:
+        return {"facade": "shard", "pccl": "pccl"}.get(part, f"shard.{part}")
+    table = {spelled(k): {spelled(t) for t in v} for k, v in ALLOWED.items()}
+    for page in PAGES:
+        drawn = {k: v for k, v in documented(page).items() if k.startswith("shard")}
+        assert drawn == table, page
 
 
 def test_sub_packages_import_only_down_the_layers():
