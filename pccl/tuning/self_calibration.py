@@ -47,7 +47,11 @@ communicator of the shape may have stored it since, _catch_up); the times are al
 (max), so every rank holds the same figures, stops at the same size and makes the same
 choices. These and the barriers time out on an interruptible communicator (its broadcast
 polled, the rest through pccl's schedules), where a blocking MPI call would hang. Rank 0
-writes the file, atomically.
+writes the file, atomically, under a lock; where another communicator of the shape stored
+the entry first (a nested strategy's groups measure at once, each with its own rank 0),
+the file's figures stay, unless these are them with a larger size reached, and every rank
+decides with what the file holds (_store): all communicators of a shape decide with one
+set of figures, the one the next run reads.
 
 The cache: PCCL_CACHE_DIR (default $XDG_CACHE_HOME/pccl, else ~/.cache/pccl), file
 calibration/<hash of the key>.json. The key holds what determines the answer: the node type
@@ -69,6 +73,7 @@ beyond the sweep may take REACH times that (4 s), once per size and shape.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -78,6 +83,7 @@ import statistics
 import threading
 import time
 import warnings
+from contextlib import contextmanager
 from functools import cached_property
 from importlib import metadata
 from pathlib import Path
@@ -505,17 +511,21 @@ class SelfCalibration:
         return [pick, *sorted((name for name in times if name != pick), key=times.get)]
 
     def _keep(self, entry: str, seconds: float) -> None:
-        """After measuring `entry` for `seconds`: account, store (rank 0), decide with it."""
+        """After measuring `entry` for `seconds`: account, store (rank 0), and decide with
+        what the file holds then, on every rank (_store: it may be another communicator's)."""
         self.seconds[entry] = self.seconds.get(entry, 0.0) + seconds
         _account(self.path, seconds)
-        if self.comm.rank == 0:
-            self._store(entry)
+        kept = self._store(entry) if self.comm.rank == 0 else None
+        self.measured[entry] = self.comm.broadcast_object(kept)
         self._apply()
 
     def _current(self, entry: str, collective: str) -> bool:
         """Whether the cache's figures for `entry` cover every candidate auto has now."""
-        names = set(self.selector.tuner_for(self.device).candidates(collective))
-        return entry in self.measured and names <= set(self.measured[entry])
+        return entry in self.measured and self._covers(self.measured[entry], collective)
+
+    def _covers(self, figures: dict, collective: str) -> bool:
+        """Whether `figures` hold every candidate auto has now for `collective`."""
+        return set(self.selector.tuner_for(self.device).candidates(collective)) <= set(figures)
 
     def _agreed_cache(self) -> dict:
         """Rank 0's cache entry, on every rank."""
@@ -527,15 +537,25 @@ class SelfCalibration:
                               RuntimeWarning, stacklevel=4)
         return self.comm.broadcast_object(measured)
 
-    def _store(self, entry: str) -> None:
-        """Rank 0: merge `entry` into the file (another run may have added others)."""
+    def _store(self, entry: str) -> dict:
+        """Rank 0: merge `entry` into the file (another run may have added others), and
+        return the figures to decide with. Where another communicator of this shape stored
+        it first (the groups of a nested strategy measure at once, each with its own rank
+        0), and these figures are not theirs with sizes added above (a reach), theirs stay
+        and are returned: every communicator of a shape then decides with one set of
+        figures, the file's, as the next run (a resumed one) will."""
+        mine = self.measured[entry]
         try:
-            with _FILES:
+            with _FILES, _locked(self.path):
                 on_disk, refused = read(self.path, self.key)
-                write(self.path, self.key, {**(on_disk if refused is None else {}), entry: self.measured[entry]})
+                held = on_disk.get(entry) if refused is None else None
+                if held is not None and self._covers(held, entry_parts(entry)[0]) and not extends(mine, held):
+                    return held
+                write(self.path, self.key, {**(on_disk if refused is None else {}), entry: mine})
         except OSError as e:
             warnings.warn(f"pccl: cannot write the calibration cache {self.path} ({e}); this run keeps its "
                           "measurement, the next measures again", RuntimeWarning, stacklevel=4)
+        return mine
 
     def _apply(self) -> None:
         """The communicator decides with the base profile calibrated by every figure held."""
@@ -546,6 +566,28 @@ class SelfCalibration:
         if figures:
             self.selector.use_profile(calibrated(self.base, self.selector.topology, figures,
                                                  f"self-calibration, {self.path}"), self.device)
+
+
+@contextmanager
+def _locked(path: Path):
+    """`path`'s lock, across processes (the ranks 0 of one shape's communicators may
+    store at once), held while the block runs; none where the file system has no locks."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield   # closing the file releases the lock
+
+
+def extends(entry: dict, base: dict) -> bool:
+    """Whether `entry` is `base` with points added above its largest size (what reach()
+    makes of it)."""
+    top = largest(base)
+    return set(entry) == set(base) and all(
+        entry[name][:len(points)] == points and all(n > top for n, _ in entry[name][len(points):])
+        for name, points in base.items())
 
 
 def _account(path: Path, seconds: float) -> None:

@@ -522,3 +522,19 @@ read the file, a gloo communicator measures as MPI's do; every rank holds the sa
     assert gpu["first"]["device"]["gpu"] == "Stand-in GPU" and gpu["first"]["path"] != first["path"]
     assert gpu["first"]["host"] is None, "GPU buffers' first call measures them alone, not the host's"
     assert gpu["second"]["measured_now"] == [] and gpu["second"]["figures"] == gpu["first"]["figures"]
+
+
+@pytest.mark.mpi
+def test_the_groups_of_a_shape_measuring_at_once_decide_with_the_figures_the_file_keeps(tmp_path):
+    """4 ranks split into two groups of 2 (one shape, ranks 0 in different processes) over
+    one cache directory: both groups measure all-gather at once and reach a size beyond
+    the sweep, and every rank ends with the figures the file holds, as the next run (a
+    resumed one) reads them (tests/pccl/workers/run_calibration_groups.py)."""
+    report_path = tmp_path / "report.json"
+    run = mpiexec(4, "-m tests.pccl.workers.run_calibration_groups", str(tmp_path / "cache"), str(report_path),
+                  timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ranks = json.loads(report_path.read_text())
+    assert all(r["exact"] and r["grown"] and r["measured_now"] == ["all_gather"] for r in ranks)
+    assert len({r["path"] for r in ranks}) == 1, "one shape, one file"
+    assert all(r["figures"] == ranks[0]["stored"] for r in ranks), "one set of figures: the file's"
