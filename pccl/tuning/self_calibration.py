@@ -472,9 +472,9 @@ class SelfCalibration:
         """Take `entry` from rank 0's cache file where the file holds it and this
         communicator does not, or holds it to a larger size: communicators of one shape
         share a file (the engine's lanes and shard-train's own), and another may have
-        measured it since this one read the file. Measured again, it would cost the budget
-        twice and its figures would replace theirs in the file, so that the next run (a
-        resumed one) decides with other figures than this run did. Collective over `comm`."""
+        measured it since this one read the file: measuring it again would spend the
+        budget twice and end with the file's figures anyway (_store). Collective over
+        `comm`."""
         stored = None
         if self.comm.rank == 0:
             on_disk, refused = read(self.path, self.key)
