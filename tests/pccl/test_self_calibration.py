@@ -478,10 +478,10 @@ def test_a_world_of_one_rank_never_calibrates_on_any_executor(tmp_path, monkeypa
 def test_ranks_measure_once_share_rank_0s_figures_and_redo_a_corrupt_entry(tmp_path):
     """3 ranks, each with its own cache directory (as on nodes without a shared file
     system): the first communicator measures, a second reads rank 0's file, a corrupt file
-    is measured again, a second communicator of a shape takes what the first measured since it
-read the file, a gloo communicator measures as MPI's do; every rank holds the same
-    figures and makes the same choices; the collectives stay exact throughout; GPU buffers
-    (a stand-in GPU) are measured apart and read back
+    is measured again, a second communicator of a shape takes what the first measured
+    since it read the file, a gloo communicator measures as MPI's do; every rank holds the
+    same figures and makes the same choices; the collectives stay exact throughout; GPU
+    buffers (a stand-in GPU) are measured apart and read back
     (tests/pccl/workers/run_self_calibration.py)."""
     report_path = tmp_path / "report.json"
     run = mpiexec(3, "-m tests.pccl.workers.run_self_calibration", str(tmp_path), str(report_path), timeout=300)

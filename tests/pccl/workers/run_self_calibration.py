@@ -6,11 +6,12 @@ Each rank caches in DIR/rank-R (no shared file system). In turn: a first communi
 measures all-gather and bf16 all-reduce at their first auto call; a second reads rank 0's
 file; rank 0's file is corrupted and a third measures again; a tiny budget stops after the
 first size; a call beyond the sweep is measured at its size; of two communicators of one
-shape open at once, the second takes what the first measured since it read the file; an interruptible communicator
-has a key (and candidates) of its own; a gloo communicator (torch.distributed, brought up
-through MPI) measures as MPI's do; GPU buffers, on a stand-in GPU (torch.cuda's answers
-stood in, host tensors for the device's), are measured apart, into a file of their own, and
-read back by the next communicator. Rank 0 writes what each step saw to REPORT."""
+shape open at once, the second takes what the first measured since it read the file; an
+interruptible communicator has a key (and candidates) of its own; a gloo communicator
+(torch.distributed, brought up through MPI) measures as MPI's do; GPU buffers, on a
+stand-in GPU (torch.cuda's answers stood in, host tensors for the device's), are measured
+apart, into a file of their own, and read back by the next communicator. Rank 0 writes
+what each step saw to REPORT."""
 from __future__ import annotations
 
 import json
@@ -111,8 +112,7 @@ def side_by_side() -> dict:
     lane, own = pccl.init(), pccl.init()
     own.all_reduce(torch.ones(8))
     lane.all_gather(torch.empty(4 * p), torch.ones(4))
-    figures = lane.selector.self_calibration.measured
-    swept = max(n for n, _ in next(iter(figures["all_gather"].values())))
+    swept = sc.largest(lane.selector.self_calibration.measured["all_gather"])
     block = torch.full((2 * swept // (4 * p),), float(rank))   # 2x the largest in bytes: fp32 elements
     full = torch.empty(p * len(block))
     lane.all_gather(full, block)
