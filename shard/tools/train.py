@@ -33,7 +33,7 @@ from shard.models import GPT, GPTConfig, from_pretrained
 from shard.planning.planner import StrategyPlan, build_engine, label
 from shard.planning.predict import Workload
 from shard.planning.throughput import Throughput, peak_rss_bytes, peak_tflops
-from shard.tools import faults, preflight
+from shard.tools import faults, preflight, run_claim
 from shard.tools.lr_schedule import learning_rate
 from shard.tools.run_log import RunLog
 
@@ -276,6 +276,7 @@ class Run:
     faults: dict = field(default_factory=faults.planned)   # injected on purpose (shard/tools/faults.py)
     saver: Optional[AsyncSaver] = None  # train.checkpoint_async: snapshots written in the background
     stalled_s: float = 0.0              # training time the saves since the last record took
+    claims: list = field(default_factory=list)   # rank 0's hold on its directories, for the run (run_claim)
 
     @property
     def checkpoints(self) -> Path:
@@ -318,7 +319,7 @@ def setup(cfg) -> Run:
     torch.manual_seed(t.seed)
     out_dir = Path(comm.broadcast_object(str(Path(str(t.out_dir)).resolve())))
     checkpoints = Path(comm.broadcast_object(str(Path(str(t.checkpoint_dir)).resolve()) if t.checkpoint_dir else ""))
-    problem = ""
+    problem, claims = "", []
     if comm.rank == 0:   # rank 0 writes the run's files: it checks, and every rank hears the outcome
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -326,15 +327,33 @@ def setup(cfg) -> Run:
             (out_dir / ".writable").unlink()
         except OSError as e:
             problem = f"train.out_dir={out_dir} cannot be written (on rank 0: {e})"
+        if not problem:
+            problem, claims = claim_directory("train.out_dir", out_dir)
         if t.checkpoint_dir and not problem:
             problem = link_checkpoints(out_dir / "checkpoints", checkpoints)
+        if t.checkpoint_dir and not problem:
+            problem, more = claim_directory("train.checkpoint_dir", checkpoints)
+            claims += more
     problem = comm.broadcast_object(problem)
     if problem:
         raise ConfigError(problem)
     check_shared(comm, device, checkpoints if t.checkpoint_dir else out_dir,
                  "train.checkpoint_dir" if t.checkpoint_dir else "train.out_dir")
     resolved["train"]["out_dir"] = str(out_dir)
-    return Run(cfg, resolved, device, comm, out_dir, accumulation, mcfg, settings, optimizer)
+    return Run(cfg, resolved, device, comm, out_dir, accumulation, mcfg, settings, optimizer, claims=claims)
+
+
+def claim_directory(key: str, directory: Path) -> tuple[str, list]:
+    """Rank 0: hold `directory` for the run (shard/tools/run_claim.py); (what went wrong or
+    "", the claims to keep)."""
+    try:
+        held = run_claim.claim(directory)
+    except run_claim.Claimed as e:
+        return (f"{key}: {e}; give this run a directory of its own (runs started in the same second share "
+                "the default out_dir: set train.out_dir)"), []
+    except OSError as e:
+        return f"{key}={directory} cannot be written (on rank 0: {e})", []
+    return "", [held] if held is not None else []
 
 
 def check_shared(comm: pccl.Communicator, device: torch.device, directory: Path, key: str) -> None:
@@ -370,7 +389,12 @@ def link_checkpoints(link: Path, target: Path) -> str:
             return ""
         if link.exists() or link.is_symlink():
             return (f"train.checkpoint_dir={target}: {link} already exists and is not a link to it (it holds this "
-                    "run's earlier snapshots: move them there, or leave train.checkpoint_dir unset)")
+                    "run's earlier snapshots: move them there and make it a link to it, or leave "
+                    "train.checkpoint_dir unset)")
+        if (target / "LATEST").exists() or any(target.glob("snap-*")):
+            # its first commit would delete them as stale, and their run's link would lead to this run's
+            return (f"train.checkpoint_dir={target} holds another run's snapshots ({link} does not link to it): "
+                    "give each run a directory of its own")
         link.symlink_to(target, target_is_directory=True)
     except OSError as e:
         return f"train.checkpoint_dir={target} cannot be written (on rank 0: {e})"

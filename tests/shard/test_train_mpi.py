@@ -4,6 +4,7 @@ batch follow the same trajectory; a resumed run continues with exactly the losse
 uninterrupted one; a model built on the meta device trains exactly as an eager one; the
 default global batch (null: it grows with the world) is the explicit one it adds up to."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from shard.engine import checkpoint
+from shard.tools import run_claim
 from tests.support.mpirun import ROOT, job_env, mpiexec
 
 pytestmark = pytest.mark.mpi
@@ -228,6 +230,24 @@ def test_bad_input_fails_every_rank_clearly_and_leaves_nothing_to_misread(tmp_pa
     raised = [line for line in run.stderr.splitlines() if line.startswith("shard-train: ") and message in line]
     assert run.returncode == 2 and len(raised) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_a_run_into_a_directory_another_run_holds_stops_clearly_and_writes_nothing(tmp_path, cache):
+    """Two runs in one out_dir (runs started in the same second share the default one): the
+    second, on 2 ranks, stops with exit status 2 and one line naming the holder (here this
+    process), before it writes anything there."""
+    out = tmp_path / "run"
+    out.mkdir()
+    held = run_claim.claim(out)
+    try:
+        run = mpiexec(2, "-m shard.tools.train", f"train.out_dir={out}", f"data.cache_dir={cache}", "comm.timeout=60",
+                      *SMALL, timeout=120)
+    finally:
+        held.close()
+    said = [line for line in run.stderr.splitlines() if line.startswith("shard-train: ")]
+    assert run.returncode == 2 and len(said) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert f"{out} is in use by another run: host " in said[0] and f"pid {os.getpid()}," in said[0]
+    assert sorted(p.name for p in out.iterdir()) == [run_claim.LOCK]
 
 
 def faulty_run(tmp_path, cache, monkeypatch, faults: str, *extra) -> tuple:
