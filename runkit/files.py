@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import BinaryIO, Callable, Union
 
@@ -19,9 +20,11 @@ def fsync_dir(path: Path) -> None:
 def write_atomic(path: Path, content: Union[bytes, str, Callable[[BinaryIO], None]]) -> None:
     """Write `content` (bytes, text, or a function writing into a binary file) to a
     temporary name in the same directory (same file system, so the rename is atomic),
-    flush it to disk, then rename it over `path`."""
+    flush it to disk, then rename it over `path`. The temporary name is this write's own
+    (a random part beside the pid): writers of one path at once, threads of a process or
+    processes of one pid on two hosts, would otherwise truncate or rename each other's."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
         with open(tmp, "wb") as f:
             if callable(content):
