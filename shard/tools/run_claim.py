@@ -6,8 +6,10 @@ without anyone choosing it.
 
 A claim is a POSIX lock (lockf) on DIR/.run.lock, with the holder's host and pid written
 in it. The system releases it when the process ends, however it ends, so a relaunch after
-a crash (RESTARTS, a requeued job) takes it again; processes forked from the holder (data
-workers) do not inherit it. Where the file system has no locks, a claim holds nothing."""
+a crash (RESTARTS, a requeued job) takes it again, waiting where the holder was a lost
+node's (its lock outlives it until the file server notices); processes forked from the
+holder (data workers) do not inherit it. Where the file system has no locks, a claim holds
+nothing."""
 from __future__ import annotations
 
 import errno
@@ -16,7 +18,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 LOCK = ".run.lock"
 HELD = (errno.EACCES, errno.EAGAIN)
@@ -26,9 +28,29 @@ class Claimed(RuntimeError):
     """Another process holds the directory."""
 
 
-def claim(directory: Path) -> Optional[IO]:
+def claim(directory: Path, patience: float = 0.0, waiting: Callable[[str], None] = lambda holder: None
+          ) -> Optional[IO]:
     """Hold `directory` for as long as the returned file stays open (None where the file
-    system cannot lock); Claimed, naming the holder, where another process holds it."""
+    system cannot lock). Where another process holds it, wait up to `patience` seconds for
+    it to let go (`waiting` hears who holds it, once), then raise Claimed, naming the holder:
+    a relaunch after a lost node waits for the file server to let go of that node's lock
+    (an NFS lease ends after 90 s by default)."""
+    deadline = time.monotonic() + patience
+    told = False
+    while True:
+        try:
+            return _take(directory)
+        except Claimed as e:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            if not told:
+                waiting(str(e))
+                told = True
+            time.sleep(min(1.0, left))
+
+
+def _take(directory: Path) -> Optional[IO]:
     handle = open(Path(directory) / LOCK, "a+")
     try:
         fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -39,6 +39,7 @@ from shard.tools.run_log import RunLog
 
 CONFIGS = preflight.CONFIGS
 META_INIT_PARAMS = 10 ** 9    # meta_init=auto builds models above this size on the meta device
+RELAUNCH_WAIT_S = 300.0       # a resuming run's wait for its directories (NFSv4 leases: 90 s by default)
 ConfigError = preflight.ConfigError
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
 
@@ -327,12 +328,13 @@ def setup(cfg) -> Run:
             (out_dir / ".writable").unlink()
         except OSError as e:
             problem = f"train.out_dir={out_dir} cannot be written (on rank 0: {e})"
+        patience = relaunch_patience(t.resume, float(cfg.comm.timeout))
         if not problem:
-            problem, claims = claim_directory("train.out_dir", out_dir)
+            problem, claims = claim_directory("train.out_dir", out_dir, patience)
         if t.checkpoint_dir and not problem:
             problem = link_checkpoints(out_dir / "checkpoints", checkpoints)
         if t.checkpoint_dir and not problem:
-            problem, more = claim_directory("train.checkpoint_dir", checkpoints)
+            problem, more = claim_directory("train.checkpoint_dir", checkpoints, patience)
             claims += more
     problem = comm.broadcast_object(problem)
     if problem:
@@ -343,11 +345,23 @@ def setup(cfg) -> Run:
     return Run(cfg, resolved, device, comm, out_dir, accumulation, mcfg, settings, optimizer, claims=claims)
 
 
-def claim_directory(key: str, directory: Path) -> tuple[str, list]:
-    """Rank 0: hold `directory` for the run (shard/tools/run_claim.py); (what went wrong or
-    "", the claims to keep)."""
+def relaunch_patience(resume, comm_timeout: float) -> float:
+    """How long rank 0 waits for another process to let go of the run's directories: a run
+    that resumes (a relaunch, a requeued job) up to RELAUNCH_WAIT_S, within half the
+    communicator's timeout (the other ranks wait for it in a collective); a fresh one not
+    at all (two runs started in the same second)."""
+    return min(RELAUNCH_WAIT_S, comm_timeout / 2) if resume in (True, "auto") else 0.0
+
+
+def claim_directory(key: str, directory: Path, patience: float = 0.0) -> tuple[str, list]:
+    """Rank 0: hold `directory` for the run (shard/tools/run_claim.py), waiting up to
+    `patience` seconds for another holder to let go; (what went wrong or "", the claims to
+    keep)."""
+    def waiting(holder: str) -> None:
+        print(f"shard-train: {key}: {holder}; waiting up to {patience:.0f} s for it to let go (a relaunch: the "
+              "lock of a lost node lasts until the file server notices)", file=sys.stderr, flush=True)
     try:
-        held = run_claim.claim(directory)
+        held = run_claim.claim(directory, patience, waiting)
     except run_claim.Claimed as e:
         return (f"{key}: {e}; give this run a directory of its own (runs started in the same second share "
                 "the default out_dir: set train.out_dir)"), []

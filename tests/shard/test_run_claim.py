@@ -11,15 +11,16 @@ import time
 import pytest
 
 from shard.tools import run_claim
-from shard.tools.train import claim_directory, link_checkpoints
+from shard.tools.train import RELAUNCH_WAIT_S, claim_directory, link_checkpoints, relaunch_patience
 
 HOLD = ("import sys, time; from pathlib import Path; from shard.tools import run_claim\n"
-        "held = run_claim.claim(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)")
+        "held = run_claim.claim(Path(sys.argv[1])); print('held', flush=True); time.sleep(float(sys.argv[2]))")
 
 
-def holder(directory) -> subprocess.Popen:
-    """A process that claims `directory` and sleeps, once it holds it."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(directory)], stdout=subprocess.PIPE, text=True)
+def holder(directory, seconds: float = 600) -> subprocess.Popen:
+    """A process that claims `directory` and sleeps `seconds`, once it holds it."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(directory), str(seconds)], stdout=subprocess.PIPE,
+                            text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -39,6 +40,33 @@ def test_a_directory_another_process_holds_is_refused_naming_it_until_that_proce
     assert problem == "" and len(claims) == 1
     assert f"pid {os.getpid()}" in (tmp_path / run_claim.LOCK).read_text()
     claims[0].close()
+
+
+def test_a_relaunch_waits_for_the_holder_to_let_go_and_a_fresh_run_does_not(tmp_path):
+    """A run that resumes waits (a lost node's lock lasts until the file server notices),
+    within half the communicator's timeout, saying once whom it waits for; a fresh run
+    stops at once."""
+    assert relaunch_patience("auto", 600) == relaunch_patience(True, 600) == RELAUNCH_WAIT_S == 300
+    assert relaunch_patience("auto", 60) == 30 and relaunch_patience(False, 600) == 0
+    proc = holder(tmp_path, seconds=1.5)
+    try:
+        heard = []
+        start = time.monotonic()
+        held = run_claim.claim(tmp_path, patience=30, waiting=heard.append)
+        assert 0.5 < time.monotonic() - start < 30 and len(heard) == 1 and f"pid {proc.pid}" in heard[0]
+        held.close()
+    finally:
+        proc.kill()
+        proc.wait()
+    proc = holder(tmp_path)
+    try:
+        start = time.monotonic()
+        with pytest.raises(run_claim.Claimed):
+            run_claim.claim(tmp_path, patience=0)
+        assert time.monotonic() - start < 1
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_forked_child_does_not_keep_its_parents_hold(tmp_path):
