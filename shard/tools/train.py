@@ -405,7 +405,7 @@ def link_checkpoints(link: Path, target: Path) -> str:
             return (f"train.checkpoint_dir={target}: {link} already exists and is not a link to it (it holds this "
                     "run's earlier snapshots: move them there and make it a link to it, or leave "
                     "train.checkpoint_dir unset)")
-        if (target / "LATEST").exists() or any(target.glob("snap-*")):
+        if (target / "LATEST").exists() or checkpoint.snapshots(target):
             # its first commit would delete them as stale, and their run's link would lead to this run's
             return (f"train.checkpoint_dir={target} holds another run's snapshots ({link} does not link to it): "
                     "give each run a directory of its own")
