@@ -28,7 +28,7 @@ import math
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
@@ -40,6 +40,8 @@ from shard.models.gpt import GPT, GPTConfig, RopeScaling
 SHARD_BYTES = 2 << 30   # the largest safetensors file written; an index lists them beyond one
 WRITE_BYTES = 32 << 20  # the writer's buffer: rows of a tensor cast to the file's dtype at once
 NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}   # safetensors' dtype names
+SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
+FLOATS = ("F64", "F32", "F16", "BF16")   # what a weight may be stored as (read into ours, rounded as a cast)
 # tensors some checkpoints carry that are buffers, not weights: recomputed here
 BUFFERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
@@ -140,10 +142,10 @@ def _rope(hf: dict) -> tuple[float, Optional[RopeScaling]]:
     rope_scaling, or rope_parameters)."""
     params = hf.get("rope_parameters") or {}
     theta = float(hf.get("rope_theta") or params.get("rope_theta") or 10000.0)
-    scaling = hf.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
-    if not scaling:
+    scaling = hf.get("rope_scaling") or params
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":   # transformers' name for no scaling
         return theta, None
-    kind = scaling.get("rope_type", scaling.get("type"))
     if kind != "llama3":
         raise UnsupportedModel(f"rope scaling {kind!r} is not supported; expected none or 'llama3'")
     return theta, RopeScaling(float(scaling["factor"]), float(scaling["low_freq_factor"]),
@@ -290,6 +292,10 @@ class Checkpoint:
     def shape(self, key: str) -> list[int]:
         return list(self.where[key].get_slice(key).get_shape())
 
+    def dtype(self, key: str) -> str:
+        """Its safetensors dtype name: F32, BF16, I64, ..."""
+        return self.where[key].get_slice(key).get_dtype()
+
     def tensor(self, key: str) -> torch.Tensor:
         return self.where[key].get_tensor(key)
 
@@ -323,6 +329,8 @@ def check(checkpoint: Checkpoint, mapping: Mapping, model: GPT) -> None:
                 problems.append(f"{part.key} is missing (for our {name})")
                 continue
             used.add(key)
+            if checkpoint.dtype(key) not in FLOATS:
+                problems.append(f"{key} is stored as {checkpoint.dtype(key)}, expected one of {FLOATS}")
             shape = checkpoint.shape(key)
             shape = shape[::-1] if part.transposed else [shape[0] - part.skip, *shape[1:]]
             a, b = part.rows
@@ -339,15 +347,34 @@ def check(checkpoint: Checkpoint, mapping: Mapping, model: GPT) -> None:
                                + "; ".join(problems))
 
 
+def fit(theirs: GPTConfig, cfg: GPTConfig) -> None:
+    """`cfg` may differ from a checkpoint's config `theirs` only where its weights still
+    compute the model they were trained as: a shorter context. Any other change (a norm, a
+    tie, a context past a sliding window) would load the tensors into another function of
+    them, silently: UnsupportedModel naming each field."""
+    changed = [f.name for f in fields(GPTConfig) if getattr(cfg, f.name) != getattr(theirs, f.name)]
+    if cfg.context < theirs.context:
+        changed.remove("context")
+    if changed:
+        raise UnsupportedModel(
+            "the checkpoint's weights are a model with "
+            + ", ".join(f"{n}={getattr(theirs, n)!r}" for n in changed)
+            + "; got " + ", ".join(f"{n}={getattr(cfg, n)!r}" for n in changed)
+            + ". Only a shorter context may be asked of it (a Mistral model's context is at most its "
+              "sliding_window, within which its attention is full attention)")
+
+
 def from_pretrained(path, device="cpu", cfg: Optional[GPTConfig] = None) -> GPT:
     """Our model from a Hugging Face directory. On the meta device it holds no values:
     the engine materializes it a unit at a time, each parameter read from the files then
     (GPT.init_parameter calls the model's `weights`). `cfg`: the config.json's, changed
-    where the tensors allow (a shorter context). Checked against the files' headers before
-    anything is allocated."""
+    where the weights allow (`fit`: a shorter context). Checked against the files' headers
+    before anything is allocated."""
     checkpoint = Checkpoint(path)
     theirs, arch = config_from_hf(checkpoint.hf)
-    cfg = theirs if cfg is None else cfg
+    if cfg is None:
+        cfg = theirs
+    fit(theirs, cfg)
     mapping = Mapping(cfg, arch)
     with torch.device("meta"):
         check(checkpoint, mapping, GPT(cfg))
@@ -372,11 +399,12 @@ class Writer:
     `close()` checks that all came and moves the directory into place."""
 
     def __init__(self, cfg: GPTConfig, path, dtype: torch.dtype = torch.bfloat16, shard_bytes: int = SHARD_BYTES,
-                 beside: Optional[dict] = None):
+                 beside: Optional[dict] = None, tokens: Optional[dict] = None):
         if dtype not in NAMES:
             raise ValueError(f"dtype must be one of {list(NAMES)}, got {dtype}")
         self.cfg, self.dtype, self.path = cfg, dtype, Path(path)
         self.beside = dict(beside or {})   # name -> file, copied in beside the weights
+        self.tokens = special_tokens(tokens, cfg.vocab)
         if self.path.exists() and any(self.path.iterdir()):
             raise FileExistsError(f"{self.path} exists and is not empty: name a new directory")
         self.arch = export_arch(cfg)
@@ -472,8 +500,10 @@ class Writer:
             index = {"metadata": {"total_size": self.total},
                      "weight_map": {e.key: e.file for e in self.entries.values()}}
             (self.tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-        config = config_to_hf(self.cfg, self.dtype)
+        config = {**config_to_hf(self.cfg, self.dtype), **self.tokens}
         (self.tmp / "config.json").write_text(json.dumps(config, indent=1))
+        if self.tokens:   # what transformers' generate() reads first: without eos_token_id it never stops
+            (self.tmp / "generation_config.json").write_text(json.dumps(self.tokens, indent=1))
         for name, source in self.beside.items():
             shutil.copyfile(source, self.tmp / name)
         fsync_dir(self.tmp)
@@ -484,15 +514,30 @@ class Writer:
         return self.path
 
 
+def special_tokens(tokens: Optional[dict], vocab: int) -> dict:
+    """The special-token ids config.json carries (bos_token_id, eos_token_id, pad_token_id),
+    checked: each a token of the model's vocabulary."""
+    tokens = {k: v for k, v in (tokens or {}).items() if v is not None}
+    for key, value in tokens.items():
+        if key not in SPECIAL_TOKENS:
+            raise ValueError(f"unknown special token {key!r}; expected one of {SPECIAL_TOKENS}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab:
+            raise ValueError(f"{key}={value!r} is not a token of this model's vocabulary of {vocab}")
+    return tokens
+
+
 def save_pretrained(model: Union[GPT, tuple[GPTConfig, Iterable[tuple[str, torch.Tensor]]]], path,
                     dtype: torch.dtype = torch.bfloat16, shard_bytes: int = SHARD_BYTES,
-                    beside: Optional[dict] = None) -> Path:
+                    beside: Optional[dict] = None, tokens: Optional[dict] = None) -> Path:
     """Write `model` (a GPT, or a config and its parameters' (name, tensor) pairs, which may
     come one at a time from a generator) as a Hugging Face directory at `path`: config.json
     and safetensors files of at most `shard_bytes` each, with an index beyond one, and the
-    files `beside` maps names to (a tokenizer's). The directory appears whole or not at all."""
+    files `beside` maps names to (a tokenizer's). `tokens`: the tokenizer's special ids
+    (bos_token_id, eos_token_id, pad_token_id), written into config.json and
+    generation_config.json, without which transformers' generate() never stops at the end
+    of a text. The directory appears whole or not at all."""
     cfg, tensors = (model.cfg, model.named_parameters()) if isinstance(model, GPT) else model
-    writer = Writer(cfg, path, dtype, shard_bytes, beside)
+    writer = Writer(cfg, path, dtype, shard_bytes, beside, tokens)
     try:
         for name, tensor in tensors:
             writer.write(name, tensor)

@@ -10,7 +10,9 @@ files, and dropped: the process holds one parameter at a time, never the model. 
 loads in `transformers.AutoModelForCausalLM.from_pretrained(DIR)`, and in `shard-train
 model=hf model.path=DIR`. The model's config comes from the snapshot (what the run built),
 and the run's tokenizer (its tokenizer.json with its config, or its sentencepiece model) is
-copied beside the weights, so that a run from the export tokenizes as this one did.
+copied beside the weights, so that a run from the export tokenizes as this one did; its
+end-of-text and beginning-of-text ids go into config.json, where transformers' generate()
+reads when to stop.
 """
 from __future__ import annotations
 
@@ -41,9 +43,13 @@ def main(argv=None) -> int:
         cfg = snapshot_config(snap)
         found = run_tokenizer(snap)
         beside = dict(tokenizer.named_files(found)) if found is not None and found.exists() else {}
+        tokens = {}
+        if beside:   # its ids in config.json: transformers' generate() stops at its end-of-text token
+            used = tokenizer.load(found, documents=False)
+            tokens = {"eos_token_id": used.eos_id, "bos_token_id": used.prefix[0] if used.prefix else None}
         start = time.perf_counter()
         out = save_pretrained((cfg, checkpoint.parameters(snap)), args.out, PRECISIONS[args.dtype],
-                              int(args.shard_size * 1e9), beside)
+                              int(args.shard_size * 1e9), beside, tokens)
     except (checkpoint.CheckpointError, OSError, ValueError) as e:
         print(f"shard-export: {e}", file=sys.stderr)
         return 1

@@ -70,7 +70,7 @@ def model_config(m: dict) -> GPTConfig:
     overrides = {k: m[k] for k in given if m.get(k) is not None}
     try:
         if m.get("preset") == "hf":
-            from shard.models.hf import Checkpoint, config_from_hf
+            from shard.models.hf import Checkpoint, config_from_hf, fit
 
             if not m.get("path"):
                 raise ValueError("model=hf needs model.path: a Hugging Face model directory")
@@ -78,7 +78,9 @@ def model_config(m: dict) -> GPTConfig:
                 theirs = config_from_hf(Checkpoint(m["path"]).hf)[0]
             except (ValueError, OSError) as e:
                 raise ValueError(f"model.path={m['path']}: {e}") from None
-            return replace(theirs, **overrides)
+            cfg = replace(theirs, **overrides)
+            fit(theirs, cfg)
+            return cfg
         if m.get("path") is not None:
             raise ValueError(f"model.path is for model=hf; model={m.get('preset')} is a preset")
         return GPTConfig.preset(m.get("preset"), **overrides)

@@ -144,6 +144,60 @@ def test_bad_checkpoints_are_named_before_anything_is_allocated(tmp_path):
     assert not (tmp_path / "rotary").exists() and not list(tmp_path.glob(".rotary*"))
 
 
+def test_a_config_asked_of_a_checkpoint_may_only_shorten_its_context(tmp_path):
+    """Another norm, tie or context past a sliding window would load the same tensors into
+    another function of them, silently: refused, naming the field. A shorter context computes
+    what transformers does on the positions it has."""
+    from dataclasses import replace
+
+    theirs_model = random_hf_model("llama")   # untied
+    theirs_model.save_pretrained(tmp_path / "llama")
+    cfg = config_from_hf(theirs_model.config.to_dict())[0]
+    for change, named in ((dict(tied=True), "tied=False; got tied=True"), (dict(norm="layer"), "norm='rms'"),
+                          (dict(context=128), "context=64; got context=128")):
+        with pytest.raises(UnsupportedModel, match=named):
+            from_pretrained(tmp_path / "llama", cfg=replace(cfg, **change))
+    short = from_pretrained(tmp_path / "llama", cfg=replace(cfg, context=32))
+    tokens = torch.randint(0, 96, (1, 32), generator=torch.Generator().manual_seed(3))
+    assert (our_logits(short, tokens) - their_logits(theirs_model, tokens)).abs().max().item() <= TOLERANCE
+    # Mistral's sliding window of 8: its context is 8, and a longer one is refused
+    random_hf_model("mistral", sliding_window=8).save_pretrained(tmp_path / "mistral")
+    window = config_from_hf(json.loads((tmp_path / "mistral" / "config.json").read_text()))[0]
+    assert window.context == 8
+    with pytest.raises(UnsupportedModel, match="context=8; got context=32.*sliding_window"):
+        from_pretrained(tmp_path / "mistral", cfg=replace(window, context=32))
+
+
+def test_rope_scaling_named_default_is_no_scaling():
+    """transformers writes {"rope_type": "default"} for unscaled rotary positions."""
+    for key in ("rope_scaling", "rope_parameters"):
+        cfg = config_from_hf({**hf_config("llama").to_dict(), "rope_parameters": None, "rope_scaling": None,
+                              key: {"rope_type": "default", "rope_theta": 500000.0}, "rope_theta": 500000.0})[0]
+        assert cfg.rope_scaling is None and cfg.rope_theta == 500000.0
+
+
+def test_a_weight_stored_as_integers_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    random_hf_model("llama").save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.int32)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UnsupportedModel, match="model.norm.weight is stored as I32"):
+        from_pretrained(tmp_path)
+
+
+def test_export_writes_the_special_token_ids_it_is_given(tmp_path):
+    model = GPT(GPTConfig.preset("llama_tiny", vocab=96, context=32), seed=1)
+    save_pretrained(model, tmp_path / "m", tokens={"bos_token_id": 2, "eos_token_id": 3, "pad_token_id": None})
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (2, 3) and "pad_token_id" not in config
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "m").eos_token_id == 3
+    with pytest.raises(ValueError, match="eos_token_id=96 is not a token of this model's vocabulary of 96"):
+        save_pretrained(model, tmp_path / "bad", tokens={"eos_token_id": 96})
+    assert not (tmp_path / "bad").exists()
+
+
 def test_tensors_are_written_a_block_of_rows_at_a_time(tmp_path, monkeypatch):
     """The writer casts and writes at most WRITE_BYTES of a tensor at once: at a few rows per
     block (and one element of a 1-D tensor), the file holds the same values."""

@@ -37,6 +37,10 @@ def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, ca
     assert "parameters" in capsys.readouterr().out and (tmp_path / "hf" / "config.json").is_file()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / "hf" / name).read_bytes() == (tokenizer.parent / name).read_bytes()
+    # its ids: transformers' generate() stops at the end-of-text token the run's data ended documents with
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (0, 1)   # <|begin_of_text|>, <|end_of_text|>
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "hf").eos_token_id == 1
     text = "Alice found the old lamp ."
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(text)["input_ids"] == \
         transformers.AutoTokenizer.from_pretrained(tokenizer.parent)(text)["input_ids"]

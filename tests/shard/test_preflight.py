@@ -119,6 +119,12 @@ def test_model_hf_reads_the_directorys_config_and_wants_a_learning_rate(tmp_path
     path = hf_model(tmp_path)
     cfg = preflight.check(composed(["model=hf", f"model.path={path}", "optim.lr=1e-4", "train.seq_len=32"]))
     assert (cfg.width, cfg.layers, cfg.kv, cfg.norm, cfg.mlp) == (32, 2, 2, "rms", "swiglu")
+    # the checkpoint's model, a shorter context at most: a tie its weights were not trained with is refused
+    assert preflight.check(composed(["model=hf", f"model.path={path}", "optim.lr=1e-4", "train.seq_len=16",
+                                     "model.context=16"])).context == 16
+    with pytest.raises(preflight.ConfigError, match="tied=False; got tied=True"):
+        preflight.check(composed(["model=hf", f"model.path={path}", "optim.lr=1e-4", "train.seq_len=32",
+                                  "model.tied=true"]))
     with pytest.raises(preflight.ConfigError, match="model=hf has no preset learning rate: set optim.lr"):
         preflight.check(composed(["model=hf", f"model.path={path}", "train.seq_len=32"]))
     with pytest.raises(preflight.ConfigError, match="model=hf needs model.path"):
