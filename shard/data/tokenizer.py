@@ -117,6 +117,10 @@ class HuggingFace(Tokenizer):
             self.rust = Rust.from_file(str(path))
         except Exception as e:   # the library raises a bare Exception for a damaged file
             raise ValueError(f"{path} is not a Hugging Face tokenizer.json: {e}") from e
+        # a file saved with padding or truncation on would pad each document of a batch to the
+        # longest and cut the long ones: whole documents, one at a time, are what is framed
+        self.rust.no_padding()
+        self.rust.no_truncation()
         self.files = defining_files(path)
         config_path = path.with_name("tokenizer_config.json")
         config = json.loads(config_path.read_text()) if config_path in self.files else {}

@@ -127,6 +127,23 @@ def test_a_tokenizer_json_frames_documents_as_transformers_tokenizes_them(tmp_pa
     assert tokenizer.load(directory / "tokenizer.json").eos_id == eos, "the file, or its directory"
 
 
+def test_a_tokenizer_json_saved_with_padding_and_truncation_frames_whole_documents(tmp_path, docs):
+    """Published files often keep the padding and truncation they were last used with: a
+    batch would pad short documents to the longest and cut long ones."""
+    from tokenizers import Tokenizer
+
+    directory = byte_bpe(tmp_path / "plain", "gpt2")
+    rust = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    rust.enable_truncation(max_length=4)
+    rust.enable_padding(pad_id=0, pad_token="<|endoftext|>")
+    (tmp_path / "padded").mkdir()
+    rust.save(str(tmp_path / "padded" / "tokenizer.json"))
+    ids, ends = tokenizer.load(tmp_path / "padded").frame(docs[:8])
+    plain, plain_ends = tokenizer.load(directory).frame(docs[:8])
+    assert ids.tolist() == plain.tolist() and ends.tolist() == plain_ends.tolist()
+    assert max(np.diff(ends, prepend=0)) > 5, "some document is longer than the truncation"
+
+
 def test_bad_tokenizers_are_refused_with_the_reason(tmp_path):
     with pytest.raises(FileNotFoundError, match="no tokenizer at .*absent.json"):
         tokenizer.load(tmp_path / "absent.json")
