@@ -69,7 +69,8 @@ class Feed:
         self.tokenizer = tok or tokenizer.load(spec.tokenizer)
         self._order = (-1, None)
         self._records = None   # the open piece's (index, text) iterator
-        self._empty = 0        # pieces in a row that gave nothing
+        self._gave = False     # whether the open piece gave documents
+        self._empty = set()    # the pieces opened since the last document came that gave none
 
     def _piece(self, epoch: int, index: int) -> Optional[readers.Piece]:
         if self._order[0] != epoch:
@@ -88,16 +89,22 @@ class Feed:
             if self._records is None:
                 path, count = self.spec.held_out
                 self._records = readers.read(piece, self.spec.field, record, count if piece.path == path else 0)
+                self._gave = False
             documents = list(islice(self._records, CHUNK_DOCUMENTS))
             if documents:
-                self._empty = 0
+                self._empty.clear()
+                self._gave = True
                 tokens, ends = framed([d for _, d in documents], self.tokenizer, self.spec.dtype)
                 after = np.array([i + 1 for i, _ in documents], dtype=np.int64)
                 self.position = Position(epoch, index, int(after[-1]))
                 return Chunk(tokens, ends, epoch, index, after)
             self._records = None
             self.position = Position(epoch, index + 1, 0)
-            self._empty += 1
-            if self._empty > len(self.spec.pieces):
+            if not self._gave:
+                self._empty.add(piece)
+            # a stream reads a share of the source's pieces each epoch, another share the next:
+            # it has no documents only once every piece, opened since the last document came,
+            # gave none (a piece that ran out after giving some did not)
+            if len(self._empty) == len(set(self.spec.pieces)):
                 raise readers.CorpusError(f"source {self.spec.source} has no documents for stream {self.spec.stream} "
                                           f"in its {len(self.spec.pieces)} piece(s) (from {self.spec.pieces[0].path})")

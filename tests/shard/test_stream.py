@@ -222,6 +222,30 @@ def test_streams_that_do_not_fit_the_world_or_the_batch_are_refused_before_readi
         corpus(corpus_dir, tok_path, weights=(1.0, 2.0))
 
 
+def test_a_file_validation_holds_out_whole_leaves_the_others_to_train_on_for_good(tmp_path, tok_path):
+    """The first file, shorter than val_documents, is all validation's: the stream trains on
+    the second, epoch after epoch. Only a source whose every piece gives nothing is refused."""
+    for name, first in (("a", 0), ("b", 10)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": f"story {i} ."}) + "\n"
+                                                        for i in range(first, 40 if first else 10)))
+    for seed in range(3):   # the order of the two files, drawn per epoch
+        b = StreamingBatches(Corpus(((str(tmp_path / "*.jsonl"),),), (1.0,), "text", tok_path, 20), 32, 2, 1, 0, 1,
+                             seed, streams=1, workers=0)
+        assert b.held_out == (str(tmp_path / "a.jsonl"), 10)
+        for _ in range(60):
+            b.next_step()
+        assert b.epoch >= 10
+        b.close()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.jsonl").write_text(json.dumps({"text": "  "}) + "\n")
+    (tmp_path / "empty" / "b.jsonl").write_text("\n")
+    b = StreamingBatches(Corpus(((str(tmp_path / "b.jsonl"),), (str(tmp_path / "empty" / "*"),)), (1.0, 1.0),
+                                "text", tok_path, 1), 32, 1, 1, 0, 1, 0, streams=1, workers=0)
+    with pytest.raises(readers.CorpusError, match="source 1 has no documents for stream 0 in its 2 piece"):
+        for _ in range(10):
+            b.next_step()
+
+
 def test_a_worker_that_fails_says_why(tmp_path, tok_path):
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS[:20]) + "{broken\n")
     c = Corpus(((str(tmp_path / "a.jsonl"),),), (1.0,), "text", tok_path, 2)
