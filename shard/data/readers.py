@@ -38,6 +38,7 @@ import numpy as np
 JSON = (".jsonl", ".json")
 TEXT = (".txt", ".md")
 COMPRESSED = ("", ".gz", ".zst")
+DOCUMENTATION = ("readme", "license", "licence", "changelog", "citation")   # beside a dataset's data, not of it
 ROWS_PER_PIECE = 65536   # datasets on disk: rows per piece (its Arrow files are memory-mapped)
 BATCH_ROWS = 1024        # rows read from parquet and Arrow at a time
 
@@ -102,19 +103,32 @@ def kind_of(path) -> Optional[str]:
     return "parquet" if name.endswith(".parquet") else None
 
 
+def _documentation(path: Path, root: Path) -> bool:
+    """Whether a file of a directory given as a corpus is the dataset's documentation, not
+    its data: a README or licence (a downloaded dataset's card is its README.md), or under a
+    hidden directory (a download's .cache)."""
+    parts = path.relative_to(root).parts
+    return any(p.startswith(".") for p in parts) or path.name.split(".")[0].lower() in DOCUMENTATION
+
+
 def files(patterns: list[str]) -> list:
     """The corpus files (and datasets directories, and a streamed dataset's shards, as
-    strings) `patterns` name, each pattern's sorted."""
-    out = []
+    strings) `patterns` name, each pattern's sorted, each file once."""
+    out, seen = [], set()
     for pattern in patterns:
         if pattern.startswith(HUB):   # its shards, each a "file" of its own
             out += [f"{pattern}#{g}" for g in range(_hub_stream(pattern).n_shards)]
             continue
         path = Path(pattern)
         if path.is_dir() and kind_of(path) is None:   # its files (a datasets directory is named itself)
-            found = sorted(p for p in path.rglob("*") if p.is_file() and kind_of(p))
-        else:
-            found = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
+            found = sorted(p for p in path.rglob("*") if p.is_file() and kind_of(p) and not _documentation(p, path))
+            kinds = sorted({kind_of(p) for p in found})
+            if len(kinds) > 1:   # a dataset's text files beside its data: which to read is the user's to say
+                raise CorpusError(f"data.paths: the directory {pattern!r} holds corpus files of several kinds "
+                                  f"({', '.join(kinds)}, such as {[p.name for p in found][:4]}): name the files "
+                                  f"to read with a glob, such as '{pattern}/**/*.parquet'")
+        else:   # a glob's plain directories (`**` matches them) are not corpus files; their files are
+            found = sorted(p for p in map(Path, glob.glob(pattern, recursive=True)) if p.is_file() or kind_of(p))
         if not found:
             raise CorpusError(f"data.paths: {pattern!r} matches no file")
         unreadable = [str(p) for p in found if kind_of(p) is None]
@@ -122,7 +136,8 @@ def files(patterns: list[str]) -> list:
             raise CorpusError(f"data.paths: {pattern!r} matches {unreadable[:3]}, which are not corpus files: "
                               f"expected {'/'.join(JSON + TEXT)} (optionally .gz or .zst), .parquet, a "
                               "datasets directory (save_to_disk) or a token directory (shard-data prepare)")
-        out += found
+        out += [p for p in found if p not in seen]   # patterns that overlap name a file once
+        seen.update(found)
     return out
 
 

@@ -81,6 +81,28 @@ def test_a_datasets_directory_reads_in_pieces_of_rows(tmp_path, monkeypatch):
     assert [i for i, _ in readers.read(pieces[1], "text", start=37)] == [37, 38, 39]
 
 
+def test_a_directory_reads_its_data_not_its_card_and_each_file_once(tmp_path, corpus_dir):
+    """A downloaded dataset: its card (README.md), licence and download cache beside the
+    data are not documents; a directory of several kinds of files is the user's to narrow;
+    `**` names the files under it, and overlapping patterns each file once."""
+    import shutil
+
+    d = tmp_path / "dataset"
+    (d / "data").mkdir(parents=True)
+    (d / ".cache" / "huggingface").mkdir(parents=True)
+    for name in ("README.md", "LICENSE.txt", ".cache/huggingface/notes.txt"):
+        (d / name).write_text("---\nlicense: mit\n---\n# Dataset card\n")
+    shutil.copy(corpus_dir / "e.parquet", d / "data" / "train-0.parquet")
+    assert readers.files([str(d)]) == [d / "data" / "train-0.parquet"]
+    assert readers.files([str(d / "**" / "*.parquet")]) == [d / "data" / "train-0.parquet"]
+    (d / "data" / "notes.txt").write_text("a stray text file\n")
+    with pytest.raises(readers.CorpusError, match="holds corpus files of several kinds \\(parquet, text"):
+        readers.files([str(d)])
+    assert readers.files([str(d / "data" / "*.parquet"), str(d / "data" / "train-*")]) == [
+        d / "data" / "train-0.parquet"]
+    assert readers.files([str(d / "data" / "**")]) == [d / "data" / "notes.txt", d / "data" / "train-0.parquet"]
+
+
 def test_bad_corpora_are_named_with_the_reason(tmp_path, corpus_dir):
     with pytest.raises(readers.CorpusError, match="matches no file"):
         readers.pieces([str(tmp_path / "nothing-*.jsonl")])
