@@ -29,6 +29,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -210,14 +211,54 @@ def split(pieces: list[Piece], at_least: int) -> list[Piece]:
     return [Piece(p.path, p.kind, p.rows, p.group, (i, k)) for p in pieces for i in range(k)]
 
 
+class _Zstd(io.RawIOBase):
+    """A .zst file's bytes, frame after frame. Its end inside a frame is an EOFError, as gzip
+    raises: zstandard's own stream reader ends there quietly, and a truncated download
+    would lose its last documents unseen."""
+
+    def __init__(self, path: str):
+        import zstandard
+
+        self.file, self.decompressor, self.error = open(path, "rb"), zstandard.ZstdDecompressor(), zstandard.ZstdError
+        self.frame, self.inside = self.decompressor.decompressobj(), False
+        self.out, self.at = memoryview(b""), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self.at == len(self.out):
+            raw = self.file.read(1 << 20)
+            if not raw:
+                if self.inside:
+                    raise EOFError("the file ends inside a zstd frame: it is truncated")
+                return 0
+            out = []
+            while raw:
+                self.inside = True
+                try:
+                    out.append(self.frame.decompress(raw))
+                except self.error as e:   # damaged data
+                    raise OSError(f"zstd: {e}") from None
+                if not self.frame.eof:
+                    break
+                raw, self.frame, self.inside = self.frame.unused_data, self.decompressor.decompressobj(), False
+            self.out, self.at = memoryview(b"".join(out)), 0
+        n = min(len(buffer), len(self.out) - self.at)
+        buffer[:n] = self.out[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
 def _open_text(path: str):
     if path.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8")
     if path.endswith(".zst"):
-        import zstandard
-
-        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-        return io.TextIOWrapper(raw, encoding="utf-8")
+        return io.TextIOWrapper(io.BufferedReader(_Zstd(path)), encoding="utf-8")
     return open(path, encoding="utf-8")
 
 
@@ -230,12 +271,11 @@ def _json_lines(path: str, field: str, start: int, keep) -> Iterator[tuple[int, 
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise CorpusError(f"{path}: line {i + 1} is not JSON ({e})") from None
-            text = record.get(field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise CorpusError(f"{path}: line {i + 1} has no string field {field!r} (it has "
+            if not isinstance(record, dict) or field not in record:
+                raise CorpusError(f"{path}: line {i + 1} has no field {field!r} (it has "
                                   f"{sorted(record) if isinstance(record, dict) else type(record).__name__}); "
                                   "set data.field to the one holding the text")
-            yield i, text
+            yield i, record[field]   # read() skips a null, as a parquet file's, and refuses a non-string
 
 
 def _paragraphs(path: str, start: int, keep) -> Iterator[tuple[int, str]]:
@@ -300,13 +340,18 @@ def read(piece: Piece, field: str, start: int = 0, held_out: int = 0) -> Iterato
         return
     else:
         raise CorpusError(f"{piece.path}: unknown piece kind {piece.kind!r}")
-    for index, text in records:
-        if text is None:
-            continue
-        if not isinstance(text, str):
-            raise CorpusError(f"{piece.path}: record {index}'s {field!r} is {type(text).__name__}, expected a string")
-        if text.strip():
-            yield index, text
+    index = start - 1
+    try:
+        for index, text in records:
+            if text is None:
+                continue
+            if not isinstance(text, str):
+                raise CorpusError(f"{piece.path}: record {index}'s {field!r} is {type(text).__name__}, expected a "
+                                  "string")
+            if text.strip():
+                yield index, text
+    except (EOFError, OSError, UnicodeDecodeError, zlib.error) as e:   # a truncated or damaged file
+        raise CorpusError(f"{piece.path} cannot be read after record {index}: {type(e).__name__}: {e}") from None
 
 
 def identity(found: list) -> list[dict]:

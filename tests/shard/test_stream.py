@@ -103,18 +103,48 @@ def test_a_directory_reads_its_data_not_its_card_and_each_file_once(tmp_path, co
     assert readers.files([str(d / "data" / "**")]) == [d / "data" / "notes.txt", d / "data" / "train-0.parquet"]
 
 
+def test_a_truncated_or_damaged_compressed_file_is_an_error_naming_it(tmp_path):
+    """An interrupted download: gzip raises at the cut; zstandard's own reader ended there
+    quietly and lost the documents after it. Several frames, as `zstd` writes large files in,
+    read whole."""
+    import zstandard
+
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in DOCS[:200]).encode()
+    frames = [zstandard.ZstdCompressor().compress(lines[a:a + 5000]) for a in range(0, len(lines), 5000)]
+    (tmp_path / "whole.jsonl.zst").write_bytes(b"".join(frames))
+    piece, = readers.pieces([str(tmp_path / "whole.jsonl.zst")])
+    assert [t for _, t in readers.read(piece, "text")] == DOCS[:200]
+    (tmp_path / "cut.jsonl.zst").write_bytes(b"".join(frames)[:-40])
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(lines)[:-40])
+    (tmp_path / "bad.jsonl.zst").write_bytes(frames[0][:20] + bytes(40) + frames[0][60:])
+    for name in ("cut.jsonl.zst", "cut.jsonl.gz", "bad.jsonl.zst"):
+        piece, = readers.pieces([str(tmp_path / name)])
+        with pytest.raises(readers.CorpusError, match=f"{name} cannot be read after record"):
+            list(readers.read(piece, "text"))
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    piece, = readers.pieces([str(tmp_path / "latin1.txt")])
+    with pytest.raises(readers.CorpusError, match="latin1.txt cannot be read after record -1: UnicodeDecodeError"):
+        list(readers.read(piece, "text"))
+
+
 def test_bad_corpora_are_named_with_the_reason(tmp_path, corpus_dir):
     with pytest.raises(readers.CorpusError, match="matches no file"):
         readers.pieces([str(tmp_path / "nothing-*.jsonl")])
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(readers.CorpusError, match="not corpus files"):
         readers.pieces([str(tmp_path / "x.csv")])
-    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\nnot json\n')
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": null}\n{"body": "no text"}\nnot json\n'
+                                        '{"text": 3}\n')
     piece, = readers.pieces([str(tmp_path / "bad.jsonl")])
-    with pytest.raises(readers.CorpusError, match="line 2 has no string field 'text'.*body"):
+    with pytest.raises(readers.CorpusError, match="line 3 has no field 'text'.*body"):
         list(readers.read(piece, "text"))
-    with pytest.raises(readers.CorpusError, match="line 3 is not JSON"):
-        list(readers.read(piece, "text", start=2))
+    (tmp_path / "nulls.jsonl").write_text('{"text": "a"}\n{"text": null}\n{"text": "b"}\n')
+    nulls, = readers.pieces([str(tmp_path / "nulls.jsonl")])
+    assert list(readers.read(nulls, "text")) == [(0, "a"), (2, "b")]   # a null is skipped, as in parquet
+    with pytest.raises(readers.CorpusError, match="line 4 is not JSON"):
+        list(readers.read(piece, "text", start=3))
+    with pytest.raises(readers.CorpusError, match="record 4's 'text' is int, expected a string"):
+        list(readers.read(piece, "text", start=4))
     piece = readers.pieces([str(corpus_dir / "e.parquet")])[0]
     with pytest.raises(readers.CorpusError, match="no column 'body'"):
         list(readers.read(piece, "body"))
