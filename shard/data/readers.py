@@ -154,11 +154,11 @@ def _tokens(piece: Piece, start: int, keep) -> Iterator[tuple[int, np.ndarray]]:
     name = manifest["shards"][piece.group]["name"]
     base = Path(piece.path) / name
     ids = np.memmap(f"{base}.bin", dtype=np.dtype(manifest["dtype"]).newbyteorder("<"), mode="r")
-    ends = np.fromfile(f"{base}.idx", dtype="<i8").reshape(-1, 2)[:, 0]
+    ends, records = np.fromfile(f"{base}.idx", dtype="<i8").reshape(-1, 2).T
     first, end = piece.rows
-    for i in range(max(start, first), end):
-        if keep(i):
-            local = i - first
+    for i in range(max(start, first), end):   # i: the document's number in the directory
+        local = i - first
+        if keep(int(records[local])):   # a stride takes the records the text's stride takes
             yield i, np.asarray(ids[ends[local - 1] if local else 0:ends[local]])
 
 

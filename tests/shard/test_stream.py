@@ -326,6 +326,10 @@ def test_a_corpus_tokenized_once_streams_the_same_rows_as_its_text(corpus_dir, t
     tokens = ranks(corpus(corpus_dir, tok_path, sources=((str(out),),)), 2)
     assert np.array_equal(tokens[0].validation(), text[0].validation())
     assert step_rows(tokens, 12) == step_rows(text, 12)
+    # more streams than pieces: each piece cut into strided ones, of the text's records
+    text = ranks(corpus(corpus_dir, tok_path), 2, streams=16, global_batch=16)
+    tokens = ranks(corpus(corpus_dir, tok_path, sources=((str(out),),)), 2, streams=16, global_batch=16)
+    assert step_rows(tokens, 6) == step_rows(text, 6)
     with pytest.raises(FileExistsError, match="exists and is not empty"):
         tokenize_corpus([str(corpus_dir / "*")], tok_path, out)
     other = byte_bpe(tmp_path / "other", "gpt2")
