@@ -18,8 +18,9 @@ order, so the same paths give the same pieces on every rank and every run. The k
 
 A record's index is its line (JSON lines), paragraph (text) or row in the file; reading from
 `start` skips the earlier ones without parsing them. A file that is not split (JSON lines,
-text) is one piece; split(pieces, n) makes at least n pieces of a source by striding: piece
-k of K keeps the records whose index is k mod K, so n streams can each have their own.
+text) is one piece; split(pieces, n) cuts a source's pieces by striding until n streams
+each have as many (or enough for one more to matter little): piece k of K keeps the records
+whose index is k mod K.
 Empty documents (whitespace only) are skipped: they would add only an end-of-document token.
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ import numpy as np
 JSON = (".jsonl", ".json")
 TEXT = (".txt", ".md")
 COMPRESSED = ("", ".gz", ".zst")
+BALANCED = 10   # pieces per stream beyond which split() leaves the streams' shares unequal by one
 DOCUMENTATION = ("readme", "license", "licence", "changelog", "citation")   # beside a dataset's data, not of it
 ROWS_PER_PIECE = 65536   # datasets on disk: rows per piece (its Arrow files are memory-mapped)
 BATCH_ROWS = 1024        # rows read from parquet and Arrow at a time
@@ -202,11 +204,17 @@ def pieces_of(found: list) -> list[Piece]:
     return out
 
 
-def split(pieces: list[Piece], at_least: int) -> list[Piece]:
-    """`pieces`, each cut into K strided pieces where there are fewer than `at_least` (K the
-    smallest that makes enough)."""
-    k = -(-at_least // len(pieces))
-    if k <= 1:
+def split(pieces: list[Piece], streams: int) -> list[Piece]:
+    """`pieces`, each cut into K strided pieces, K the smallest that deals every one of
+    `streams` streams as many as the others, or at least BALANCED each (one more is then at
+    most 1/BALANCED more). Streams read at one rate: with 10 pieces among 8 streams, two
+    streams would read two pieces an epoch and six one, which the six read again (a third of
+    the corpus twice, a third not at all, in the first pass). Striding costs reading a file K
+    times, not tokenizing it: a reader skips others' records unparsed."""
+    k = 1
+    while k * len(pieces) % streams and k * len(pieces) // streams < BALANCED:
+        k += 1
+    if k == 1:
         return pieces
     return [Piece(p.path, p.kind, p.rows, p.group, (i, k)) for p in pieces for i in range(k)]
 

@@ -240,6 +240,7 @@ class StreamingBatches:
         """This rank's streams' positions, and what they are positions in."""
         states = {s: stream.state() for s, stream in zip(self.mine, self._streams)} if self._streams else self._states
         return {"streams": self.streams, "seed": self.seed, "corpus": self.identity,
+                "pieces": [len(p) for p in self.pieces],
                 "positions": {str(s): list(map(int, v)) for s, v in states.items()}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -256,6 +257,11 @@ class StreamingBatches:
         if state.get("corpus") != self.identity:
             raise ValueError("the corpus changed since the data position was saved (a file added, removed or "
                              "modified): resuming would read other data")
+        pieces = [len(p) for p in self.pieces]
+        if state.get("pieces", pieces) != pieces:   # a position is an index into them
+            raise ValueError(f"the data position was saved with the sources cut into {state['pieces']} pieces, "
+                             f"this run cuts them into {pieces} (another version of shard/data/readers.py's "
+                             "split): resuming would read other data")
         positions = state["positions"]
         missing = [s for s in self.mine if str(s) not in positions]
         if missing:

@@ -67,7 +67,10 @@ def test_every_file_kind_reads_back_its_documents_from_any_record(corpus_dir):
     assert [p.stride for p in strided] == [(0, 3), (1, 3), (2, 3)]
     parts = [[i for i, _ in readers.read(p, "text")] for p in strided]
     assert sorted(sum(parts, [])) == list(range(80)) and parts[1][:2] == [1, 4]
-    assert readers.split(pieces, 4) == pieces, "enough pieces: not split"
+    assert readers.split(pieces, 7) == pieces, "as many for each stream: not split"
+    assert len(readers.split(pieces, 4)) == 28, "7 among 4 streams: cut in 4, 7 each"
+    assert len(readers.split(pieces * 10, 8)) == 140, "70 among 8 (8 or 9 each): cut in 2, 17 or 18 each"
+    assert readers.split(pieces * 20, 8) == pieces * 20, "140 among 8: 17 or 18 each, within 1/10"
 
 
 def test_a_datasets_directory_reads_in_pieces_of_rows(tmp_path, monkeypatch):
@@ -270,6 +273,9 @@ def test_streams_that_do_not_fit_the_world_or_the_batch_are_refused_before_readi
     changed["corpus"][0][0]["bytes"] += 1
     with pytest.raises(ValueError, match="the corpus changed"):
         b.load_state_dict(changed)
+    recut = {**state, "pieces": [p + 1 for p in state["pieces"]]}
+    with pytest.raises(ValueError, match="cut into .* pieces, this run cuts them into"):
+        b.load_state_dict(recut)
     with pytest.raises(ValueError, match="data.weights must be one positive number per source"):
         corpus(corpus_dir, tok_path, weights=(1.0, 2.0))
 
