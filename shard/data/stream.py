@@ -28,6 +28,7 @@ validation split (validation()), never read for training.
 """
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Optional
@@ -197,6 +198,10 @@ class StreamingBatches:
                 break
         if not documents:
             raise readers.CorpusError(f"{first}: no documents to hold out for validation")
+        if len(documents) < self.corpus.val_documents:
+            warnings.warn(f"data.val_documents={self.corpus.val_documents}, but the first file {first} holds "
+                          f"{len(documents)}: validation takes those, and training reads none of that file",
+                          stacklevel=2)
         tokens, _ = framed([d for _, (_, d) in documents], self.tokenizer, np.int64)
         return (str(first), documents[-1][1][0] + 1), tokens
 

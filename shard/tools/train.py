@@ -147,10 +147,21 @@ def _max(comm: pccl.Communicator, device: torch.device, values: list[float]) -> 
     return t.tolist()
 
 
-def check_vocab(cfg: GPTConfig, tokenizer_vocab: int) -> None:
-    if cfg.vocab < tokenizer_vocab:
-        raise ConfigError(f"the tokenizer has {tokenizer_vocab} tokens but model.vocab is {cfg.vocab}; "
-                          f"set model.vocab >= {tokenizer_vocab} or a smaller data.vocab_size")
+def check_vocab(cfg: GPTConfig, tokenizer_vocab: int, given: bool = False, pretrained: bool = False) -> None:
+    """The tokenizer's ids fit the model's embedding; else what to change, of what applies:
+    `given`, a published tokenizer (data.tokenizer, or a Hugging Face model's own), has a
+    fixed vocabulary, as `pretrained`, a Hugging Face checkpoint, has."""
+    if cfg.vocab >= tokenizer_vocab:
+        return
+    fix = []
+    if not pretrained:
+        fix.append(f"set model.vocab >= {tokenizer_vocab}")
+    if not given:
+        fix.append(f"set data.vocab_size <= {cfg.vocab} (the tokenizer trained on the corpus)")
+    if pretrained:
+        fix.append("name a tokenizer of at most that many tokens in data.tokenizer")
+    raise ConfigError(f"the tokenizer has {tokenizer_vocab} tokens but the model's vocabulary is {cfg.vocab}"
+                      + (" (the checkpoint's)" if pretrained else "") + "; " + " or ".join(fix))
 
 
 def _precision(name: str, device: torch.device) -> str:
@@ -433,7 +444,8 @@ def load_data(r: Run) -> None:
         r.data = TokenData(_on_rank_0(r.comm, "preparing the data", lambda: prepare(spec, r.cfg.data.cache_dir)))
         r.tokenizer, r.tokenizer_vocab, held_out = str(r.data.directory), r.data.vocab_size, r.data.val
         r.batches = Batches(r.data.train, t.seq_len, t.micro_batch, r.accumulation, r.comm.rank, r.comm.size, t.seed)
-    check_vocab(r.model, r.tokenizer_vocab)
+    check_vocab(r.model, r.tokenizer_vocab, given=bool(r.cfg.data.get("tokenizer") or model_dir),
+                pretrained=model_dir is not None)
     r.held_out = eval_batches(held_out, t.seq_len, t.micro_batch, r.comm.rank, r.comm.size, t.eval_batches)
 
 

@@ -287,8 +287,9 @@ def test_a_file_validation_holds_out_whole_leaves_the_others_to_train_on_for_goo
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": f"story {i} ."}) + "\n"
                                                         for i in range(first, 40 if first else 10)))
     for seed in range(3):   # the order of the two files, drawn per epoch
-        b = StreamingBatches(Corpus(((str(tmp_path / "*.jsonl"),),), (1.0,), "text", tok_path, 20), 32, 2, 1, 0, 1,
-                             seed, streams=1, workers=0)
+        with pytest.warns(UserWarning, match="val_documents=20, but the first file .*a.jsonl holds 10"):
+            b = StreamingBatches(Corpus(((str(tmp_path / "*.jsonl"),),), (1.0,), "text", tok_path, 20), 32, 2, 1, 0,
+                                 1, seed, streams=1, workers=0)
         assert b.held_out == (str(tmp_path / "a.jsonl"), 10)
         for _ in range(60):
             b.next_step()

@@ -61,8 +61,12 @@ def test_model_configuration_from_hydra_values():
     check_vocab(cfg, tokenizer_vocab=1000)
     shape = (cfg.width, cfg.heads, cfg.layers, cfg.context, cfg.positions, cfg.vocab)
     assert shape == (2048, 32, 2, 512, "rotary", 50272)
-    with pytest.raises(ConfigError, match="model.vocab >= 60000"):
+    with pytest.raises(ConfigError, match="set model.vocab >= 60000 or set data.vocab_size <= 50272"):
         check_vocab(cfg, tokenizer_vocab=60000)
+    with pytest.raises(ConfigError, match="vocabulary is 50272; set model.vocab >= 60000$"):
+        check_vocab(cfg, tokenizer_vocab=60000, given=True)
+    with pytest.raises(ConfigError, match="50272 \\(the checkpoint's\\); name a tokenizer of at most that many"):
+        check_vocab(cfg, tokenizer_vocab=60000, given=True, pretrained=True)
 
 
 def test_engine_config_from_the_hydra_configuration():
