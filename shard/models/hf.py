@@ -352,7 +352,9 @@ def fit(theirs: GPTConfig, cfg: GPTConfig) -> None:
     compute the model they were trained as: a shorter context. Any other change (a norm, a
     tie, a context past a sliding window) would load the tensors into another function of
     them, silently: UnsupportedModel naming each field."""
-    changed = [f.name for f in fields(GPTConfig) if getattr(cfg, f.name) != getattr(theirs, f.name)]
+    meant = {"kv_heads": "kv", "hidden": "ffn", "qkv_bias": "qkv_biased"}   # None: a default these resolve
+    changed = [f.name for f in fields(GPTConfig)
+               if getattr(cfg, meant.get(f.name, f.name)) != getattr(theirs, meant.get(f.name, f.name))]
     if cfg.context < theirs.context:
         changed.remove("context")
     if changed:

@@ -61,5 +61,6 @@ def test_model_hf_tokenizes_the_corpus_with_the_models_own_tokenizer(tmp_path):
     assert (data.vocab_size, data.eos_id, data.tokenizer.prefix) == (500, 1, (0,))
     byte_bpe(model, "llama", vocab=1000)
     run = mpiexec(1, *args, f"train.out_dir={tmp_path / 'too-large'}", timeout=240)
-    assert run.returncode == 2 and "the tokenizer has 1000 tokens but the model's vocabulary is 512 (the checkpoint's)" in run.stderr, run.stderr
+    assert run.returncode == 2, run.stderr
+    assert "the tokenizer has 1000 tokens but the model's vocabulary is 512 (the checkpoint's)" in run.stderr
     assert not (tmp_path / "too-large" / "metrics.jsonl").exists()
