@@ -1,3 +1,3 @@
 """Helpers that pccl and shard both use and that are not about collectives: crash-safe
 file writes, byte sizes as people write them, command-line argument checks, the mpiexec
-launcher and the CPUs a process may use. It imports neither package."""
+launcher, the CPUs a process may use and its local rank. It imports neither package."""

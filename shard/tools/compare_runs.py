@@ -93,8 +93,9 @@ def device_of(args):
 
     if args.device != "cuda":
         return torch.device("cpu")
-    local = int(os.environ.get("MPI_LOCALRANKID", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
-    torch.cuda.set_device(local % torch.cuda.device_count())
+    from runkit.local_rank import local_rank
+
+    torch.cuda.set_device(local_rank() % torch.cuda.device_count())
     return torch.device("cuda", torch.cuda.current_device())
 
 

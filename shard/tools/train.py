@@ -24,6 +24,7 @@ import torch
 import pccl
 from runkit.cpus import available_cores
 from runkit.files import write_atomic
+from runkit.local_rank import local_rank
 from shard.engine import checkpoint
 from shard.engine.checkpoint_async import AsyncSaver
 from shard.engine.config import EngineConfig, OptimizerConfig
@@ -41,7 +42,6 @@ CONFIGS = preflight.CONFIGS
 META_INIT_PARAMS = 10 ** 9    # meta_init=auto builds models above this size on the meta device
 RELAUNCH_WAIT_S = 300.0       # a resuming run's wait for its directories (NFSv4 leases: 90 s by default)
 ConfigError = preflight.ConfigError
-LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
 
 
 def device_type(name: str, cuda_available: Callable[[], bool] = torch.cuda.is_available) -> str:
@@ -76,8 +76,7 @@ def cpu_threads(setting: Optional[int], ranks: int, env=os.environ) -> int:
 
 def _device(name: str) -> torch.device:
     if device_type(name) == "cuda":
-        local = next((int(os.environ[v]) for v in LOCAL_RANK_VARS if v in os.environ), 0)
-        torch.cuda.set_device(local % torch.cuda.device_count())
+        torch.cuda.set_device(local_rank() % torch.cuda.device_count())
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
