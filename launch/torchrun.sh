@@ -10,12 +10,15 @@
 #
 # Parameters (environment variables; an empty MODEL/STRATEGY/COMM leaves that override out,
 # and so does an override of the same key among the arguments):
-#   NNODES          nodes (default SLURM_NNODES, else 1)
+#   NNODES          nodes (default: the Slurm step's, SLURM_STEP_NUM_NODES or SLURM_NNODES, else 1)
 #   NPROC_PER_NODE  ranks per node (default SLURM_GPUS_ON_NODE, else the GPUs nvidia-smi lists)
-#   MASTER_ADDR     rendezvous host (default: the first host of SLURM_JOB_NODELIST under
-#                   Slurm, else 127.0.0.1 on one node; required for several nodes outside Slurm)
+#   MASTER_ADDR     rendezvous host (default: the first host of the Slurm step's nodes,
+#                   SLURM_STEP_NODELIST, else SLURM_NODELIST, else SLURM_JOB_NODELIST: a step
+#                   on part of the job's nodes meets on one of its own; else 127.0.0.1 on one
+#                   node; required for several nodes outside Slurm)
 #   MASTER_PORT     rendezvous port (default 29500)
-#   RDZV_ID         rendezvous id, the same on every node (default SLURM_JOB_ID, else shard-train)
+#   RDZV_ID         rendezvous id, the same on every node (default SLURM_JOB_ID, with
+#                   .SLURM_STEP_ID in a step, so two steps of a job meet apart; else shard-train)
 #   MODEL           model preset (default gpt_125m)
 #   STRATEGY        sharding strategy (default zero3)
 #   COMM            communicator (default torch)
@@ -36,9 +39,10 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=SCRIPTDIR/common.sh
 source "$ROOT/launch/common.sh"
 
-NNODES=${NNODES:-${SLURM_NNODES:-${SLURM_JOB_NUM_NODES:-1}}}
+NNODES=${NNODES:-${SLURM_STEP_NUM_NODES:-${SLURM_NNODES:-${SLURM_JOB_NUM_NODES:-1}}}}
+NODELIST=${SLURM_STEP_NODELIST:-${SLURM_NODELIST:-${SLURM_JOB_NODELIST:-}}}
 MASTER_PORT=${MASTER_PORT:-29500}
-RDZV_ID=${RDZV_ID:-${SLURM_JOB_ID:-shard-train}}
+RDZV_ID=${RDZV_ID:-${SLURM_JOB_ID:-shard-train}${SLURM_STEP_ID:+.$SLURM_STEP_ID}}
 MODEL=${MODEL-gpt_125m}
 STRATEGY=${STRATEGY-zero3}
 COMM=${COMM-torch}
@@ -60,12 +64,12 @@ is_posint "$NPROC_PER_NODE" || die "NPROC_PER_NODE must be a positive integer, g
 { is_posint "$MASTER_PORT" && (( MASTER_PORT < 65536 )); } || die "MASTER_PORT must be a port number, got '$MASTER_PORT'"
 [[ -z $DEVICE || $DEVICE == cpu || $DEVICE == cuda ]] || die "DEVICE must be cuda or cpu, got '$DEVICE'"
 if [[ -z ${MASTER_ADDR:-} ]]; then
-    if [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
-        command -v scontrol >/dev/null 2>&1 || die "scontrol not found to read SLURM_JOB_NODELIST; set MASTER_ADDR"
-        hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST") ||
-            die "scontrol show hostnames '$SLURM_JOB_NODELIST' failed; set MASTER_ADDR"
+    if [[ -n $NODELIST ]]; then
+        command -v scontrol >/dev/null 2>&1 || die "scontrol not found to read the Slurm node list; set MASTER_ADDR"
+        hosts=$(scontrol show hostnames "$NODELIST") ||
+            die "scontrol show hostnames '$NODELIST' failed; set MASTER_ADDR"
         MASTER_ADDR=${hosts%%$'\n'*}
-        [[ -n $MASTER_ADDR ]] || die "no host in SLURM_JOB_NODELIST='$SLURM_JOB_NODELIST'; set MASTER_ADDR"
+        [[ -n $MASTER_ADDR ]] || die "no host in the Slurm node list '$NODELIST'; set MASTER_ADDR"
     elif (( NNODES == 1 )); then
         MASTER_ADDR=127.0.0.1
     else

@@ -275,6 +275,18 @@ def test_torchrun_under_slurm(fake_scontrol):
     assert (o["comm"], o["comm.ranks_per_node"], o["train.device"]) == ("torch", "8", "cuda")
 
 
+def test_torchrun_in_a_step_on_part_of_the_job_meets_on_its_own_nodes(fake_scontrol):
+    """srun -N 2 inside a job of 4 nodes: the rendezvous host is the step's first node, the
+    nodes are the step's, and the id names the step, so two steps of one job meet apart."""
+    path, log = fake_scontrol
+    _, words, _ = parsed(run("torchrun.sh", SLURM_JOB_NODELIST="nid[001000-001003]", SLURM_JOB_NUM_NODES="4",
+                             SLURM_NODELIST="nid[001002-001003]", SLURM_STEP_NODELIST="nid[001002-001003]",
+                             SLURM_NNODES="2", SLURM_STEP_NUM_NODES="2", SLURM_JOB_ID="777", SLURM_STEP_ID="3",
+                             SLURM_GPUS_ON_NODE="8", **path))
+    assert log.read_text().split() == ["show", "hostnames", "nid[001002-001003]"]
+    assert opt(words, "--nnodes") == "2" and opt(words, "--rdzv-id") == "777.3"
+
+
 def test_torchrun_parameters(fake_scontrol):
     path, log = fake_scontrol
     _, words, _ = parsed(run("torchrun.sh", SLURM_NNODES="2", SLURM_JOB_NODELIST="nid[001000-001001]",
