@@ -65,14 +65,25 @@ slurm_overrides() {
     has_override train.resume "$@" || overrides+=(train.resume=auto)
 }
 # Run the array `cmd`, relaunching it after a failure up to RESTARTS times (restart_overrides
-# made every attempt resume); exits with the last attempt's status.
+# made every attempt resume); exits with the last attempt's status. Not relaunched: a run
+# stopped by Ctrl-C or a TERM (the user's, or the scheduler's at the time limit), and exit
+# status 2, shard-train's for a setting it refuses, which would fail the same way again.
 run_restarting() {
-    local attempt status
+    local attempt status stopped=0
     (( RESTARTS > 0 )) || exec "${cmd[@]}"
+    trap 'stopped=1' INT TERM
     for (( attempt = 0; ; attempt++ )); do
         status=0
         "${cmd[@]}" || status=$?
         (( status == 0 )) && exit 0
+        if (( stopped )); then
+            echo "$NAME: stopped by a signal (exit $status); not restarting" >&2
+            exit "$status"
+        fi
+        if (( status == 2 )); then
+            echo "$NAME: the run refused its settings (exit 2); not restarting" >&2
+            exit 2
+        fi
         if (( attempt >= RESTARTS )); then
             echo "$NAME: the run failed (exit $status) after $RESTARTS restart(s); giving up" >&2
             exit "$status"

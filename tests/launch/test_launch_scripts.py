@@ -407,3 +407,11 @@ def test_local_restarts_a_failed_run_with_resume_auto(tmp_path):
     assert proc.returncode == 7 and calls.read_text().strip() == "2"
     assert "failed (exit 7) after 1 restart(s); giving up" in proc.stderr
     fail(run("local.sh", "train.resume=true", RESTARTS="1"), "RESTARTS sets train.resume=auto itself")
+    # not relaunched: a setting shard-train refuses (exit 2), and a run the user stops (Ctrl-C)
+    for stop, status, said in (("exit 2", 2, "refused its settings (exit 2); not restarting"),
+                               ("kill -INT $PPID; exit 130", 130, "stopped by a signal (exit 130); not restarting")):
+        calls.write_text("0")
+        fake.write_text(f'#!/bin/bash\n[[ $1 == --version ]] && {{ echo "fake MPI"; exit 0; }}\n'
+                        f'echo $(( $(cat {calls}) + 1 )) > {calls}\n{stop}\n')
+        proc = run("local.sh", dry=False, MPIEXEC=str(fake), RESTARTS="3")
+        assert (proc.returncode, calls.read_text().strip()) == (status, "1") and said in proc.stderr, proc.stderr
