@@ -171,6 +171,10 @@ def test_frontier_parameters():
                                       RANKS_PER_NODE="4", CPUS_PER_TASK="14", MODULES="",
                                       SRUN_ARGS="--cpu-bind=verbose --exclusive", OMP_NUM_THREADS="3"))
     assert opt(words, "-n") == "8" and opt(words, "--ntasks-per-node") == "4" and opt(words, "-c") == "14"
+    # 4 ranks a node: each its own NIC, as pccl's model has them (not the 8-rank pairs)
+    assert (env["MPICH_OFI_NIC_MAPPING"], env["PCCL_NICS_PER_NODE"]) == ("0:0;1:1;2:2;3:3", "4")
+    two, _, _ = parsed(run("frontier.sbatch", SLURM_NNODES="2", RANKS_PER_NODE="2", MODULES=""))
+    assert (two["MPICH_OFI_NIC_MAPPING"], two["PCCL_NICS_PER_NODE"]) == ("0:0;1:1", "2")
     assert words.index("--cpu-bind=verbose") + 1 == words.index("--exclusive") < words.index("-m")
     # An override among the arguments replaces the script's own (no duplicate keys for Hydra).
     args = trainer_args(words)
