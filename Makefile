@@ -38,6 +38,8 @@ PY := $(BIN)/python
 HAS_GPU := $(shell (command -v nvidia-smi || command -v rocm-smi) >/dev/null 2>&1 && echo yes)
 GPU ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || (command -v rocm-smi >/dev/null 2>&1 && echo hip) || echo none)
 GPU_FLAGS := -C cmake.define.PCCL_CUDA=$(if $(filter cuda,$(GPU)),ON,OFF) -C cmake.define.PCCL_HIP=$(if $(filter hip,$(GPU)),ON,OFF)
+# a system MPI's compiler wrapper for CMake's FindMPI too (Cray's cc), not only for mpi4py
+MPI_FLAGS := $(if $(filter system,$(MPI)),-C cmake.define.MPI_C_COMPILER=$(MPICC))
 NATIVE := $(VENV)/.native-$(GPU)
 TORCH ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 SYSTEM_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
@@ -55,6 +57,16 @@ $(PY):
 ifeq ($(SYSTEM_TORCH),yes)
 	$(PYTHON) -c 'import site, sys; sys.prefix != sys.base_prefix and print(*site.getsitepackages(), sep="\n")' \
 		> "$$($@ -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/parent-environment.pth"
+endif
+
+# A venv holds one MPI and one torch, written to $(VENV)/.choice when it is set up: a later
+# MPI= that differs, or a TORCH= given that differs, is refused rather than ignored (what is
+# installed would stay as it was).
+CHOSEN := $(shell cat $(VENV)/.choice 2>/dev/null)
+ASKED := MPI=$(MPI) $(if $(filter command line environment,$(origin TORCH)),TORCH=$(TORCH))
+CLASH := $(strip $(foreach a,$(ASKED),$(if $(filter $(firstword $(subst =, ,$(a)))=%,$(CHOSEN)),$(if $(filter $(a),$(CHOSEN)),,$(a)))))
+ifneq ($(CLASH),)
+$(error $(VENV) was set up with $(CHOSEN) and cannot take $(CLASH): give it a venv of its own (make VENV=.venv-other $(CLASH) ...) or remove $(VENV))
 endif
 
 $(VENV)/.deps: $(PY) Makefile
@@ -76,12 +88,13 @@ endif
 	# GPU torch builds bring their own Triton (pytorch-triton-rocm on AMD); elsewhere it is
 	# installed so the tests run the shuffle kernel in Triton's interpreter.
 	$(PY) -c 'import triton' 2>/dev/null || $(if $(HAS_GPU),true,$(PY) -m pip install -q "triton==3.9.0")
+	printf '%s\n' "MPI=$(MPI)" "TORCH=$(TORCH)" > $(VENV)/.choice
 	touch $@
 
 # The editable install maps the package's files when it is made, so adding or removing a
 # file (a folder's time changes) re-runs it; edits to existing Python files need nothing.
 $(NATIVE): $(VENV)/.deps pyproject.toml CMakeLists.txt $(shell find csrc -type f) $(shell find pccl shard runkit -type d -not -name __pycache__)
-	$(PY) -m pip install -q --no-build-isolation --no-deps $(GPU_FLAGS) -C build-dir=build/$(notdir $(abspath $(VENV))) -e .
+	$(PY) -m pip install -q --no-build-isolation --no-deps $(GPU_FLAGS) $(MPI_FLAGS) -C build-dir=build/$(notdir $(abspath $(VENV))) -e .
 	rm -f $(VENV)/.native*
 	touch $@
 

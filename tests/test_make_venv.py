@@ -40,3 +40,21 @@ def test_a_venv_made_from_a_venv_sees_that_environments_packages(tmp_path):
                            capture_output=True, text=True, check=True).stdout.splitlines()
     mine = next(i for i, p in enumerate(order) if p.startswith(str(child)))
     assert mine < order.index(site)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_a_venv_refuses_another_mpi_or_torch_than_it_was_set_up_with(tmp_path):
+    """MPI=system after a first `make` with the mpich wheel would keep the wheel (pip finds
+    mpi4py installed): refused, naming the venv's choice, before anything runs."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".choice").write_text("MPI=mpich\nTORCH=torch==2.13.0\n")
+
+    def make(*args):
+        return subprocess.run(["make", "-C", str(ROOT), "-n", "build", f"VENV={venv}", *args],
+                              capture_output=True, text=True, timeout=60)
+    for asked in ("MPI=system", "TORCH=torch==2.11.0"):
+        refused = make(asked)
+        assert refused.returncode != 0 and f"was set up with MPI=mpich TORCH=torch==2.13.0 and cannot take " \
+            f"{asked}" in refused.stderr, refused.stderr
+    assert make().returncode == 0 and make("MPI=mpich", "TORCH=torch==2.13.0").returncode == 0
