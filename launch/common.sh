@@ -121,6 +121,10 @@ load_modules() {
     set -u
 }
 
+# bash 4.4 expands an empty array under `set -u` and has ${a@Q}; 4.3 (RHEL 7) would stop
+# with "unbound variable" at a launch with no extra arguments
+(( BASH_VERSINFO[0] > 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] >= 4) )) ||
+    die "needs bash 4.4 or newer, this is $BASH_VERSION"
 DRY_RUN=${DRY_RUN:-0}
 [[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1, got '$DRY_RUN'"
 RESTARTS=${RESTARTS:-0}
