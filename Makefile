@@ -20,8 +20,8 @@
 #                       without a GPU. If the base python already has torch (a GPU cluster's
 #                       own build, in a conda or virtual environment), the venv sees that
 #                       environment's packages and keeps its torch.
-#   GPU=cuda|hip|none   build the GPU kernels; default: cuda where nvidia-smi exists,
-#                       hip where rocm-smi exists, none elsewhere
+#   GPU=cuda|hip|none   build the GPU kernels; default: cuda where nvidia-smi and nvcc exist,
+#                       hip where rocm-smi and hipcc do, none elsewhere
 #   RANKS=4             ranks for make bench
 #   TRAIN="..."         Hydra overrides for make train, e.g. TRAIN="strategy=paro-iig train.steps=50"
 #   TRAIN_RANKS=1       ranks for make train
@@ -36,13 +36,28 @@ TRAIN_RANKS ?= 1
 BIN := $(abspath $(VENV))/bin
 PY := $(BIN)/python
 HAS_GPU := $(shell (command -v nvidia-smi || command -v rocm-smi) >/dev/null 2>&1 && echo yes)
-GPU ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || (command -v rocm-smi >/dev/null 2>&1 && echo hip) || echo none)
+# the GPU kernels need the GPU's compiler as well as its driver: a node with nvidia-smi but
+# no nvcc builds without them (torch's NCCL still carries GPU tensors), and says so
+GPU_SEEN := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || (command -v rocm-smi >/dev/null 2>&1 && echo hip))
+GPU_COMPILER := $(if $(filter cuda,$(GPU_SEEN)),nvcc,$(if $(filter hip,$(GPU_SEEN)),hipcc))
+ifeq ($(origin GPU),undefined)
+GPU := $(if $(GPU_SEEN),$(if $(shell command -v $(GPU_COMPILER)),$(GPU_SEEN),none),none)
+ifeq ($(GPU_SEEN)$(GPU),cudanone)
+$(warning a GPU is here but not $(GPU_COMPILER): pccl is built without its GPU kernels (comm=torch still trains on GPUs); load the CUDA toolkit and make GPU=cuda for them)
+else ifeq ($(GPU_SEEN)$(GPU),hipnone)
+$(warning a GPU is here but not $(GPU_COMPILER): pccl is built without its GPU kernels (comm=torch still trains on GPUs); load ROCm and make GPU=hip for them)
+endif
+endif
 GPU_FLAGS := -C cmake.define.PCCL_CUDA=$(if $(filter cuda,$(GPU)),ON,OFF) -C cmake.define.PCCL_HIP=$(if $(filter hip,$(GPU)),ON,OFF)
 # a system MPI's compiler wrapper for CMake's FindMPI too (Cray's cc), not only for mpi4py
 MPI_FLAGS := $(if $(filter system,$(MPI)),-C cmake.define.MPI_C_COMPILER=$(MPICC))
 NATIVE := $(VENV)/.native-$(GPU)
 TORCH ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 SYSTEM_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
+# PyPI's torch is the CUDA build: on AMD GPUs, the ROCm build comes from PyTorch's own index
+ROCM_TORCH := no torch here for AMD GPUs: install PyTorch's ROCm build into $(PYTHON) first \
+	(pip install torch --index-url https://download.pytorch.org/whl/rocmX.Y) or give TORCH=...
+ROCM_TORCH_NEEDED := $(if $(and $(filter hip,$(GPU_SEEN)),$(filter file,$(origin TORCH))),$(ROCM_TORCH))
 export PATH := $(BIN):$(PATH)
 
 .PHONY: all test test-all test-fast test-docs lint bench train build clean
@@ -72,7 +87,7 @@ endif
 $(VENV)/.deps: $(PY) Makefile
 	# the build's -C options need pip >= 23.1; a venv gets the pip its Python bundles (3.10's: 23.0)
 	$(PY) -m pip install -q --upgrade "pip>=23.1"
-	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -c 'import torch' 2>/dev/null || $(if $(ROCM_TORCH_NEEDED),{ echo "$(ROCM_TORCH_NEEDED)" >&2; exit 2; },$(PY) -m pip install -q "$(TORCH)")
 ifeq ($(MPI),system)
 	MPI4PY_BUILD_MPICC=$(MPICC) $(PY) -m pip install -q --no-binary=mpi4py "mpi4py>=4.0"
 else
@@ -166,14 +181,14 @@ test-faults: build
 	$(PY) -m pytest -q -rs -m faults tests/faults
 
 # make test-gpu: the GPU test suite (docs/gpu.md, "GPU test suite"). It builds the GPU kernels
-# (GPU=cuda where nvidia-smi exists, hip where rocm-smi does) and runs every test marked gpu,
+# (GPU=cuda where nvidia-smi and nvcc exist, hip where rocm-smi and hipcc do) and runs every test marked gpu,
 # then the GPU tests of test_gpu.py and test_streams.py, listing each skip with its reason.
 # Without a GPU it stops with an error before building or running anything.
 GPU_TESTS := tests/pccl/test_gpu.py \
 	tests/pccl/test_streams.py::test_on_a_gpu_a_delayed_side_stream_still_reads_the_callers_buffer
 .PHONY: test-gpu
 test-gpu:
-	@if [ "$(GPU)" = none ]; then echo "make test-gpu: no GPU here (neither nvidia-smi nor rocm-smi is on PATH);" \
+	@if [ "$(GPU)" = none ]; then echo "make test-gpu: no GPU kernels to build here (GPU=none: no nvidia-smi or rocm-smi on PATH, or not its compiler, nvcc or hipcc);" \
 		"run it on a GPU machine, or name the platform with GPU=cuda or GPU=hip" >&2; exit 1; fi
 	$(MAKE) build
 	@$(PY) -c 'import sys, torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; \
