@@ -30,7 +30,9 @@
 #   RESTARTS        torchrun --max-restarts: after a rank fails, restart every rank up to this
 #                   many times, each with train.resume=auto in one train.out_dir (default
 #                   runs/slurm-<job id> under Slurm, a new runs/<date> on one node; give
-#                   train.out_dir for several nodes outside Slurm) (default 0)
+#                   train.out_dir for several nodes outside Slurm) (default 0). Under Slurm a
+#                   run resumes in any case, as the sbatch scripts' do: train.out_dir defaults
+#                   to runs/slurm-<job id> and train.resume to auto
 #   DRY_RUN         1: print the command line, run nothing (default 0)
 set -euo pipefail
 
@@ -91,13 +93,12 @@ read -r -a extra <<< "$TORCHRUN_ARGS"
 
 trainer_overrides "$NPROC_PER_NODE" "$DEVICE" "$@"
 if [[ -n ${SLURM_JOB_ID:-} ]]; then
-    restart_out="runs/slurm-$SLURM_JOB_ID"
+    slurm_overrides "$@"   # runs/slurm-<job id> and train.resume=auto: a requeued job resumes, as the sbatch scripts'
 elif (( NNODES == 1 )); then
-    restart_out="runs/$(date -u +%Y-%m-%d_%H-%M-%S)"
+    restart_overrides "runs/$(date -u +%Y-%m-%d_%H-%M-%S)" "$@"
 else
-    restart_out=""   # each node would pick its own
+    restart_overrides "" "$@"   # each node would pick its own
 fi
-restart_overrides "$restart_out" "$@"
 (( RESTARTS == 0 )) || extra+=(--max-restarts="$RESTARTS")
 
 cmd=("${torchrun[@]}" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --rdzv-backend=c10d

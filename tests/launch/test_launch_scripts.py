@@ -277,6 +277,11 @@ def test_torchrun_under_slurm(fake_scontrol):
     assert trainer_args(words)[-len(USER):] == USER
     o = overrides(words)
     assert (o["comm"], o["comm.ranks_per_node"], o["train.device"]) == ("torch", "8", "cuda")
+    # a requeued job resumes: in the out_dir given, else in the job's own
+    assert o["train.resume"] == "auto" and o["train.out_dir"] == "runs/x y"
+    _, words, _ = parsed(run("torchrun.sh", SLURM_NNODES="4", SLURM_JOB_NODELIST="nid[001000-001003]",
+                             SLURM_JOB_ID="777", SLURM_GPUS_ON_NODE="8", **path))
+    assert (overrides(words)["train.out_dir"], overrides(words)["train.resume"]) == ("runs/slurm-777", "auto")
 
 
 def test_torchrun_in_a_step_on_part_of_the_job_meets_on_its_own_nodes(fake_scontrol):
