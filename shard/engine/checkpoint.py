@@ -94,6 +94,12 @@ def snapshots(path) -> list[Path]:
     return sorted(Path(path).glob("snap-*"), reverse=True)
 
 
+def committed(snap: Path) -> bool:
+    """Whether a snapshot's save got as far as its manifest: one cut short before it (a
+    crash in the first save) holds nothing to resume from."""
+    return (Path(snap) / "meta.json").is_file()
+
+
 def _state(engine, optimizer) -> dict:
     """engine.state_dict(), the optimizer's counters and each piece's moments merged in."""
     state, theirs = engine.state_dict(), optimizer.state_dict()
@@ -144,7 +150,9 @@ def begin(engine, optimizer, root: Path) -> tuple[Path, dict]:
     it is to hold (its tensors the live ones: copy them before training goes on)."""
     token = engine.agree(int(uuid.uuid4().int % (1 << 62)))
     state = _state(engine, optimizer)
-    return root / f"snap-{state['steps']:08d}-{token:016x}", state
+    # named by the training steps taken, skipped ones too: by updates alone, a step skipped
+    # between two saves gave both one number, and stale() removed the earlier
+    return root / f"snap-{state['steps'] + state['skipped_steps']:08d}-{token:016x}", state
 
 
 def pieces(state: dict) -> dict[str, dict]:

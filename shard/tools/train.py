@@ -500,14 +500,24 @@ def make_engine(r: Run) -> None:
 
 
 def resume(r: Run) -> str:
-    """Continue from a checkpoint if train.resume asks to (true: the latest, verified;
-    auto: the newest intact one, or a fresh start); how the run starts, in words."""
+    """Continue from a checkpoint if train.resume asks to (true: the latest, verified, which
+    must be there; auto: the newest intact one, or a fresh start); how the run starts, in
+    words."""
     mode = r.cfg.train.resume
     if not mode:
         return "a fresh start"
-    if not any(r.checkpoints.glob("snap-*")):
-        return f"a fresh start: train.resume={str(mode).lower()}, but {r.checkpoints} holds no checkpoint"
-    restored = checkpoint.load(r.engine, r.optimizer, r.checkpoints, fallback=mode == "auto")
+    found = checkpoint.snapshots(r.checkpoints)
+    committed = [s for s in found if checkpoint.committed(s)]
+    if mode == "auto" and not committed:   # none, or only saves cut short before their manifest
+        cut = f"; {len(found)} snapshot(s) never completed ({found[0].name}, ...)" if found else ""
+        return f"a fresh start: train.resume=auto, and {r.checkpoints} holds no complete checkpoint{cut}"
+    if not found:   # a mistyped out_dir would otherwise train again from scratch, unnoticed
+        raise ConfigError(f"train.resume=true, but {r.checkpoints} holds no checkpoint to continue from; "
+                          "train.resume=auto starts fresh where there is none")
+    try:
+        restored = checkpoint.load(r.engine, r.optimizer, r.checkpoints, fallback=mode == "auto")
+    except checkpoint.CheckpointError as e:   # every rank alike: damaged snapshots, or another model's
+        raise ConfigError(f"train.resume={str(mode).lower()}: {e}") from None
     r.step = restored.extra["step"]
     try:
         r.batches.load_state_dict(restored.extra["data"])

@@ -216,6 +216,7 @@ def bad_files(tmp_path_factory) -> Path:
     ("data=text data.files=[{d}/short.txt]", "need at least 2 documents"),
     ("data.tokenizer={d}/garbage.model", "garbage.model is not a sentencepiece model"),
     ("train.out_dir={d}/a-file/run", "cannot be written (on rank 0: [Errno 20] Not a directory"),
+    ("train.resume=true", "holds no checkpoint to continue from; train.resume=auto starts fresh"),
 ])
 def test_bad_input_fails_every_rank_clearly_and_leaves_nothing_to_misread(tmp_path, cache, bad_files, override,
                                                                             message):
@@ -263,13 +264,32 @@ def test_infinite_gradients_on_one_rank_skip_the_step_on_every_rank(tmp_path, ca
     """Rank 1's gradients of step 2 are infinite: both ranks skip it alike (a rank that
     stepped while the other skipped would leave them waiting on different collectives),
     count it, log it, and train on."""
-    out, run = faulty_run(tmp_path, cache, monkeypatch, "inf-grad@2:1", "train.max_skipped_steps=1")
+    out, run = faulty_run(tmp_path, cache, monkeypatch, "inf-grad@2:1", "train.max_skipped_steps=1",
+                          "train.checkpoint_interval=1", "train.keep_checkpoints=2")
     assert run.returncode == 0, run.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["skipped"] for r in records] == [False, True] + [False] * (STEPS - 2)
     assert [r["skipped_steps"] for r in records] == [0] + [1] * (STEPS - 1)
     assert "step 2: skipped (non-finite gradients; 1 so far)" in run.stderr
     assert records[-1]["loss"] < records[0]["loss"] - 0.5
+    # snapshots are named by the step, the skipped one counted: two kept, of steps 5 and 6
+    kept = checkpoint.snapshots(out / "checkpoints")
+    assert [int(s.name.split("-")[1]) for s in kept] == [STEPS, STEPS - 1], [s.name for s in kept]
+    assert json.loads((kept[0] / "meta.json").read_text())["extra"]["step"] == STEPS
+
+
+def test_resume_auto_over_a_save_cut_short_starts_fresh(tmp_path, cache):
+    """A crash in the first save leaves a snapshot without its manifest: nothing to resume
+    from, so auto starts fresh (and says so) instead of refusing every relaunch."""
+    out = tmp_path / "run"
+    cut = out / "checkpoints" / "snap-00000002-00000000000000ab"
+    cut.mkdir(parents=True)
+    (cut / "shard-0.pt").write_bytes(b"half a file")
+    run = mpiexec(1, "-m shard.tools.train", f"train.out_dir={out}", f"data.cache_dir={cache}", "train.steps=2",
+                  "train.resume=auto", *SMALL, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "a fresh start: train.resume=auto" in run.stdout and "1 snapshot(s) never completed" in run.stdout
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
 @pytest.mark.parametrize("faults, extra, message", [
