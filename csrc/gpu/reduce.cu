@@ -41,8 +41,9 @@ template <> struct Num<bfloat16_t> {
 };
 
 struct SumOp { template <typename T> __device__ static T apply(T a, T b) { return a + b; } };
-struct MaxOp { template <typename T> __device__ static T apply(T a, T b) { return a > b ? a : b; } };
-struct MinOp { template <typename T> __device__ static T apply(T a, T b) { return a < b ? a : b; } };
+// a NaN on either side wins, as on the CPU (csrc/reduce.cpp) and in torch.maximum
+struct MaxOp { template <typename T> __device__ static T apply(T a, T b) { return a > b || a != a ? a : b; } };
+struct MinOp { template <typename T> __device__ static T apply(T a, T b) { return a < b || a != a ? a : b; } };
 
 // One load/store instruction of B bytes (the vector types compile to 128/64-bit accesses).
 template <int B> struct Raw;

@@ -34,6 +34,22 @@ def test_reduce_matches_torch(dtype, op, n, in_place):
     assert torch.equal(dst, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("n", [7, 1000])   # the scalar tail, and the vector loop (AVX2 for fp32, fp16, bf16)
+def test_max_and_min_keep_a_nan_on_either_side_as_torch_does(dtype, op, n):
+    """A NaN one rank holds reaches every rank, whichever side of the kernel it arrives on
+    (the schedule decides that): `a > b ? a : b` alone dropped it when it came as `a`."""
+    a, b = sample(dtype, n, 1), sample(dtype, n, 2)
+    a[::3], b[1::3] = float("nan"), float("nan")
+    b[2::6] = float("inf") if op == "max" else -float("inf")
+    expected = TORCH_REF[op](a, b)
+    for first, second in ((a, b), (b, a)):
+        dst = torch.empty_like(a)
+        _native.reduce(dst.data_ptr(), first.data_ptr(), second.data_ptr(), n, DTYPES[dtype], OPS[op])
+        assert torch.equal(dst.isnan(), expected.isnan()) and torch.equal(dst.nan_to_num(), expected.nan_to_num())
+
+
 def true_quotient(a: torch.Tensor, divisor: int) -> torch.Tensor:
     """a / divisor correctly rounded to a's dtype, by numpy: float32 and float64 divide in
     their own type; half types in float64, rounded once (exact: a 53-bit quotient rounded
