@@ -65,6 +65,26 @@ def flat(t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() == 1 else t.view(-1)
 
 
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two buffers share memory (their byte ranges intersect)."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def into_scratch(call: Call, output: torch.Tensor) -> Call:
+    """`call` with its result reduced into a buffer of its own, then copied into `output`:
+    for a reduce-scatter whose output lies in its input (in place, as NCCL allows). Not every
+    path reads its input before writing its output there: MPI's own refuses the buffers, and
+    HO-Ring's inter-node phase writes the output while its intra-node phase still reads it."""
+    scratch = torch.empty_like(output)
+
+    def fn(out: torch.Tensor, input: torch.Tensor):
+        result = call.fn(scratch, input)
+        out.copy_(scratch)
+        return result
+    return Call(fn, call.what, call.enqueues)
+
+
 def on_callers_stream(fn: Callable[[], None], like: torch.Tensor) -> Callable[[], None]:
     """GPU tensors: run `fn` (maybe later, on the worker thread) on the stream that is
     current for the caller now, so the collective is ordered after the caller's work."""
@@ -279,7 +299,10 @@ class Communicator:
             codecs, resolved = self._codecs(compression, output, "all_gather", algorithm)
             call = self._prepare("all_gather", resolved, output, codecs)
             self._keep(key, call)
-        return self._issue(call, async_op, flat(output), flat(input))
+        output, input = flat(output), flat(input)
+        if overlap(output, input) and input.data_ptr() != output[self.rank * input.numel():].data_ptr():
+            input = input.clone()   # a partial overlap: read from a copy (in place, at block rank, every path handles)
+        return self._issue(call, async_op, output, input)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
                        algorithm: str = "auto", async_op: bool = False, compression=None) -> Optional[Work]:
@@ -293,7 +316,10 @@ class Communicator:
             codecs, resolved = self._codecs(compression, input, "reduce_scatter", algorithm)
             call = self._prepare("reduce_scatter", resolved, input, codecs, op)
             self._keep(key, call)
-        return self._issue(call, async_op, flat(output), flat(input))
+        output, input = flat(output), flat(input)
+        if overlap(output, input):
+            call = into_scratch(call, output)
+        return self._issue(call, async_op, output, input)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
                    async_op: bool = False, compression=None) -> Optional[Work]:

@@ -21,6 +21,10 @@ def test_tensors_of_any_shape_are_flat_buffers_to_every_executor_and_plan():
     run_ok(4, "shaped")
 
 
+def test_in_place_and_overlapping_buffers_give_the_out_of_place_result_everywhere():
+    run_ok(4, "in_place")
+
+
 def test_broadcast_and_barrier_on_every_executor():
     run_ok(3, "broadcast")
 

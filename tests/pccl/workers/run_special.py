@@ -63,6 +63,37 @@ def scenario_shaped() -> None:
             assert torch.equal(y, torch.full((5, 3), float(p))), f"{name} {algorithm}: 2-D all_reduce wrong"
 
 
+def scenario_in_place() -> None:
+    """A reduce-scatter whose output is its input's block `rank` (as NCCL allows), and an
+    all-gather whose input is its output's block `rank`, or overlaps it elsewhere: every
+    algorithm, MPI's own and the plans (4 ranks as 2 nodes of 2; three_level needs groups
+    of nodes, so it is left out) on every executor, against the out-of-place result."""
+    from pccl.algorithms import NATIVES
+
+    n = 3
+    for name, kwargs in EXECUTORS.items():
+        comm = pccl.init(timeout=60, ranks_per_node=2, **kwargs)
+        natives = ("native",) if name == "gloo" else NATIVES
+        for algorithm in (*pccl.algorithms_for("reduce_scatter"), *natives, "hierarchical", "ho_ring"):
+            data = torch.arange(n * p, dtype=torch.float32) * 3 + 100 * rank
+            reference = torch.empty(n)
+            comm.reduce_scatter(reference, data.clone(), algorithm=algorithm)
+            assert torch.equal(reference, sum(torch.arange(n * p) * 3.0 + 100 * r for r in range(p))[rank * n:][:n])
+            comm.reduce_scatter(data[rank * n:(rank + 1) * n], data, algorithm=algorithm)
+            assert torch.equal(data[rank * n:(rank + 1) * n], reference), f"{name} {algorithm}: in-place reduce-scatter"
+        for algorithm in (*pccl.algorithms_for("all_gather"), *natives, "hierarchical", "ho_ring"):
+            expected = torch.cat([torch.arange(n) + 10.0 * r for r in range(p)])
+            out = torch.full((n * p,), -1.0)
+            out[rank * n:(rank + 1) * n] = torch.arange(n) + 10.0 * rank
+            comm.all_gather(out, out[rank * n:(rank + 1) * n], algorithm=algorithm)
+            assert torch.equal(out, expected), f"{name} {algorithm}: in-place all-gather"
+            shifted = (rank + 1) % p   # the input lies in another rank's block of the output
+            out = torch.full((n * p,), -1.0)
+            out[shifted * n:(shifted + 1) * n] = torch.arange(n) + 10.0 * rank
+            comm.all_gather(out, out[shifted * n:(shifted + 1) * n], algorithm=algorithm)
+            assert torch.equal(out, expected), f"{name} {algorithm}: all-gather from inside another block"
+
+
 def scenario_timeout() -> None:
     for name, kwargs in EXECUTORS.items():
         comm = pccl.init(timeout=1.5, **kwargs)
