@@ -24,6 +24,7 @@ _EXPORTS = {
     "average_": "pccl.core.dtypes",
     "CollectiveTimeout": "pccl.core.errors",
     "PeerLost": "pccl.core.errors",
+    "CallMismatch": "pccl.runtime.call_check",
     "Topology": "pccl.core.topology",
     "TopologyError": "pccl.core.topology",
     "MACHINES": "pccl.core.topology",

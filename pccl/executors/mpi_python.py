@@ -33,9 +33,24 @@ class MpiPythonExecutor(ScheduleExecutor):
         self.world_ranks = MPI.Group.Translate_ranks(self.comm.Get_group(), list(range(self.size)),
                                                      MPI.COMM_WORLD.Get_group())
 
+    def _done(self, reqs) -> bool:
+        """Testall; an MPI error (a message longer than its receive: ranks passed other
+        sizes) leaves the communicator's messages unknown, so it is broken from then on, as
+        the C++ executor's is, instead of matching the next call's messages with these."""
+        try:
+            return MPI.Request.Testall(reqs)
+        except MPI.Exception:
+            for r in reqs:
+                if r != MPI.REQUEST_NULL:
+                    r.Cancel()
+                    r.Free()
+            self.broken = True
+            raise
+
     def exchange(self, sends, recvs, step):
         if self.broken:
-            raise RuntimeError("pccl: this communicator timed out earlier; create a new communicator")
+            raise RuntimeError("pccl: an earlier collective on this communicator timed out or failed and its message "
+                               "state is unknown; create a new communicator")
         reqs = [self.comm.Irecv([as_bytes(t), MPI.BYTE], source=peer, tag=TAG) for peer, t in recvs]
         reqs += [self.comm.Isend([as_bytes(t), MPI.BYTE], dest=peer, tag=TAG) for peer, t in sends]
         start = time.monotonic()
@@ -43,7 +58,7 @@ class MpiPythonExecutor(ScheduleExecutor):
         # Poll, so a missing peer times out; yield between polls for SPIN (MPI moves bytes
         # between ranks of a node only while they poll), then nap (a straggler: leave the
         # core to computing threads), as csrc/comm.cpp's poll.
-        while not MPI.Request.Testall(reqs):
+        while not self._done(reqs):
             now = time.monotonic()
             if now > deadline:
                 directions = [(p, False) for p, _ in recvs] + [(p, True) for p, _ in sends]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
@@ -15,7 +16,8 @@ from pccl.core.errors import CollectiveTimeout, during
 from pccl.core.topology import Topology
 from pccl.executors.plan import PlanExecutor, level_communicators
 from pccl.executors.streams import StreamWork
-from pccl.runtime import teardown, transport_kinds, validation
+from pccl.runtime import call_check, teardown, transport_kinds, validation
+from pccl.runtime.call_check import CallCheck
 from pccl.runtime.choice import Choice
 from pccl.runtime.rendezvous import init_torch_distributed, mpi_world
 from pccl.runtime.selector import Selector, uncompressed
@@ -61,7 +63,11 @@ def call_key(head: tuple, *buffers) -> Optional[tuple]:
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:
-    """The 1-d view the executors and plans slice (a 1-d tensor itself: no new view)."""
+    """The 1-d view the executors and plans slice (a 1-d tensor itself: no new view),
+    outside autograd: a collective writes a leaf that requires grad as every executor can
+    (torch refuses in-place writes to views of one)."""
+    if t.requires_grad:
+        t = t.detach()
     return t if t.dim() == 1 else t.view(-1)
 
 
@@ -129,7 +135,8 @@ class Communicator:
     def __init__(self, comm, executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT, *,
                  topology: Optional[Topology] = None, ranks_per_node: Optional[int] = None,
                  nics_per_node: Optional[int] = None, intra: Optional[str] = None,
-                 inter: Optional[str] = None, profile=None, interruptible: bool = False):
+                 inter: Optional[str] = None, profile=None, interruptible: bool = False,
+                 check_calls: Optional[bool] = None):
         """comm: an mpi4py communicator, a torch.distributed group, or a transport (a dry
         run's). topology: given, or `ranks_per_node` consecutive ranks per node (emulated
         nodes), or PCCL_RANKS_PER_NODE, or detected (MPI's shared-memory split; host names
@@ -145,7 +152,9 @@ class Communicator:
         that every collective auto runs times out with a CollectiveTimeout naming what it
         waited for, as the training engine promises; so do the plans' "native" phases on its
         level communicators (Selector.own_native); algorithm="native" still runs the
-        blocking ones."""
+        blocking ones. check_calls: before each call the ranks compare what they call, and a
+        mismatch raises CallMismatch on every rank (default: PCCL_CHECK_CALLS=1;
+        pccl/runtime/call_check.py)."""
         # a transport is anything that runs choices: a Transport, a dry run's RecordingTransport
         self.carrier = carrier = comm if hasattr(comm, "runs") else Transport(comm, executor, timeout)
         self.rank, self.size, self.transport, self.backend = carrier.rank, carrier.size, carrier.name, carrier.backend
@@ -165,6 +174,7 @@ class Communicator:
         self._calls_version = self.selector.version
         self._queue = SerialQueue(f"pccl-{self.transport}")
         self._plans: Optional[PlanExecutor] = None
+        self.call_check = CallCheck(self) if call_check.wanted(check_calls) else None
         self.selector.calibrate_with(self)
         if self.selector.tuner.plans_apply and carrier.levels_made_at_once(self.level_transports):
             self._plan_executor()
@@ -200,7 +210,8 @@ class Communicator:
         # A profile chosen for the parent is the child's; else the child decides (and measures) for
         # its own shape.
         return Communicator(child, topology=self.topology.restrict(members), **levels, interruptible=self.interruptible,
-                            profile=None if self.selector.trust_native else self.selector.profile)
+                            profile=None if self.selector.trust_native else self.selector.profile,
+                            check_calls=self.call_check is not None)
 
     def choose(self, collective: str, algorithm, like: torch.Tensor, codec=None) -> Choice:
         """What a call of `collective` on the full buffer `like` runs (Selector.choose):
@@ -239,7 +250,8 @@ class Communicator:
 
     def _prepare(self, collective: str, algorithm, like: torch.Tensor, codecs: dict, op: str = "sum") -> Call:
         """What runs a validated call: the selector's choice, run by the transport."""
-        choice = self.selector.choose(collective, algorithm, like, codecs)
+        with self.call_check.paused() if self.call_check else nullcontext():   # a calibration's calls
+            choice = self.selector.choose(collective, algorithm, like, codecs)
         fn = self.carrier.runs(choice, op, codecs, self._plan_executor)
         algorithm, nbytes = choice.algorithm, choice.nbytes
         dtype = str(like.dtype).removeprefix("torch.")   # not `like`: a kept call must not keep its buffers
@@ -293,6 +305,8 @@ class Communicator:
         or per plan level {"intra": ..., "inter": ...}, or "auto" (the cost model chooses
         a codec, or none, with the algorithm); each block is encoded once, by its owner, and
         every rank's output is the same decoding."""
+        if self.call_check:
+            self.call_check.agree("all_gather", algorithm, None, input)
         key, call = self._cached(("all_gather", algorithm) if uncompressed(compression) else None, output, input)
         if call is None:
             validation.check_blocks(output, input, "output", self.size, self.devices)
@@ -308,6 +322,8 @@ class Communicator:
                        algorithm: str = "auto", async_op: bool = False, compression=None) -> Optional[Work]:
         """Reduce `input` over all ranks; this rank receives block `rank` in `output`.
         compression: as all_gather's; partial sums are encoded at each step."""
+        if self.call_check:
+            self.call_check.agree("reduce_scatter", algorithm, op, input)
         head = ("reduce_scatter", algorithm, op) if uncompressed(compression) else None
         key, call = self._cached(head, output, input)
         if call is None:
@@ -324,6 +340,8 @@ class Communicator:
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
                    async_op: bool = False, compression=None) -> Optional[Work]:
         """Reduce `tensor` over all ranks, in place. compression: as all_gather's."""
+        if self.call_check:
+            self.call_check.agree("all_reduce", algorithm, op, tensor)
         key, call = self._cached(("all_reduce", algorithm, op) if uncompressed(compression) else None, tensor)
         if call is None:
             validation.check_tensor("tensor", tensor, self.devices)
@@ -393,7 +411,8 @@ def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float 
     """A communicator over all ranks: MPI.COMM_WORLD ("mpi") or torch.distributed
     ("gloo", "nccl"; initialized from the environment or through MPI if needed). With
     "nccl", select each rank's GPU first (torch.cuda.set_device), as torch.distributed asks.
-    `options` are Communicator's: topology, ranks_per_node, nics_per_node, intra, inter."""
+    `options` are Communicator's: topology, ranks_per_node, nics_per_node, intra, inter,
+    profile, interruptible, check_calls."""
     if transport not in transport_kinds.TRANSPORTS:
         raise ValueError(f"transport must be one of {transport_kinds.TRANSPORTS}, got {transport!r}")
     if transport == "mpi":

@@ -232,6 +232,10 @@ class Transport:
             return Transport(self.mpi_comm.Split(index, members.index(self.rank)), self.executor, self.timeout)
         if not self.spans_world():
             raise ValueError(f"{transport} sub-communicators need a parent over all ranks; this one has {self.size}")
+        unordered = [g for g in groups if list(g) != sorted(g)]
+        if unordered:   # torch's new_group numbers a group's members in rank order, whatever order is asked
+            raise ValueError(f"{transport} sub-communicators number their members in rank order: groups "
+                             f"{unordered} would not get the ranks asked; give each group in ascending order")
         world = self.world_ranks()
         init_torch_distributed(transport, self.timeout)
         mine = None

@@ -25,6 +25,10 @@ def test_in_place_and_overlapping_buffers_give_the_out_of_place_result_everywher
     run_ok(4, "in_place")
 
 
+def test_misused_calls_are_named_or_refused_on_every_executor():
+    run_ok(2, "misuse")
+
+
 def test_broadcast_and_barrier_on_every_executor():
     run_ok(3, "broadcast")
 

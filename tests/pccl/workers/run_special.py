@@ -94,6 +94,45 @@ def scenario_in_place() -> None:
             assert torch.equal(out, expected), f"{name} {algorithm}: all-gather from inside another block"
 
 
+def scenario_misuse() -> None:
+    """2 ranks. With check_calls, a call another rank makes otherwise (a size, a skipped
+    call, an algorithm) is a CallMismatch on both, naming both calls, and the communicator
+    goes on; without it, the Python executor is broken after an MPI error, as the C++ one
+    is, instead of matching the next call's messages with the failed one's. A leaf that
+    requires grad is written like any tensor; gloo refuses a group not in rank order."""
+    for name, kwargs in EXECUTORS.items():
+        comm = pccl.init(timeout=60, check_calls=True, **kwargs)
+        calls = {"size": lambda: comm.all_reduce(torch.ones(4 if rank == 0 else 6)),
+                 "skipped": lambda: (rank == 0 and comm.all_reduce(torch.ones(4)), comm.all_gather(torch.empty(8),
+                                                                                                   torch.ones(4))),
+                 "algorithm": lambda: comm.reduce_scatter(torch.empty(2), torch.ones(4),
+                                                          algorithm="ring" if rank else "pairwise")}
+        for case, call in calls.items():
+            try:
+                call()
+                raise AssertionError(f"{name} {case}: no CallMismatch")
+            except pccl.CallMismatch as e:
+                assert "rank 0: call" in str(e) and "; rank 1: call" in str(e), f"{name} {case}: {e}"
+        x = torch.ones(4, requires_grad=True)
+        comm.all_reduce(x)
+        assert torch.equal(x.detach(), torch.full((4,), 2.0)), f"{name}: after the mismatches, or with requires_grad"
+    try:
+        pccl.init(transport="gloo").split([[1, 0]])
+        raise AssertionError("gloo split out of rank order: accepted")
+    except ValueError as e:
+        assert "in ascending order" in str(e), e
+    comm = pccl.init(timeout=3, executor="python")
+    try:   # rank 0 receives 3 elements into 2 (MPI_ERR_TRUNCATE); rank 1 receives 2 of 3 and waits
+        comm.all_reduce(torch.ones(4 if rank == 0 else 6), algorithm="ring")
+    except Exception:
+        pass
+    try:
+        comm.all_reduce(torch.ones(6), algorithm="ring")
+        raise AssertionError("python executor: a call after a failed one returned")
+    except (RuntimeError, pccl.CollectiveTimeout) as e:
+        assert "earlier collective" in str(e) or "timed out" in str(e), e
+
+
 def scenario_timeout() -> None:
     for name, kwargs in EXECUTORS.items():
         comm = pccl.init(timeout=1.5, **kwargs)
