@@ -11,6 +11,7 @@ may have fewer pieces than the model has rows), and `stop` ends the text at a to
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -22,7 +23,10 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: Optional[int], g
     """One token id per row of `logits` (batch x vocabulary)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    # from the largest down before dividing: a tiny temperature then sends the others to
+    # -inf (a draw of the most likely), not the largest to +inf (a softmax of NaNs)
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -38,14 +42,15 @@ def generate(model: GPT, prompt: Sequence[int], tokens: int, temperature: float 
         raise ValueError("the prompt must hold at least one token")
     if not (isinstance(tokens, int) and tokens >= 1):
         raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
-    if temperature < 0 or (top_k is not None and top_k < 1):
-        raise ValueError(f"temperature must be >= 0 and top_k >= 1, got {temperature} and {top_k}")
-    if len(prompt) + tokens > model.cfg.context:
-        raise ValueError(f"{len(prompt)} prompt tokens and {tokens} more exceed the model's context of "
-                         f"{model.cfg.context}")
+    if not (math.isfinite(temperature) and temperature >= 0) or (top_k is not None and top_k < 1):
+        raise ValueError(f"temperature must be a finite number >= 0 and top_k >= 1, got {temperature} and {top_k}")
+    positions = len(prompt) + tokens - 1   # the last token sampled is never fed back
+    if positions > model.cfg.context:
+        raise ValueError(f"{len(prompt)} prompt tokens and {tokens} more need {positions} positions, beyond the "
+                         f"model's context of {model.cfg.context}")
     weight = model.embed.weight
     model.eval()
-    cache = KVCache(model.cfg, 1, len(prompt) + tokens, weight.device, weight.dtype)
+    cache = KVCache(model.cfg, 1, positions, weight.device, weight.dtype)
     generator = torch.Generator(weight.device).manual_seed(seed)
     logits = model(torch.tensor([list(prompt)], device=weight.device), cache=cache)[:, -1]
     out: list[int] = []

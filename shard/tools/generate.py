@@ -13,6 +13,7 @@ or a directory holding one. Sampling runs through a KV cache
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -79,7 +80,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", required=True)
     ap.add_argument("--tokens", type=at_least(1), default=64, help="tokens to sample (default 64)")
     ap.add_argument("--temperature", type=float, default=0.8, help="0: greedy (default 0.8)")
-    ap.add_argument("--top-k", type=at_least(1), default=40, help="sample among the k most likely (default 40)")
+    ap.add_argument("--top-k", type=at_least(0), default=40, help="sample among the k most likely (default 40; "
+                                                                  "0: among all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--samples", type=at_least(1), default=1, help="texts to sample, seeds seed, seed+1, ...")
     ap.add_argument("--tokenizer", default=None,
@@ -87,8 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=sorted(PRECISIONS), default="fp32")
     args = ap.parse_args(argv)
-    if args.temperature < 0:
-        ap.error(f"--temperature must be >= 0, got {args.temperature}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        ap.error(f"--temperature must be a finite number >= 0, got {args.temperature}")
     from shard.engine.checkpoint import CheckpointError
     from shard.models.generate import generate
 
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
         model.to(PRECISIONS[args.dtype])
         prompt = text.encode(args.prompt)
         for i in range(args.samples):
-            ids = generate(model, prompt, args.tokens, args.temperature, args.top_k, args.seed + i,
+            ids = generate(model, prompt, args.tokens, args.temperature, args.top_k or None, args.seed + i,
                            vocab=min(text.vocab, model.cfg.vocab), stop=text.eos)
             print(text.decode([*prompt, *ids]).strip())
     except (CheckpointError, OSError, ValueError) as e:

@@ -50,7 +50,13 @@ def test_sampling_settings():
     assert generate(model, PROMPT, 10, temperature=0, stop=greedy[2]) == greedy[:3]   # ends at stop, kept
     with pytest.raises(ValueError, match="at least one token"):
         generate(model, [], 5)
-    with pytest.raises(ValueError, match="5 prompt tokens and 60 more exceed the model's context of 64"):
-        generate(model, PROMPT, 60)
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
-        generate(model, PROMPT, 5, temperature=-1)
+    # the context holds the prompt and every token but the last, which is never fed back
+    assert generate(model, PROMPT, 60, temperature=0) == greedy_without_cache(model, PROMPT, 60)
+    with pytest.raises(ValueError, match="5 prompt tokens and 61 more need 65 positions, beyond the model's "
+                                         "context of 64"):
+        generate(model, PROMPT, 61)
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            generate(model, PROMPT, 5, temperature=bad)
+    # a temperature far below the logits' spread is greedy, not a softmax of overflowed logits
+    assert generate(model, PROMPT, 10, temperature=1e-40, seed=5) == greedy
