@@ -20,6 +20,12 @@ gradient cast back to the logits' dtype before the products. The rounding differ
 places: the softmax is exp(logits - max) / sum (log-softmax's backward rounds otherwise,
 within fp32's rounding), and the weight's gradient is summed over the chunks in fp32,
 where one matmul over all rows sums inside its kernel.
+
+fp16 is the exception, for its range. The incoming gradient (a loss scale of 65536, above
+fp16's largest value) multiplies in fp32 and rounds once; and where the logits are fp16,
+the gradients kept are the summed loss's, the weight's in fp32, with the mean's 1 / n
+applied with the incoming gradient: the unfused loss scales before it casts, so the small
+entries of (softmax - one-hot) / n that fp16 cannot hold survive there, and here.
 """
 from __future__ import annotations
 
@@ -34,10 +40,19 @@ def chunk_rows(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
     return max(1, chunk_elements // vocab)
 
 
+def logits_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype of x @ weight.T here: autocast's where it is on, else the operands'."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(x.dtype, weight.dtype)
+
+
 def _chunk(xs, weight, ts, n: int, grad_x, grad_w) -> torch.Tensor:
-    """The summed loss of one chunk of rows, and where wanted, its share of the mean loss's
-    gradients, written into grad_x (its rows) and added to grad_w. A function of its own, so
-    the chunk's logits are freed when it returns, before the next chunk makes its own."""
+    """The summed loss of one chunk of rows, and where wanted, its share of the gradients of
+    the loss summed and divided by `n`, written into grad_x (its rows) and added to grad_w.
+    A function of its own, so the chunk's logits are freed when it returns, before the next
+    chunk makes its own."""
     logits = torch.matmul(xs, weight.t())   # autocast's dtype where it is on
     dtype = logits.dtype
     picked = logits.gather(1, ts[:, None]).squeeze(1).float()
@@ -50,7 +65,7 @@ def _chunk(xs, weight, ts, n: int, grad_x, grad_w) -> torch.Tensor:
     loss = (sums.log() + top).squeeze(1).sub_(picked).sum()
     if grad_x is None and grad_w is None:
         return loss
-    # d(mean loss)/d(logits) = (softmax - one-hot) / n, in fp32, then in the logits' dtype,
+    # d(loss / n)/d(logits) = (softmax - one-hot) / n, in fp32, then in the logits' dtype,
     # as the unfused backward casts it back through .float()
     grad = exp.div_(sums * n)
     grad[torch.arange(grad.shape[0], device=grad.device), ts] -= 1.0 / n
@@ -69,17 +84,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int,
                 grads: bool) -> torch.Tensor:
         n = x.shape[0]
+        # fp16 holds nothing below 6e-8: the mean's gradient (softmax - one-hot) / n of a
+        # large batch would lose its small entries before the loss scale, which only the
+        # backward brings, could lift them. In fp16 the gradients kept are the sum's (/ 1),
+        # the weight's in fp32, and the backward applies 1 / n with the incoming gradient.
+        ctx.divisor = 1 if logits_dtype(x, weight) == torch.float16 else n
         total = torch.zeros((), dtype=torch.float32, device=x.device)
         grad_x = torch.empty_like(x) if grads and ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
             if grads and ctx.needs_input_grad[1] else None
         for start in range(0, n, rows):
             end = start + rows
-            total += _chunk(x[start:end], weight, targets[start:end], n,
+            total += _chunk(x[start:end], weight, targets[start:end], ctx.divisor,
                             None if grad_x is None else grad_x[start:end], grad_w)
-        if grad_w is not None:
+        if grad_w is not None and ctx.divisor != 1:
             grad_w = grad_w.to(weight.dtype)
         ctx.save_for_backward(grad_x, grad_w)
+        ctx.n, ctx.weight_dtype = n, weight.dtype
         return total / n
 
     @staticmethod
@@ -87,8 +108,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # scaled in place (a gradient accumulation's 1/micro-batches, a loss scale): a second
         # backward through the same loss finds them changed, and autograd says so
         grad_x, grad_w = ctx.saved_tensors
-        scale = lambda g: g if g is None else g.mul_(grad_out.to(g.dtype))   # noqa: E731
-        return scale(grad_x), scale(grad_w), None, None, None
+        factor = grad_out.float() * (ctx.divisor / ctx.n)   # the mean's 1 / n where the forward left it
+        return scaled(grad_x, factor), scaled(grad_w, factor, ctx.weight_dtype), None, None, None
+
+
+def scaled(g, factor: torch.Tensor, dtype=None):
+    """g times `factor`, in place, multiplied in fp32 and rounded once into g's dtype (a
+    loss scale of 65536 cast to fp16 first would be inf), then in `dtype` where given. A
+    half-precision g is taken a block of rows at a time, so the fp32 transient stays small."""
+    if g is None:
+        return None
+    if g.dtype == torch.float32:
+        g.mul_(factor)
+    else:
+        rows = max(1, CHUNK_ELEMENTS // max(1, g[0].numel()))
+        for a in range(0, g.shape[0], rows):
+            g[a:a + rows].copy_(g[a:a + rows].float().mul_(factor))
+    return g if dtype is None else g.to(dtype)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

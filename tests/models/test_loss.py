@@ -50,6 +50,29 @@ def test_narrow_dtypes_round_the_logits_gradient_as_the_unfused_loss(dtype, auto
         torch.testing.assert_close(got, want, rtol=2 * ulp, atol=2 * ulp * want.abs().max().item())
 
 
+@pytest.mark.parametrize("dtype,autocast", [(torch.float16, False), (torch.float32, True)])
+def test_fp16_under_a_loss_scale_keeps_what_the_unfused_loss_keeps(dtype, autocast):
+    """fp16 training's loss scale (the engine's starts at 65536, above fp16's largest value)
+    reaches the gradients in fp32, and the small entries of (softmax - one-hot) / n of a
+    large batch survive as they do unfused, where the scale multiplies before the cast:
+    before, the scale cast to fp16 was inf, and the entries were cast, and lost, first."""
+    g = torch.Generator().manual_seed(2)
+    n, width, vocab = 2048, 32, 2048
+    x, weight = (torch.randn(n, width, generator=g) * 0.5).to(dtype), (torch.randn(vocab, width, generator=g) * 0.02
+                                                                        ).to(dtype)
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    exact = gradients(unfused, x.double(), weight.double(), targets, 1.0)
+    with torch.autocast("cpu", torch.float16, enabled=autocast):
+        for scale in (65536.0, 32768.0):
+            fused = gradients(lambda *a: linear_cross_entropy(*a, rows=256), x, weight, targets, scale)
+            reference = gradients(unfused, x, weight, targets, scale)
+            for got, want, truth in zip(fused[1:], reference[1:], exact[1:]):
+                assert got.isfinite().all(), scale
+                error = ((got.double() / scale - truth).norm() / truth.norm()).item()
+                theirs = ((want.double() / scale - truth).norm() / truth.norm()).item()
+                assert error <= 1.5 * theirs + 1e-6, (scale, error, theirs)
+
+
 def test_the_logits_of_the_whole_batch_never_exist():
     """The largest tensor made is a chunk's logits, not the batch's."""
     vocab, rows, tokens = 4096, 32, 512
