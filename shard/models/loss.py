@@ -43,7 +43,7 @@ def chunk_rows(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
 def logits_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """The dtype of x @ weight.T here: autocast's where it is on, else the operands'."""
     device = x.device.type
-    if torch.is_autocast_enabled(device):
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):   # not for "meta"
         return torch.get_autocast_dtype(device)
     return torch.promote_types(x.dtype, weight.dtype)
 

@@ -73,6 +73,16 @@ def test_fp16_under_a_loss_scale_keeps_what_the_unfused_loss_keeps(dtype, autoca
                 assert error <= 1.5 * theirs + 1e-6, (scale, error, theirs)
 
 
+def test_the_loss_traces_on_the_meta_device():
+    """The planning tools count a step's FLOPs and bytes on the meta device, where autocast
+    is not a question torch can answer."""
+    x = torch.empty(2, 8, 16, device="meta", requires_grad=True)
+    loss = linear_cross_entropy(x, torch.empty(50, 16, device="meta", requires_grad=True),
+                                torch.zeros(2, 8, dtype=torch.int64, device="meta"))
+    loss.backward()
+    assert loss.device.type == "meta" and x.grad.shape == x.shape
+
+
 def test_the_logits_of_the_whole_batch_never_exist():
     """The largest tensor made is a chunk's logits, not the batch's."""
     vocab, rows, tokens = 4096, 32, 512
