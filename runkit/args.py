@@ -21,6 +21,21 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def fraction(low: float = 0.0, high: float = 1.0, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a number from `low` (excluded where low_open) to `high`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (low < value <= high if low_open else low <= value <= high):
+            raise argparse.ArgumentTypeError(f"expected a number {'above' if low_open else 'from'} {low:g} "
+                                             f"{'and at most' if low_open else 'to'} {high:g}, got {text!r}")
+        return value
+    parse.__name__ = f"number in {'(' if low_open else '['}{low:g}, {high:g}]"
+    return parse
+
+
 class UsageError(SystemExit):
     """Bad input to a command, the user's mistake and not the program's, found before
     anything runs: exit status 2, as argparse's errors have; its text is the one line

@@ -41,6 +41,7 @@ from shard.planning.predict import ComputeRate, Workload, predict_step, unit_flo
 from shard.planning.throughput import DEFAULT_MFU, peak_tflops
 
 GIB = 1 << 30
+MAX_MICRO_BATCHES = 4096   # per rank and step: a plan traces every one (about 16 s for a 7B model at 4096)
 # Engine's own keyword arguments (units=, device=, init=), beside its settings
 ENGINE_ARGUMENTS = tuple(name for name, p in inspect.signature(Engine).parameters.items() if p.kind is p.KEYWORD_ONLY)
 
@@ -87,7 +88,12 @@ class Job:
             raise PlanError(f"a global batch of {global_batch_tokens} tokens is not a whole number of micro-batches of "
                             f"{micro_batch} x {seq} tokens on each of {world} ranks ({per_micro} tokens each); "
                             f"expected a multiple of {per_micro}")
-        return cls(cfg, seq, micro_batch, global_batch_tokens // per_micro, **settings)
+        micro_batches = global_batch_tokens // per_micro
+        if micro_batches > MAX_MICRO_BATCHES:   # each is traced: about 4 ms each for a 7B model here
+            raise PlanError(f"a global batch of {global_batch_tokens} tokens is {micro_batches} micro-batches a step "
+                            f"per rank, more than the {MAX_MICRO_BATCHES} a step's trace replays; raise the "
+                            "micro-batch or lower the global batch")
+        return cls(cfg, seq, micro_batch, micro_batches, **settings)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from runkit.args import refuse
+from runkit.args import at_least, fraction, refuse
 from shard.planning.throughput import DEFAULT_MFU
 
 # Ratios the PCCL paper measured with DeepSpeed ZeRO-3 on Frontier, PCCL over RCCL (Section 6.2)
@@ -27,18 +27,19 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default="gpt_7b,gpt_13b", help="comma-separated presets of shard.models")
     ap.add_argument("--profile", default="frontier", help="a built-in machine profile or a profile file")
     ap.add_argument("--ranks", default="128:1024", help="world sizes: a, a,b,c or a:b (doubling)")
-    ap.add_argument("--ranks-per-node", type=int, default=None, help="default: the profile's")
+    ap.add_argument("--ranks-per-node", type=at_least(1), default=None, help="default: the profile's")
     ap.add_argument("--strategies", default="zero3")
     ap.add_argument("--comms", default="native,pccl,hierarchical",
                     help="collective layers: native (the vendor's), pccl (auto), hierarchical, ho_ring")
-    ap.add_argument("--global-batch", type=float, default=4 * 2 ** 20, help="tokens per step over all ranks")
-    ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch per rank")
+    ap.add_argument("--global-batch", type=at_least(1), default=4 * 2 ** 20, help="tokens per step over all ranks")
+    ap.add_argument("--seq", type=at_least(1), default=2048)
+    ap.add_argument("--micro-batch", type=at_least(1), default=1, help="sequences per micro-batch per rank")
     ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
-    ap.add_argument("--prefetch", type=int, default=1)
-    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+    ap.add_argument("--prefetch", type=at_least(0), default=1)
+    ap.add_argument("--mfu", type=fraction(low_open=True), default=DEFAULT_MFU,
                     help="compute efficiency of forward and backward alone (no communication), of the peak")
-    ap.add_argument("--peak-tflops", type=float, default=None, help="default: the profile's device at --precision")
+    ap.add_argument("--peak-tflops", type=fraction(0, float("inf"), low_open=True), default=None,
+                    help="default: the profile's device at --precision")
     ap.add_argument("--json", help="write the rows to this file")
     return ap.parse_args(argv)
 
@@ -60,7 +61,7 @@ def workload(args, ranks: int):
     sequences = args.global_batch / args.seq / ranks
     micro_batches = sequences / args.micro_batch
     if micro_batches != int(micro_batches) or micro_batches < 1:
-        refuse("shard-sim", f"a global batch of {args.global_batch:.0f} tokens is {sequences:g} sequences of "
+        refuse("shard-sim", f"a global batch of {args.global_batch} tokens is {sequences:g} sequences of "
                             f"{args.seq} per rank on {ranks} ranks, not a whole number of micro-batches of "
                             f"{args.micro_batch}")
     return Workload(args.seq, args.micro_batch, int(micro_batches))
@@ -69,14 +70,34 @@ def workload(args, ranks: int):
 def simulate(args) -> list[dict]:
     import torch
 
+    from pccl.core.topology import TopologyError
     from pccl.tuning import profiles
     from pccl.tuning.profiles import topology_for
     from runkit.sizes import doubling_range
+    from shard.engine.strategy import Strategy, StrategyError
     from shard.models import GPT, GPTConfig
     from shard.planning.predict import ComputeRate, predict_step
     from shard.tools.compare_runs import COMMS
 
-    profile = profiles.load(args.profile)
+    try:
+        worlds = doubling_range(args.ranks, int)
+    except ValueError:
+        worlds = []
+    if not worlds or min(worlds) < 1:
+        refuse("shard-sim", f"--ranks: expected positive world sizes as a, a,b,c or a:b, got {args.ranks!r}")
+    try:   # all before the first row
+        profile = profiles.load(args.profile)
+        for ranks in worlds:
+            topology_for(ranks, profile, args.ranks_per_node, None)
+    except (ValueError, OSError, TopologyError) as e:
+        refuse("shard-sim", str(e))
+    strategies = [s for s in args.strategies.split(",") if s]
+    try:
+        for s in strategies:
+            Strategy.parse(s)
+    except StrategyError as e:
+        refuse("shard-sim", f"--strategies: {e}")
+    micro = {ranks: workload(args, ranks) for ranks in worlds}
     tflops = peak(args, profile)
     rate = ComputeRate.on(profile, tflops * 1e12 * args.mfu, f"{args.mfu:.0%} of {tflops} TFLOP/s")
     comms = [c for c in args.comms.split(",") if c]
@@ -90,23 +111,26 @@ def simulate(args) -> list[dict]:
             presets.append((name, GPTConfig.preset(name, context=args.seq)))
         except ValueError as e:   # before any row is computed
             refuse("shard-sim", f"--model: {e}")
+    print(f"# predicted (shard/planning/predict.py): compute at {args.mfu:.0%} of peak; the lanes share the network; "
+          f"communication assumed not to slow compute\n{HEADER}", flush=True)
     for name, cfg in presets:
-        for ranks in doubling_range(args.ranks, int):
+        for ranks in worlds:
             topology = topology_for(ranks, profile, args.ranks_per_node, None)
-            micro = workload(args, ranks)
-            for strategy in args.strategies.split(","):
+            for strategy in strategies:
                 base: Optional[float] = None
                 for comm in comms:
                     with torch.device("meta"):
                         model = GPT(cfg)
-                    r = predict_step(model, topology, profile, micro, rate, strategy=strategy,
+                    r = predict_step(model, topology, profile, micro[ranks], rate, strategy=strategy,
                                      algorithm=COMMS[comm], precision=args.precision, reduce_dtype=args.precision,
                                      prefetch=args.prefetch, group_size=topology.ranks_per_node)
                     base = r["step_s"] if comm == "native" else base
                     row = {"model": name, "ranks": ranks, "strategy": strategy, "comm": comm,
-                           "micro_batches": micro.micro_batches, "compute_rate": rate.source,
+                           "micro_batches": micro[ranks].micro_batches, "compute_rate": rate.source,
                            "speedup_vs_native": base / r["step_s"] if base else None,
-                           "paper_speedup": PAPER.get((name, ranks)) if profile.name == "frontier" else None,
+                           # the paper's ratios are ZeRO-3's (DeepSpeed's), on Frontier
+                           "paper_speedup": PAPER.get((name, ranks))
+                           if profile.name == "frontier" and strategy == "zero3" else None,
                            **r}
                     rows.append(row)
                     print(line(row), flush=True)
@@ -127,8 +151,6 @@ HEADER = (f"{'model':8} {'ranks':>6} {'strategy':8} {'comm':12} {'step s':>9} {'
 
 def main(argv=None) -> None:
     args = parse(argv)
-    print(f"# predicted (shard/planning/predict.py): compute at {args.mfu:.0%} of peak; the lanes share the network; "
-          f"communication assumed not to slow compute\n{HEADER}", flush=True)
     rows = simulate(args)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))

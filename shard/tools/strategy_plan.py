@@ -15,11 +15,11 @@ import json
 
 from pccl.tuning import profiles
 from pccl.tuning.profiles import topology_for
-from runkit.args import at_least, refuse
+from runkit.args import at_least, fraction, refuse
 from runkit.sizes import parse_size
 from shard.engine.config import OBJECTIVES
 from shard.engine.strategy import STRATEGIES
-from shard.models.gpt import GPTConfig
+from shard.models.gpt import PRESETS, GPTConfig
 from shard.planning.planner import GIB, Cluster, Job, PlanError, StrategyPlan, group_sizes, in_gib, label, make_plan
 from shard.planning.predict import ComputeRate
 from shard.planning.throughput import DEFAULT_MFU, DEVICE_MEMORY_GIB, PEAK_TFLOPS, PROFILE_DEVICES
@@ -27,7 +27,7 @@ from shard.planning.throughput import DEFAULT_MFU, DEVICE_MEMORY_GIB, PEAK_TFLOP
 
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="shard-plan", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="gpt_7b", help="a preset of shard.models (gpt_125m ... gpt_13b, tiny)")
+    ap.add_argument("--model", default="gpt_7b", help="a preset of shard.models: " + ", ".join(PRESETS))
     for name in ("width", "layers", "heads", "vocab"):
         ap.add_argument(f"--{name}", type=at_least(1), default=None, help=f"the preset's {name}, overridden")
     ap.add_argument("--world", type=at_least(2), required=True, help="ranks (GPUs or GCDs) in all")
@@ -35,9 +35,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--profile", default="frontier", help="a built-in machine profile or a profile file")
     ap.add_argument("--memory", default=None,
                     help="memory per device: 64GB, 80GiB, ... (powers of 1024); default: the profile's device's")
-    ap.add_argument("--headroom", type=float, default=0.1, help="fraction of the memory kept free")
-    ap.add_argument("--global-batch", type=float, default=4 * 2 ** 20,
-                    help="tokens per step over all ranks (default: the PCCL paper's 4M)")
+    ap.add_argument("--headroom", type=fraction(0, 0.9), default=0.1, help="fraction of the memory kept free")
+    ap.add_argument("--global-batch", type=at_least(1), default=4 * 2 ** 20,
+                    help="tokens per step over all ranks (default: the PCCL paper's 4M, 4194304)")
     ap.add_argument("--seq", type=at_least(1), default=2048)
     ap.add_argument("--micro-batch", type=at_least(1), default=1, help="sequences per rank per micro-batch")
     ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
@@ -49,7 +49,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--groups", default=None,
                     help="comma-separated group sizes, or 'all' (every divisor); default: half a node to 4 nodes")
     ap.add_argument("--algorithms", default="auto", help="comma-separated pccl algorithms to evaluate each with")
-    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+    ap.add_argument("--mfu", type=fraction(low_open=True), default=DEFAULT_MFU,
                     help="compute efficiency of forward and backward alone, of the device's peak")
     ap.add_argument("--tflops", type=float, default=None,
                     help="achieved TFLOP/s per rank of forward and backward (overrides --mfu x peak)")
@@ -82,7 +82,7 @@ def from_args(args: argparse.Namespace) -> tuple[Job, Cluster, dict]:
     rate = ComputeRate.on(profile, flops, rate_source)
     topology = topology_for(args.world, profile, args.ranks_per_node, None)
     cluster = Cluster(topology, profile, memory, rate, args.headroom, peak, args.shared_cores)
-    job = Job.for_global_batch(cfg, args.world, int(args.global_batch), args.seq, args.micro_batch,
+    job = Job.for_global_batch(cfg, args.world, args.global_batch, args.seq, args.micro_batch,
                                precision=args.precision, reduce_dtype=args.reduce_dtype,
                                checkpointing=args.checkpointing, prefetch=args.prefetch, name=args.model)
     groups = None

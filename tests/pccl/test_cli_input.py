@@ -1,4 +1,5 @@
-"""Bad flags of every command-line tool (pccl-bench, pccl-sim, shard-compare), table-driven:
+"""Bad flags of every command-line tool (pccl-bench, pccl-sim, shard-compare, shard-sim,
+shard-plan), table-driven:
 each is refused by the argument parser, before any MPI job, measurement or launch, with
 a message naming the flag and what was expected."""
 from __future__ import annotations
@@ -6,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from pccl.tools import bench, sim
-from shard.tools import compare
+from shard.tools import compare, step_sim, strategy_plan
 
-TOOLS = {"pccl-bench": bench.parse_args, "pccl-sim": sim.parse_args, "shard-compare": compare.parse}
+TOOLS = {"pccl-bench": bench.parse_args, "pccl-sim": sim.parse_args, "shard-compare": compare.parse,
+         "shard-sim": step_sim.parse, "shard-plan": strategy_plan.parse}
 CASES = [
     ("pccl-bench", ["-b", "12Q"], "size must be"),
     ("pccl-bench", ["-b", "4M", "-e", "1M"], "--minbytes (4194304) must not exceed --maxbytes"),
@@ -47,7 +49,31 @@ CASES = [
     ("shard-compare", ["--seq", "0"], "expected an integer >= 1"),
     ("shard-compare", ["--launches", "0"], "expected an integer >= 1"),
     ("shard-compare", ["--width", "0"], "expected an integer >= 1"),
+    ("shard-sim", ["--micro-batch", "0"], "expected an integer >= 1, got 0"),
+    ("shard-sim", ["--ranks-per-node", "-1"], "expected an integer >= 1, got -1"),
+    ("shard-sim", ["--prefetch", "-1"], "expected an integer >= 0, got -1"),
+    ("shard-sim", ["--mfu", "0"], "expected a number above 0 and at most 1, got '0'"),
+    ("shard-sim", ["--mfu", "1.5"], "expected a number above 0 and at most 1, got '1.5'"),
+    ("shard-sim", ["--global-batch", "1e12"], "expected an integer >= 1, got '1e12'"),
+    ("shard-plan", ["--world", "8", "--global-batch", "inf"], "expected an integer >= 1, got 'inf'"),
+    ("shard-plan", ["--world", "8", "--global-batch", "4194304.5"], "expected an integer >= 1"),
+    ("shard-plan", ["--world", "8", "--mfu", "1.5"], "expected a number above 0 and at most 1"),
+    ("shard-plan", ["--world", "8", "--headroom", "1"], "expected a number from 0 to 0.9"),
 ]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--ranks", "0"], "--ranks: expected positive world sizes"),
+    (["--ranks", "8:2"], "--ranks: expected positive world sizes"),
+    (["--ranks", "12", "--ranks-per-node", "8"], "world size 12 is not divisible by ranks_per_node=8"),
+    (["--strategies", "foo"], "--strategies: unknown strategy 'foo'"),
+    (["--profile", "nope"], "no profile 'nope'"),
+])
+def test_shard_sim_refuses_what_it_cannot_simulate_before_any_row(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        step_sim.main(["--model", "gpt_7b", "--comms", "native", *argv])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and message in err and out == "", err
 
 
 @pytest.mark.parametrize("tool,argv,message", CASES, ids=[f"{t} {' '.join(a)}" for t, a, _ in CASES])

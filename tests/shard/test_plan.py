@@ -211,3 +211,12 @@ def test_build_engine_with_a_named_strategy_is_the_engine_and_no_plan(comm):
         assert plan is None and engine.strategy.name == "zero3" and engine.config.prefetch == 2
     finally:
         engine.close()
+
+
+def test_a_global_batch_of_more_micro_batches_than_a_trace_replays_is_refused():
+    """Each micro-batch of a step is traced: 1e12 tokens on 8 ranks would have been 488M of
+    them, hours of tracing, before any answer."""
+    cfg = GPTConfig.preset("gpt_7b")
+    assert Job.for_global_batch(cfg, 8, 8 * 2048 * 4096, 2048, 1).micro_batches == 4096
+    with pytest.raises(PlanError, match="is 4097 micro-batches a step per rank, more than the 4096"):
+        Job.for_global_batch(cfg, 8, 8 * 2048 * 4097, 2048, 1)
