@@ -68,6 +68,14 @@ def test_heatmap_csv_holds_the_speedups(tmp_path, capsys):
     assert "auto" in run.stdout
 
 
+def test_one_node_gets_its_table_without_a_hierarchical_plan(capsys):
+    """The default --target (hierarchical) is the heatmap's: a node alone has no such plan,
+    and its table was refused for it."""
+    run = sim(capsys, "--profile", "dgx-h100", "--collective", "all_reduce", "--ranks", "8", "--size", "1G")
+    assert run.returncode == 0, run.stderr
+    assert "ranks: 8 (1x8" in run.stdout and "hierarchical" not in run.stdout and "<- auto" in run.stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (("--profile", "nowhere"), "no profile 'nowhere'"),
     (("--size", "12Q"), "size must be"),
