@@ -66,7 +66,7 @@ import time
 from pathlib import Path
 
 from runkit.args import at_least, refuse
-from shard.tools.compare_runs import BETAS, COMMS, EPS, EngineRun, agreement, loss_tolerance, parse_run
+from shard.tools.compare_runs import BETAS, COMMS, EPS, EngineRun, agreement, autocast, loss_tolerance, parse_run
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -278,7 +278,9 @@ def compute_only(args, model, world) -> dict:
     for _ in range(max(3, args.steps)):
         world.Barrier()
         start = time.perf_counter()
-        next_token_loss(model, tokens).backward()
+        with autocast(args):   # the runs' precision: bf16 products where --precision bf16
+            loss = next_token_loss(model, tokens)
+        loss.backward()
         times["fb"].append(world.allreduce(time.perf_counter() - start, op=max_op()))
         model.zero_grad(set_to_none=True)
         world.Barrier()
@@ -383,7 +385,8 @@ def predicted(args, rows: list[dict], probe: dict) -> None:
             model = GPT(cfg)
         p = predict_step(model, topology, profile, Workload(args.seq, args.batch, args.micro), rate,
                          shared_cores=True, strategy=run.strategy, algorithm=COMMS[run.comm],
-                         group_size=topology.ranks_per_node)   # CPU ranks: cores compute and drive MPI
+                         group_size=topology.ranks_per_node,   # CPU ranks: cores compute and drive MPI
+                         precision=args.precision)
         r.update(predicted_step_s=p["step_s"], predicted_tokens_per_s=p["tokens_per_s"],
                  predicted_exposed_s=p["exposed_s"], predicted_compute_s=p["compute_s"],
                  predicted_comm_s=p["comm_s"], prediction_error=p["step_s"] / r["step_time_s"] - 1,

@@ -293,6 +293,7 @@ class EngineRun(Run):
             precision=args.precision, compile=self.compiled, compress_params=self.codec, compress_grads=self.codec))
         self.optimizer = ShardedAdamW(self.engine, betas=BETAS, eps=EPS, weight_decay=0.0)
         self.params, self.world = model.cfg.num_params(), world.size
+        self.half = args.precision == "bf16"   # PaRO's mixed precision: bf16 parameters and gradients
 
     def step(self, micro_batches, lr: float):
         self.optimizer.lr = lr
@@ -309,10 +310,12 @@ class EngineRun(Run):
     def report(self, timed_steps: int) -> dict:
         comm = self.comm_at_state or self.engine.comm_report()
         engine = self.engine
-        # model-state bytes per rank, the engine's (padded) and PaRO's Table 2 (fp32 training)
+        # model-state bytes per rank, the engine's (padded) and PaRO's Table 2 at the run's precision
+        # (2 + 2 + 12 bytes a parameter in bf16, the paper's mixed precision; 4 + 4 + 12 in fp32)
         state = engine.memory_report()
+        width = 2 if self.half else 4
         table2 = engine.strategy.memory_per_rank(self.params, self.world, engine.layout.group,
-                                                 param_bytes=4, grad_bytes=4, state_bytes=12)
+                                                 param_bytes=width, grad_bytes=width, state_bytes=12)
         return {"exposed_comm_s": comm["exposed_s"] / timed_steps,
                 "sent_bytes_per_rank": sum(comm[s]["intra"] + comm[s]["inter"]
                                            for s in ("forward", "backward", "update")) / timed_steps,
