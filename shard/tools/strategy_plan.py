@@ -105,11 +105,13 @@ def table(plan: StrategyPlan) -> str:
             f"{in_gib(c.memory)} per device, {in_gib(c.usable)} usable",
             *(f"# assumed: {a}" for a in plan.assumptions),
             f"{'#':>3} {'strategy':14} {'group':>5} {'algorithm':10} {'param':>7} {'grad':>7} {'optim':>7} "
-            f"{'activ':>7} {'gather':>7} {'other':>7} {'peak GiB':>8} {'fits':>10} {'step s':>8} {'tokens/s':>10} "
+            f"{'activ':>7} {'gather':>7} {'peak at':>8} {'peak GiB':>8} {'fits':>10} {'step s':>8} {'tokens/s':>10} "
             f"{'MFU':>5} {'exposed':>8}"]
     for r in plan.rows():
+        # each part's size; the peak is the model state and the transient of one moment of the
+        # step, which need not hold all of each (one micro-batch: the gradients arrive as the
+        # backward frees the activations), so the parts need not add up to it
         m = r["memory"]
-        other = m["peak"] - sum(m[k] for k in ("parameters", "gradients", "optimizer", "activations", "gathered"))
         gib = [f"{m[k] / GIB:7.2f}" for k in ("parameters", "gradients", "optimizer", "activations", "gathered")]
         fits = "yes" if r["fits"] else f"+{r['miss_bytes'] / GIB:.2f} GiB"
         mfu = "-" if r.get("mfu") is None else f"{r['mfu']:.0%}"
@@ -117,7 +119,7 @@ def table(plan: StrategyPlan) -> str:
                  else f"{'-':>8} {'-':>10} {'-':>5} {'-':>8}")
         group = "-" if r["group"] is None else r["group"]
         head.append(f"{r['rank']:3} {r['name']:14} {group:>5} {str(r['algorithm']):10} {' '.join(gib)} "
-                    f"{other / GIB:7.2f} {m['peak'] / GIB:8.2f} {fits:>10} {timed}")
+                    f"{m['moment'].removeprefix('unit '):>8} {m['peak'] / GIB:8.2f} {fits:>10} {timed}")
     head.append(f"chosen: {label(plan.chosen)}. {plan.reason()}")
     return "\n".join(head)
 
