@@ -40,8 +40,11 @@ def check_choices(overrides: list[str]) -> None:
     options = group_options()
     for override in overrides:
         group, sep, option = override.partition("=")
-        if sep and group in options and option not in options[group]:
-            raise ConfigError(f"{group}={option}: no such option; expected one of {options[group]}")
+        if not sep or group not in options or "(" in option:   # glob(...), choice(...): Hydra's sweeps
+            continue
+        for one in option.split(","):   # a multirun's sweep (-m model=tiny,llama_tiny)
+            if one not in options[group]:
+                raise ConfigError(f"{group}={one}: no such option; expected one of {options[group]}")
 
 
 def check(resolved: dict) -> GPTConfig:

@@ -106,15 +106,22 @@ def section(kind: type, optional: bool = False) -> Any:
 
 
 class Section:
+    OPEN = False   # whether keys it does not name are another checker's (the data group's: its source's)
+
     @classmethod
     def of(cls, values, path: str = ""):
         """The section from `values` (the group's dict): each field's check run with its
-        key; keys the section does not name are left to the classes that check them."""
+        key. A key it does not name is refused (`+optim.warmup_step=0`, a typo Hydra's `+`
+        lets through, would leave warmup_steps as it was), unless the section is OPEN."""
         if values is None:
             raise ConfigError(f"the configuration has no {path} group")
+        names = [f.name for f in fields(cls)]
         if not isinstance(values, dict):
-            raise ConfigError(f"{path} must be a group of keys ({', '.join(f.name for f in fields(cls))}), "
-                              f"got {values!r}")
+            raise ConfigError(f"{path} must be a group of keys ({', '.join(names)}), got {values!r}")
+        unknown = sorted(set(values) - set(names))
+        if unknown and not cls.OPEN:
+            key = f"{path}.{unknown[0]}" if path else unknown[0]
+            raise ConfigError(f"{key}: no such key; {path or 'the configuration'} has {names}")
         built = {}
         for f in fields(cls):
             key = f"{path}.{f.name}" if path else f.name
@@ -226,7 +233,9 @@ class Model(Section):
 @dataclass(frozen=True)
 class Data(Section):
     """The keys every corpus has; a source's own (files, documents, ...) are the data
-    spec's (shard.data.spec.normalize)."""
+    spec's (shard.data.spec.normalize), which refuses the others."""
+
+    OPEN = True
 
     cache_dir: str = setting(text())
     tokenizer: Optional[str] = setting(text(null=True))

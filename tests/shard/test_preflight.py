@@ -133,6 +133,17 @@ def test_model_hf_reads_the_directorys_config_and_wants_a_learning_rate(tmp_path
         preflight.check(composed([f"model.path={path}"]))
 
 
+@pytest.mark.parametrize("override, key", [("+optim.warmup_step=0", "optim.warmup_step"),
+                                           ("+model.layer=1", "model.layer"), ("+trian.steps=5", "trian"),
+                                           ("+log.intervall=1", "log.intervall"), ("+strategy.foo=1", "strategy.foo"),
+                                           ("+comm.compression.param=int8", "comm.compression.param"),
+                                           ("+data.documnets=5", "documnets")])
+def test_a_key_added_with_plus_that_no_group_has_is_refused_by_name(override, key):
+    """Hydra's `+` adds any key: a typo would leave the setting it meant as it was."""
+    with pytest.raises(preflight.ConfigError, match=key):
+        preflight.check(composed([override]))
+
+
 def test_cross_key_checks():
     resolved = composed([])
     for path, value, words in (("train.seq_len", 10 ** 6, "exceeds the model's context"),
@@ -187,3 +198,9 @@ def test_a_bad_setting_on_the_command_line_is_one_line_and_exit_status_2(tmp_pat
                              text=True, timeout=120, env={**os.environ, "PMI_RANK": "0"})
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1, unknown.stderr
     assert unknown.stderr.startswith("shard-train: strategy=zero9: no such option; expected one of ['auto', 'ddp'")
+
+
+def test_a_multiruns_sweep_over_a_groups_options_is_checked_option_by_option():
+    preflight.check_choices(["model=tiny,llama_tiny", "strategy=zero3,paro-iig", "model=glob(*)"])
+    with pytest.raises(preflight.ConfigError, match="model=gpt_9000: no such option"):
+        preflight.check_choices(["model=tiny,gpt_9000"])
