@@ -3,6 +3,7 @@ logged step), a printed line per interval, a progress bar, wandb (when enabled; 
 mode needs no network) and the loss curve as a PNG at the end."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -32,10 +33,27 @@ class RunLog:
             from tqdm import tqdm
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
         if wandb_cfg and wandb_cfg.get("enabled"):
-            import wandb
-            self.wandb = wandb.init(project=wandb_cfg["project"], entity=wandb_cfg.get("entity"),
-                                    name=wandb_cfg.get("name") or out_dir.name, mode=wandb_cfg["mode"],
-                                    dir=str(out_dir), config=config, resume="allow", id=out_dir.name)
+            # one wandb run per output directory, resumed with it: named by the directory, and
+            # told apart from another of that name (a/exp1, b/exp1) by its path's hash
+            where = str(out_dir.resolve())
+            run_id = f"{out_dir.name}-{hashlib.sha1(where.encode()).hexdigest()[:8]}"
+            self._wandb(lambda: self._start_wandb(wandb_cfg, out_dir, config, run_id), "could not start")
+
+    def _start_wandb(self, wandb_cfg: dict, out_dir: Path, config: dict, run_id: str) -> None:
+        import wandb
+        self.wandb = wandb.init(project=wandb_cfg["project"], entity=wandb_cfg.get("entity"),
+                                name=wandb_cfg.get("name") or out_dir.name, mode=wandb_cfg["mode"],
+                                dir=str(out_dir), config=config, resume="allow", id=run_id)
+
+    def _wandb(self, call, doing: str) -> None:
+        """A wandb call whose failure (its server, its disk, its bugs) ends wandb's logging for
+        this run, with a warning, not the training: metrics.jsonl holds every record anyway."""
+        try:
+            call()
+        except Exception as e:   # wandb raises many kinds
+            self.wandb = None
+            self.write(f"wandb {doing}: {type(e).__name__}: {e}; training goes on without it "
+                       f"(every record is in {self.path})")
 
     def step(self) -> None:
         if self.bar is not None:
@@ -48,7 +66,9 @@ class RunLog:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
         if self.wandb is not None:
-            self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None}, step=record["step"])
+            run = self.wandb
+            self._wandb(lambda: run.log({k: v for k, v in record.items() if k != "step" and v is not None},
+                                        step=record["step"]), f"failed at step {record['step']}")
         line = (f"step {record['step']:>6}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
                 f"gnorm {_fmt(record['grad_norm'], '.3f')}  tok/s {record['tokens_per_s']:,.0f} "
                 f"({record['tokens_per_s_per_rank']:,.0f}/rank)  TFLOP/s/rank {record['tflops_per_rank']:.2f}  "
@@ -81,7 +101,7 @@ class RunLog:
             self.bar.close()
         self.file.close()
         if self.wandb is not None:
-            self.wandb.finish()
+            self._wandb(self.wandb.finish, "could not finish")
         if plot_path is not None and self.records:
             plot_losses({"": self.records}, plot_path)
 

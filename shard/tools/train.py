@@ -190,12 +190,12 @@ def global_batch(tokens: Optional[int], accumulation: int, world: int, micro_bat
 
 
 def _peak_memory_gb(device: torch.device) -> float:
-    """The peak since the last _reset_peak_memory, in GiB: on GPUs the memory torch's
-    tensors held; on CPUs the process's resident set (tensors, Python, libraries, the
-    mapped data pages it touched)."""
+    """The peak since the last _reset_peak_memory, in GB (10^9 bytes, as its name and the
+    log line say): on GPUs the memory torch's tensors held; on CPUs the process's resident
+    set (tensors, Python, libraries, the mapped data pages it touched)."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2 ** 30
-    return peak_rss_bytes() / 2 ** 30
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return peak_rss_bytes() / 1e9
 
 
 def _reset_peak_memory(device: torch.device) -> None:
@@ -766,8 +766,12 @@ def auto_basis(comm: pccl.Communicator) -> tuple[dict, str]:
 def summarize(records: list[dict], val_loss: Optional[float], built: dict) -> dict:
     """Final losses, and throughput as the median over the logged intervals that do not
     hold a session's first step (all of them, where no other was logged); the warm-up's
-    time, the latest session's."""
+    time, the latest session's. The validation loss is the latest logged, by this session
+    or an earlier one (a relaunch that resumes a finished run validates nothing), else
+    `val_loss` (ranks that log no records)."""
     import statistics
+
+    val_loss = next((r["val_loss"] for r in reversed(records) if r.get("val_loss") is not None), val_loss)
 
     timed = [r for r in records if not r.get("warmup")] or records
     warmups = [r["warmup_s"] for r in records if r.get("warmup_s") is not None]

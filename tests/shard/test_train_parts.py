@@ -119,6 +119,33 @@ def test_run_log_writes_jsonl_and_wandb_offline_and_trims_on_resume(tmp_path, mo
     assert [(r["step"], r["loss"]) for r in lines] == [(1, 4.0), (2, 3.0), (3, 1.5)]
 
 
+def test_a_wandb_failure_ends_wandbs_logging_not_the_training(tmp_path, monkeypatch, capsys):
+    """Its server, disk or bugs: a warning, and every record still in metrics.jsonl."""
+    import json
+
+    import wandb
+
+    from shard.tools.run_log import RunLog
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb_cfg = {"enabled": True, "project": "shard-test", "entity": None, "name": None, "mode": "offline"}
+    log = RunLog(tmp_path, True, 4, 0, False, wandb_cfg, {})
+    assert log.wandb.id.startswith(tmp_path.name + "-")   # the directory's name, and its path's hash
+
+    def broken(*args, **kwargs):
+        raise OSError("the wandb disk is full")
+    monkeypatch.setattr(type(log.wandb), "log", broken)
+    for step in range(1, 4):
+        log.log(_record(step, 5.0 - step))
+    log.close(None)
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    said = capsys.readouterr().out
+    assert said.count("wandb failed at step 1: OSError: the wandb disk is full; training goes on without it") == 1
+    monkeypatch.setattr(wandb, "init", broken)
+    (tmp_path / "other").mkdir()
+    assert RunLog(tmp_path / "other", True, 4, 0, False, wandb_cfg, {}).wandb is None
+    assert "wandb could not start: OSError" in capsys.readouterr().out
+
+
 def test_global_batch_grows_with_the_world_unless_set():
     from shard.tools.train import ConfigError, global_batch
     # null: world x micro_batch x accumulation x seq_len, the accumulation as configured
@@ -411,6 +438,17 @@ def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkey
     assert all(x["step_time_s"] == 1.0 and not x["warmup"] and x["warmup_s"] is None for x in rest)
     summary = train.summarize(logged, None, {})
     assert summary["step_time_s"] == 1.0 and summary["warmup_s"] == (None if interval == 1 else 10.0)
+
+
+def test_the_summary_keeps_the_latest_validation_loss_logged_before_a_resume():
+    """A relaunch that resumes a finished run validates nothing: its summary takes the
+    val_loss its records (kept from the earlier session) hold."""
+    from shard.tools import train
+
+    records = [{**_record(1, 3.0), "val_loss": 3.5}, _record(2, 2.0)]
+    assert train.summarize(records, None, {})["val_loss"] == 3.5
+    assert train.summarize([*records, {**_record(3, 1.0), "val_loss": 1.5}], 1.5, {})["val_loss"] == 1.5
+    assert train.summarize([], 2.5, {})["val_loss"] == 2.5   # a rank that logs nothing
 
 
 def test_an_async_saves_injected_kill_is_for_the_step_saved_not_the_step_training_has_reached(monkeypatch):
