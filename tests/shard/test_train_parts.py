@@ -95,7 +95,7 @@ def test_loss_plot_is_a_png(tmp_path):
 
 def _record(step, loss):
     return {"step": step, "loss": loss, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1.0, "tokens_per_s_per_rank": 1.0,
-            "tflops_per_rank": 0.0, "mfu": None, "exposed_comm_s": 0.0, "peak_memory_gb": 0.1}
+            "tflops_per_rank": 0.0, "mfu": None, "exposed_comm_s": 0.0, "peak_memory_gb": 0.1, "step_time_s": 1.0}
 
 
 def test_run_log_writes_jsonl_and_wandb_offline_and_trims_on_resume(tmp_path, monkeypatch):
