@@ -21,9 +21,16 @@ PCCL_MULTIVERSION void widen(float* __restrict dst, const H* __restrict src, int
   if (op < 0) {
     for (int64_t i = 0; i < n; ++i) dst[i] = num::Num<H>::load(src[i]);
   } else if (op == static_cast<int>(Op::Max)) {
-    for (int64_t i = 0; i < n; ++i) { const float v = num::Num<H>::load(src[i]); dst[i] = dst[i] > v ? dst[i] : v; }
+    // a NaN wins, as in reduce.cpp's MaxOp and MinOp
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = num::Num<H>::load(src[i]);
+      dst[i] = dst[i] > v || dst[i] != dst[i] ? dst[i] : v;
+    }
   } else if (op == static_cast<int>(Op::Min)) {
-    for (int64_t i = 0; i < n; ++i) { const float v = num::Num<H>::load(src[i]); dst[i] = dst[i] < v ? dst[i] : v; }
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = num::Num<H>::load(src[i]);
+      dst[i] = dst[i] < v || dst[i] != dst[i] ? dst[i] : v;
+    }
   } else {
     for (int64_t i = 0; i < n; ++i) dst[i] += num::Num<H>::load(src[i]);
   }

@@ -34,7 +34,9 @@ PCCL_MULTIVERSION void encode_group(int8_t* __restrict q, float* scale_out, cons
   *scale_out = scale;
   if (!(scale >= 1e-36f)) {   // zero, NaN, or subnormal values (1 / scale would overflow): rare
     for (int64_t i = 0; i < len; ++i)
-      q[i] = scale > 0.0f ? static_cast<int8_t>(std::rint(Num<T>::load(x[i]) / scale)) : 0;
+      // clamped as below: x / scale can round past 127 where the scale itself is subnormal
+      q[i] = scale > 0.0f ? static_cast<int8_t>(std::fmax(-127.0f, std::fmin(127.0f, std::rint(Num<T>::load(x[i]) /
+                                                                                                scale)))) : 0;
     return;
   }
   // Adding and subtracting 1.5 * 2^23 rounds to nearest even (|values| <= 127 here) in two
@@ -66,10 +68,10 @@ void decode(T* x, const int8_t* q, const float* scales, int64_t n, int op) {
         out = Num<T>::store(v);
       } else if (op == static_cast<int>(Op::Max)) {
         const float a = Num<T>::load(out);
-        out = Num<T>::store(a > v ? a : v);
+        out = Num<T>::store(a > v || a != a ? a : v);   // a NaN wins, as in reduce.cpp's MaxOp
       } else if (op == static_cast<int>(Op::Min)) {
         const float a = Num<T>::load(out);
-        out = Num<T>::store(a < v ? a : v);
+        out = Num<T>::store(a < v || a != a ? a : v);
       } else {
         out = Num<T>::store(Num<T>::load(out) + v);
       }

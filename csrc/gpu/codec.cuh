@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kCodecGroup) int8_encode_kernel(char* out, con
       if (s >= 1e-36f) {
         r = rintf(fmaxf(-127.0f, fminf(127.0f, v * (1.0f / s))));
       } else if (s > 0.0f) {   // subnormal scale: 1 / s would overflow
-        r = rintf(v / s);
+        r = rintf(fmaxf(-127.0f, fminf(127.0f, v / s)));   // as the CPU clamps: v / s can round past 127
       }
       q[i] = static_cast<int8_t>(r);
     }
@@ -51,7 +51,10 @@ __global__ void __launch_bounds__(kCodecGroup) int8_encode_kernel(char* out, con
 
 // op(a, v): a decoded value v reduced into a (op >= 0; where op < 0, callers store v).
 __device__ inline float decoded(int op, float a, float v) {
-  return op == static_cast<int>(Op::Max) ? (a > v ? a : v) : op == static_cast<int>(Op::Min) ? (a < v ? a : v) : a + v;
+  // a NaN wins, as in the CPU's kernels
+  return op == static_cast<int>(Op::Max)   ? (a > v || a != a ? a : v)
+         : op == static_cast<int>(Op::Min) ? (a < v || a != a ? a : v)
+                                           : a + v;
 }
 
 template <typename T>

@@ -20,10 +20,13 @@ Bounds, per value x of a block (the tests hold each codec to its own):
   fp16    a cast of fp32 payloads: relative error <= 2^-11 for |x| in [2^-14, 65504],
           absolute <= 2^-25 below; |x| > 65504 becomes Inf; NaN kept.
   zfp:R   ZFP's fixed-rate mode (the OSU paper's codec) through zfpy, R bits per value
-          (1..32): blocks of 4 values coded together; fixed rate trades accuracy for a
-          fixed size, so there is no pointwise guarantee: measured on uniform values in
-          [-1, 1], the worst error is 2^-10.5 at R = 16 and 2^-2.4 at R = 8; the tests take
-          2^-(R - 6) of the largest magnitude as its unit. fp32 and fp64 payloads.
+          (3..32: below 3 zfp writes more than the fixed size, and zfpy corrupts its heap):
+          blocks of 4 values coded together; fixed rate trades accuracy for a fixed size,
+          so there is no pointwise guarantee: measured on uniform values in [-1, 1], the
+          worst error is 2^-10.5 at R = 16 and 2^-2.4 at R = 8; the tests take 2^-(R - 6)
+          of the largest magnitude as its unit. NaN and Inf do not survive it: zfp codes
+          finite values, and a block holding one decodes as finite garbage (int8 keeps
+          them visible). fp32 and fp64 payloads.
 """
 from __future__ import annotations
 
@@ -149,6 +152,9 @@ class Cast(NativeCodec):
         self.name, self.native = name, {"bf16": 1, "fp16": 2}[name]
 
 
+MIN_ZFP_RATE = 3   # bits per value: zfp's fixed rate spends at least 12 bits on a block of 4
+
+
 class Zfp(Codec):
     """ZFP fixed-rate mode: one-dimensional blocks of 4 values, each coded in 4 * rate bits;
     the stream is whole 64-bit words (zfpy, no header)."""
@@ -156,8 +162,9 @@ class Zfp(Codec):
     dtypes = (torch.float32, torch.float64)
 
     def __init__(self, rate: int):
-        if not (isinstance(rate, int) and 1 <= rate <= 32):
-            raise CodecError(f"zfp rate must be an integer number of bits per value in 1..32, got {rate!r}")
+        if not (isinstance(rate, int) and MIN_ZFP_RATE <= rate <= 32):
+            raise CodecError(f"zfp rate must be an integer number of bits per value in {MIN_ZFP_RATE}..32, got "
+                             f"{rate!r} (below {MIN_ZFP_RATE} zfp writes more than its fixed size)")
         try:
             import zfpy
         except ImportError as e:
@@ -168,6 +175,8 @@ class Zfp(Codec):
         return 8 * math.ceil(math.ceil(n / 4) * 4 * self.rate / 64)
 
     def encode(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        if not src.numel():   # zfpy faults on no values (a bus error)
+            return
         stream = self._zfpy.compress_numpy(src.numpy(), rate=self.rate, write_header=False)
         if len(stream) != dst.numel():
             raise RuntimeError(f"zfp:{self.rate} wrote {len(stream)} bytes for {src.numel()} values, expected "
@@ -175,6 +184,8 @@ class Zfp(Codec):
         dst.numpy()[:] = np.frombuffer(stream, dtype=np.uint8)
 
     def decode(self, src: torch.Tensor, dst: torch.Tensor, op: Optional[str] = None) -> None:
+        if not dst.numel():
+            return
         ztype = self._zfpy.dtype_to_ztype(np.dtype(str(dst.dtype).removeprefix("torch.")))
         values = self._zfpy._decompress(src.numpy().tobytes(), ztype, [dst.numel()], rate=self.rate)
         _combine(dst, torch.from_numpy(values), op)

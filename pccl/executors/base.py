@@ -113,7 +113,9 @@ class ScheduleExecutor(ABC):
                         at += nbytes(b)
             self.exchange(sends, recvs, index)
             for b in step.thaw:
-                codec.decode(encodings.pop(b), values(b))
+                encoding = encodings.pop(b)
+                if values(b).numel():   # an empty block (fewer elements than ranks) has nothing to decode
+                    codec.decode(encoding, values(b))
             for kind, b, encoding in landed:
                 if kind == Kind.RECV and step.unpack:
                     if values(b).numel():

@@ -142,6 +142,17 @@ class Selector:
             raise ValueError(f"a compressed {collective.replace('_', '-')} cannot run HO-Ring: its concurrent phases "
                              "move each block both exactly and encoded, so ranks would end with different values; "
                              "use 'hierarchical' or a flat schedule")
+        if compression and hasattr(spec, "algorithm_for"):
+            # a level whose phases are the transport's own collective has no schedule to
+            # encode in: refused here, before the plan's other levels have moved anything
+            levels = compression if isinstance(compression, dict) else {"inter": compression}
+            parts = ("reduce_scatter", "all_gather") if collective == "all_reduce" else (collective,)
+            native = [lv for lv in ("intra", "inter")
+                      if levels.get(lv) and any(spec.algorithm_for(lv, part) in NATIVES for part in parts)]
+            if native:
+                raise ValueError(f"compression on the {' and '.join(native)} level of {spec!r}, whose phases there run "
+                                 "the transport's own collective, which pccl cannot encode: give that level a "
+                                 "schedule (Hierarchical(intra='ring')) or compress another level")
         transport_kinds.check_level_devices(device, self.level_transports, self.plan_devices)
         return spec
 

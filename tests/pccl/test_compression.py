@@ -61,6 +61,41 @@ def test_int8_non_finite_values_poison_their_group_only():
     assert torch.isfinite(out[256:]).all() and ((out[256:] - x[256:]).abs() <= x[256:].abs().max() / 254).all()
 
 
+def test_int8_groups_of_the_smallest_subnormals_keep_their_signs():
+    """Where the scale is subnormal, x / scale can round past 127: clamped, as every other
+    group is (a cast of 150 to int8 wrapped to -106, a flipped sign)."""
+    for value in (4.2e-43, 1.4e-44, 2.9e-39):
+        x = torch.tensor([value, -value / 3, value / 7] * 43, dtype=torch.float32)
+        out = codec("int8").round_trip(x)
+        assert torch.equal(out, torch.from_numpy(numpy_int8(x.numpy()))), value
+        assert (out * x >= 0).all() and ((out - x).abs() <= x.abs().max()).all(), value
+
+
+@pytest.mark.parametrize("name", ["int8", "bf16", "fp16"])
+def test_decode_and_max_or_min_keeps_a_nan_on_either_side(name):
+    """As the uncompressed kernels: a NaN a rank holds reaches every rank, whichever side
+    of the combine it is on."""
+    c = codec(name)
+    x = torch.tensor([1.0, float("nan"), -2.0, 3.0] * 64)
+    encoded = torch.empty(c.encoded_nbytes(x.numel(), x.dtype), dtype=torch.uint8)
+    c.encode(torch.where(x.isnan(), torch.zeros_like(x), x), encoded)   # no NaN in the encoding
+    for op in ("max", "min"):
+        acc = x.clone()   # the NaN in the accumulator
+        c.decode(encoded, acc, op)
+        assert torch.equal(acc.isnan(), x.isnan()), (name, op)
+
+
+def test_zfp_refuses_rates_below_3_and_codes_no_values():
+    pytest.importorskip("zfpy")
+    for rate in (1, 2):
+        with pytest.raises(CodecError, match="zfp rate must be an integer number of bits per value in 3..32"):
+            codec(f"zfp:{rate}")
+    c = codec("zfp:16")
+    empty = torch.empty(0)
+    c.encode(empty, torch.empty(c.encoded_nbytes(0, torch.float32), dtype=torch.uint8))
+    c.decode(torch.empty(0, dtype=torch.uint8), empty, "sum")   # a block of no values: nothing (zfpy faulted)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_int8_on_16_bit_payloads_and_decode_and_reduce(dtype):
     x = torch.randn(1000, generator=torch.Generator().manual_seed(1)).to(dtype)

@@ -97,6 +97,20 @@ def test_compression_auto_resolves_before_anything_is_sent(monkeypatch):
         comm._codecs("auto", torch.empty(16), "all_reduce", "no-such-algorithm")
 
 
+def test_a_codec_on_a_plan_level_running_the_transports_own_collective_is_refused_before_sending():
+    """Hierarchical's intra-node phases are MPI's own collective by default: nothing to encode
+    there. Refused as the call resolves, not after the inter-node phase has moved data."""
+    from pccl.compression.codecs import codec
+
+    comm = DryRunCommunicator(Topology.regular(8, 4), profiles.load("emulated-1gbit"))
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        with pytest.raises(ValueError, match="compression on the intra level of .* the transport's own collective"):
+            comm.selector.resolve(collective, plans.Hierarchical(), 16 * MB, "cpu", {"intra": codec("int8")})
+        for spec in (plans.Hierarchical(intra="ring"), plans.Hierarchical()):   # a schedule there; the inter level
+            comm.selector.resolve(collective, spec, 16 * MB, "cpu",
+                                  {"intra": codec("int8")} if spec.intra == "ring" else {"inter": codec("int8")})
+
+
 def test_a_compressed_calls_auto_is_the_fastest_predicted_with_its_codec(monkeypatch):
     topo, prof = Topology.regular(8, 4), profiles.load("emulated-1gbit")
     tuner = Tuner(topo, prof)
