@@ -113,12 +113,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def scaled(g, factor: torch.Tensor, dtype=None):
-    """g times `factor`, in place, multiplied in fp32 and rounded once into g's dtype (a
-    loss scale of 65536 cast to fp16 first would be inf), then in `dtype` where given. A
-    half-precision g is taken a block of rows at a time, so the fp32 transient stays small."""
+    """g times `factor`, in place, then in `dtype` where given. An fp16 g is multiplied in
+    fp32 and rounded once (a loss scale of 65536 cast to fp16 first would be inf), a block
+    of rows at a time, so the fp32 transient stays small; fp32 and bf16 (fp32's range, and
+    the engine's factor of 1: exact) multiply in place, with no copy."""
     if g is None:
         return None
-    if g.dtype == torch.float32:
+    if g.dtype != torch.float16:
         g.mul_(factor)
     else:
         rows = max(1, CHUNK_ELEMENTS // max(1, g[0].numel()))

@@ -70,7 +70,7 @@ def workload(args, ranks: int):
 def simulate(args) -> list[dict]:
     import torch
 
-    from pccl.core.topology import TopologyError
+    from pccl import TopologyError
     from pccl.tuning import profiles
     from pccl.tuning.profiles import topology_for
     from runkit.sizes import doubling_range
