@@ -2,8 +2,9 @@
 
 torch hands out a Python subclass of ProcessGroup returned by a registered backend's
 creator as the whole group, so every `dist.*` call on it, and FSDP2's, DDP's and
-DTensor's, reaches the methods below. All-gather, reduce-scatter, all-reduce (their
-tensor, list and coalesced forms) and barrier run on a pccl Communicator (`algorithm`
+DTensor's, reaches the methods below. All-gather, reduce-scatter and all-reduce (their
+tensor, list and coalesced forms; views that are not contiguous through contiguous
+copies) run on a pccl Communicator (`algorithm`
 from Options or PCCL_ALGO / PCCL_<COLLECTIVE>_ALGO, else auto), one per device type:
 
 - launched by mpiexec or srun (torch's ranks are MPI's): over MPI, the C++ executor, for
@@ -13,7 +14,9 @@ from Options or PCCL_ALGO / PCCL_<COLLECTIVE>_ALGO, else auto), one per device t
   first collective on that device.
 
 Everything else is forwarded to a companion gloo backend of the same ranks (NCCL for CUDA
-tensors) made from the group's own store (FORWARDED lists it).
+tensors) made from the group's own store (FORWARDED lists it; barrier first waits for the
+group's queued pccl work), and so are list forms of uneven sizes and dtypes pccl does not
+carry.
 
 Why Python rather than a C++ c10d::Backend in pccl._native: the native module would have
 to link libtorch and follow its C++ ABI release by release, and c10d's Python-facing
@@ -23,8 +26,10 @@ the measured figure), small beside the megabyte collectives FSDP issues.
 """
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Optional
@@ -168,6 +173,16 @@ class FutureWork(dist.Work):
         self._future = future
 
     def wait(self, timeout=None) -> bool:
+        """Until the collective completes (raising its error), or `timeout` (a timedelta or
+        seconds; zero or None: the collective's own) has passed: then DistBackendError, as
+        gloo's Work raises."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else (timeout or 0)
+        if seconds > 0:
+            deadline = time.monotonic() + seconds
+            while not self._future.done():
+                if time.monotonic() > deadline:
+                    raise dist.DistBackendError(f"pccl: the collective did not complete within {seconds:g} s")
+                time.sleep(1e-3)
         self._future.wait()   # raises the collective's error
         return True
 
@@ -284,6 +299,10 @@ class ProcessGroupPccl(dist.ProcessGroup):
         for backend in self._companions.values():
             backend.shutdown()
         self._companions.clear()
+        # A communicator sits in reference cycles (its selector's calibration, its kept calls)
+        # that hold the gloo group it ran on, and with it the store whose server keeps
+        # MASTER_PORT bound: a re-init on that port would wait for a collection that may not come.
+        gc.collect()
 
     def __repr__(self) -> str:
         return f"ProcessGroupPccl(rank={self.rank()}, size={self.size()}, transport={self.transport})"
@@ -307,51 +326,64 @@ class ProcessGroupPccl(dist.ProcessGroup):
 
     def _carries(self, tensors) -> bool:
         """Whether pccl runs a call on these tensors: dtypes it reduces and moves (others, such
-        as the uint8 of the object collectives, go to the companion)."""
+        as the uint8 of the object collectives, go to the companion). Every rank decides
+        alike: the ranks of a collective pass one dtype."""
         return all(t.dtype in DTYPES for t in tensors)
 
     def all_gather_single(self, output, input, opts=None):
         if not self._carries([input]):
             return self.companion(input.device)._allgather_base(output, input, opts)
-        return Completion([self._all_gather(output, input, opts)], [output]).work()
+        (out,), back = contiguous([output])
+        return Completion([self._all_gather(out, input.contiguous(), opts)], [output], back).work()
 
     def reduce_scatter_single(self, output, input, opts=None):
         if not self._carries([input]):
             return self.companion(input.device)._reduce_scatter_base(output, input, opts)
-        return Completion([self._reduce_scatter(output, input, opts)], [output]).work()
+        (out,), back = contiguous([output])
+        return Completion([self._reduce_scatter(out, input.contiguous(), opts)], [output], back).work()
 
     def allreduce(self, tensors, opts=None):
         if not self._carries(tensors):
             return self.companion(tensors[0].device).allreduce(tensors, opts)
-        return Completion([self._all_reduce(t, opts) for t in tensors], tensors).work()
+        staged, back = contiguous(tensors)
+        return Completion([self._all_reduce(t, opts) for t in staged], tensors, back).work()
 
     def allgather(self, output_lists, inputs, opts=None):
-        """List form: each input gathered into a contiguous buffer, then copied out."""
-        if not self._carries(inputs):
+        """List form: each input gathered into a contiguous buffer, then copied out. Outputs
+        of another size than the input (which gloo refuses by name) go to the companion."""
+        if not self._carries(inputs) or any(o.numel() != i.numel() for outs, i in zip(output_lists, inputs)
+                                            for o in outs):
             return self.companion(inputs[0].device).allgather(output_lists, inputs, opts)
         works, copies = [], []
         for outputs, inp in zip(output_lists, inputs):
             flat = torch.empty((len(outputs),) + tuple(inp.shape), dtype=inp.dtype, device=inp.device)
             works.append(self._all_gather(flat.view(-1), inp.reshape(-1), opts))
             copies.append((outputs, flat))
-        return Completion(works, output_lists, lambda: [o.copy_(f) for outs, flat in copies
+        return Completion(works, output_lists, lambda: [o.copy_(f.view_as(o)) for outs, flat in copies
                                                        for o, f in zip(outs, flat)]).work()
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        """List form: each rank's blocks are laid out contiguously, then reduce-scattered."""
-        if not self._carries(outputs):
+        """List form: each rank's blocks are laid out contiguously, then reduce-scattered.
+        Blocks of different sizes (which every rank is given alike) go to the companion: a
+        pccl reduce-scatter takes one size, and only the rank whose block matched the mean
+        would have started it."""
+        if not self._carries(outputs) or any(b.numel() != blocks[0].numel() for blocks in input_lists
+                                             for b in blocks):
             return self.companion(outputs[0].device).reduce_scatter(outputs, input_lists, opts)
-        works = []
-        for out, blocks in zip(outputs, input_lists):
-            flat = torch.cat([b.reshape(-1) for b in blocks])
-            works.append(self._reduce_scatter(out.view(-1), flat, opts))
-        return Completion(works, outputs).work()
+        staged, back = contiguous(outputs)
+        works = [self._reduce_scatter(out.view(-1), torch.cat([b.reshape(-1) for b in blocks]), opts)
+                 for out, blocks in zip(staged, input_lists)]
+        return Completion(works, outputs, back).work()
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        return Completion([self._all_gather(o, i, opts) for o, i in zip(outputs, inputs)], outputs).work()
+        if not self._carries(inputs):
+            return one_by_one(self.companion(inputs[0].device)._allgather_base, outputs, inputs, opts)
+        staged, back = contiguous(outputs)
+        return Completion([self._all_gather(o, i.contiguous(), opts) for o, i in zip(staged, inputs)], outputs,
+                          back).work()
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
@@ -360,8 +392,11 @@ class ProcessGroupPccl(dist.ProcessGroup):
         return self.allgather(output_lists, inputs, opts)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        return Completion([self._reduce_scatter(o, i, opts) for o, i in zip(outputs, inputs)],
-                          outputs).work()
+        if not self._carries(inputs):
+            return one_by_one(self.companion(inputs[0].device)._reduce_scatter_base, outputs, inputs, opts)
+        staged, back = contiguous(outputs)
+        return Completion([self._reduce_scatter(o, i.contiguous(), opts) for o, i in zip(staged, inputs)],
+                          outputs, back).work()
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
@@ -371,6 +406,14 @@ class ProcessGroupPccl(dist.ProcessGroup):
 
 
     # What is forwarded.
+
+    def barrier(self, *args, **kwargs):
+        """The companion's barrier, once this group's own queued collectives have run: torch's
+        barrier completes after the group's earlier async work, and the companion knows
+        nothing of pccl's queue."""
+        for comm in {id(c): c for c in self._comms.values()}.values():
+            comm.drain()
+        return _forward("barrier")(self, *args, **kwargs)
 
     _companion_has_alltoall = True   # until the companion says otherwise
 
@@ -411,6 +454,24 @@ class ProcessGroupPccl(dist.ProcessGroup):
             self._companions["cuda"] = dist.ProcessGroupNCCL(dist.PrefixStore("pccl-companion-cuda", self._store),
                                                              self.rank(), self.size(), options)
         return self._companions["cuda"]
+
+
+def contiguous(tensors: list) -> tuple[list, object]:
+    """The tensors as pccl takes them, contiguous: where one is not (a transposed or strided
+    view, which gloo takes) a contiguous copy; and what copies those back once the
+    collective completes (None: nothing to). Every rank runs the call on pccl whatever its
+    tensors' layout, so the ranks never split between pccl and the companion over it."""
+    pairs = [(t, t if t.is_contiguous() else t.contiguous()) for t in tensors]
+    copies = [(t, c) for t, c in pairs if c is not t]
+    return [c for _, c in pairs], (lambda: [t.copy_(c) for t, c in copies]) if copies else None
+
+
+def one_by_one(single, outputs, inputs, opts) -> "FutureWork":
+    """A coalesced call the companion has no form of (gloo's backend object binds none) as
+    its single-tensor calls, one Work over them all."""
+    futures = [single(o, i, opts).get_future() for o, i in zip(outputs, inputs)]
+    return FutureWork(torch.futures.collect_all(futures).then(lambda done: [f.value() for f in done.value()]
+                                                              and outputs))
 
 
 def _forward(name: str):

@@ -49,8 +49,14 @@ class SerialQueue:
         return self._last is None or self._last.done()
 
     def drain(self) -> None:
-        """Wait until everything queued has run (its failures stay with its Work)."""
-        if self._last is not None:
+        """Wait until everything queued has run, its completion callbacks too (its failures
+        stay with its Work): a no-op queued behind it runs once the worker thread has called
+        back for the last call, which a wait on that call's future does not promise."""
+        if self._pool is None or self._last is None:
+            return
+        try:   # (a done future may still be calling back)
+            wait([self._submit(lambda: None)])
+        except RuntimeError:   # the pool no longer takes work (the interpreter is exiting)
             wait([self._last])
 
     def run(self, fn: Callable[[], None], async_op: bool, enqueued: Optional[Callable[[], Any]] = None):

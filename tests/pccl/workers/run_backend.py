@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch._C._distributed_c10d import AllgatherOptions
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
@@ -215,6 +217,35 @@ if len(sys.argv) > 2:
     dcp.load(state, checkpoint_id=sys.argv[2])
     other.load_state_dict(state)
     check(relative_error(full_state(other), full_state(model)) == 0, "dcp save/load")
+
+# What gloo takes beside pccl's fast path, as gloo does it: views that are not contiguous
+# (staged through copies), list forms of uneven sizes and coalesced calls of dtypes pccl does
+# not carry (the companion's), a barrier after async work (which waits for it), and a
+# wait with a timeout.
+for group, name in ((None, "pccl"), (gloo, "gloo")):
+    base = torch.arange(12.0).view(3, 4) + rank
+    view = base.t()   # not contiguous
+    dist.all_reduce(view, group=group)
+    check(torch.equal(base, (torch.arange(12.0).view(3, 4) * p + sum(range(p)))), f"{name}: all_reduce of a view")
+    out = torch.empty(4 * p, 3)
+    dist.all_gather_into_tensor(out, (torch.arange(12.0).view(3, 4) + rank).t(), group=group)   # input: a view
+    check(torch.equal(out, torch.cat([(torch.arange(12.0).view(3, 4) + r).t() for r in range(p)])),
+          f"{name}: all_gather_into_tensor from a view")
+    blocks = [torch.full((2 + r,), float(rank + 1)) for r in range(p)]   # uneven, alike on every rank
+    got = torch.zeros(2 + rank)
+    dist.reduce_scatter(got, blocks, group=group)
+    check(torch.equal(got, torch.full((2 + rank,), float(sum(range(1, p + 1))))), f"{name}: uneven reduce_scatter")
+    if group is None:   # gloo's group object has no coalesced form to hold it to
+        flags = [torch.tensor([rank % 2 == 0, True])]
+        outs = [torch.zeros(2 * p, dtype=torch.bool)]
+        dist.group.WORLD.allgather_into_tensor_coalesced(outs, flags, AllgatherOptions()).wait()
+        check(torch.equal(outs[0], torch.tensor([r % 2 == 0 or i == 1 for r in range(p) for i in range(2)])),
+              f"{name}: coalesced all-gather of bools")
+    t = torch.ones(1 << 16)
+    work = dist.all_reduce(t, group=group, async_op=True)
+    dist.barrier(group=group)
+    check(work.is_completed() and t[-1].item() == p, f"{name}: a barrier after async work waits for it")
+    check(work.wait(timeout=timedelta(seconds=30)), f"{name}: wait with a timeout")
 
 # Bad input: a clear error before anything is sent, and the group still works.
 for bad, expected in ((lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.PRODUCT), "ReduceOp.PRODUCT"),
