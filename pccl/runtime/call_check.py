@@ -41,8 +41,8 @@ class CallCheck:
 
     def agree(self, collective: str, algorithm, op, buffer: torch.Tensor) -> None:
         """Every rank's next call is this one (collective: every rank calls it alike)."""
-        if self.busy or self.comm.size == 1:   # its own exchange is not checked
-            return
+        if self.busy or self.comm.size == 1 or not isinstance(buffer, torch.Tensor):
+            return   # its own exchange is not checked; what is not a tensor, validation names
         self.calls += 1
         said = (f"call {self.calls}: {collective}(algorithm={algorithm!r}"
                 + (f", op={op!r}" if op is not None else "")
