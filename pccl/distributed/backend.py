@@ -264,6 +264,10 @@ class ProcessGroupPccl(dist.ProcessGroup):
         c10d._world.pg_group_ranks[group] = {g: r for r, g in enumerate(self._global)}
         return group
 
+    def _distinct_comms(self) -> list:
+        """Each communicator once (over MPI, CPU and CUDA tensors share one)."""
+        return list({id(c): c for c in self._comms.values()}.values())
+
     @property
     def comm(self) -> Communicator:
         """The communicator of CPU tensors."""
@@ -293,7 +297,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
         backends shut down now, in order, not whenever the interpreter's exit collects them
         (a gloo backend torn down that late can abort the process). The torch groups made
         for pccl are torch's to destroy."""
-        for comm in {id(c): c for c in self._comms.values()}.values():
+        for comm in self._distinct_comms():
             comm.close(groups=False)
         self._comms.clear()
         for backend in self._companions.values():
@@ -411,7 +415,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
         """The companion's barrier, once this group's own queued collectives have run: torch's
         barrier completes after the group's earlier async work, and the companion knows
         nothing of pccl's queue."""
-        for comm in {id(c): c for c in self._comms.values()}.values():
+        for comm in self._distinct_comms():
             comm.drain()
         return _forward("barrier")(self, *args, **kwargs)
 
@@ -470,8 +474,12 @@ def one_by_one(single, outputs, inputs, opts) -> "FutureWork":
     """A coalesced call the companion has no form of (gloo's backend object binds none) as
     its single-tensor calls, one Work over them all."""
     futures = [single(o, i, opts).get_future() for o, i in zip(outputs, inputs)]
-    return FutureWork(torch.futures.collect_all(futures).then(lambda done: [f.value() for f in done.value()]
-                                                              and outputs))
+
+    def finished(done):
+        for future in done.value():
+            future.value()   # raises a call's error
+        return outputs
+    return FutureWork(torch.futures.collect_all(futures).then(finished))
 
 
 def _forward(name: str):

@@ -88,7 +88,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # large batch would lose its small entries before the loss scale, which only the
         # backward brings, could lift them. In fp16 the gradients kept are the sum's (/ 1),
         # the weight's in fp32, and the backward applies 1 / n with the incoming gradient.
-        ctx.divisor = 1 if logits_dtype(x, weight) == torch.float16 else n
+        sums = logits_dtype(x, weight) == torch.float16
+        ctx.divisor = 1 if sums else n
         total = torch.zeros((), dtype=torch.float32, device=x.device)
         grad_x = torch.empty_like(x) if grads and ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
@@ -97,7 +98,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             end = start + rows
             total += _chunk(x[start:end], weight, targets[start:end], ctx.divisor,
                             None if grad_x is None else grad_x[start:end], grad_w)
-        if grad_w is not None and ctx.divisor != 1:
+        if grad_w is not None and not sums:
             grad_w = grad_w.to(weight.dtype)
         ctx.save_for_backward(grad_x, grad_w)
         ctx.n, ctx.weight_dtype = n, weight.dtype
