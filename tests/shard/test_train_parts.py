@@ -18,13 +18,19 @@ def test_warmup_then_cosine_to_the_floor():
     rates = [learning_rate(s, lr, floor, 10, 100, 0) for s in range(130)]
     assert rates[0] == pytest.approx(lr / 10) and rates[9] == pytest.approx(lr)
     assert all(a < b for a, b in zip(rates[:9], rates[1:10]))                 # linear warmup
-    for s in (10, 35, 60, 85, 110):                                            # half cosine, then flat
-        progress = min(1.0, (s - 10) / 100)
+    assert max(rates) == lr and rates.count(lr) == 1                           # the peak is one step
+    for s in (10, 34, 59, 84, 109):                                            # half cosine from the peak, then flat
+        progress = min(1.0, (s - 9) / 100)
         assert rates[s] == pytest.approx(floor + (lr - floor) * (1 + math.cos(math.pi * progress)) / 2)
-    assert rates[60] == pytest.approx((lr + floor) / 2) and rates[129] == pytest.approx(floor)
-    # without decay_steps the cosine spans the rest of training
-    cosine = floor + (lr - floor) * (1 + math.cos(math.pi * 49 / 50)) / 2
-    assert learning_rate(49, lr, floor, 0, None, 50) == pytest.approx(cosine)
+    assert rates[59] == pytest.approx((lr + floor) / 2)
+    assert rates[108] > floor and rates[109] == rates[129] == pytest.approx(floor)
+    # without decay_steps the cosine spans the rest of training: the last update is at the floor
+    for warmup in (0, 1, 5):
+        rates = [learning_rate(s, lr, floor, warmup, None, 50) for s in range(50)]
+        assert rates[max(warmup - 1, 0)] == lr and rates.count(lr) == 1
+        assert rates[48] > floor and rates[49] == pytest.approx(floor)
+        assert all(a > b for a, b in zip(rates[max(warmup - 1, 0):], rates[max(warmup, 1):]))
+    assert learning_rate(0, lr, floor, 1, None, 1) == lr                       # one step: the peak
     with pytest.raises(ValueError, match="min_lr"):
         learning_rate(0, 1e-4, 1e-3, 0, None, 10)
 
