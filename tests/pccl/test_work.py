@@ -2,6 +2,8 @@
 import threading
 import time
 
+import pytest
+
 from pccl.runtime.work import SerialQueue
 
 
@@ -24,3 +26,14 @@ def test_enqueue_only_work_runs_on_the_calling_thread_after_the_threaded_work_be
     assert order[1][1] == threading.get_ident() != order[0][1]
     assert handle == "handle"
     assert queue.run(lambda: None, async_op=False, enqueued=lambda: "handle") is None
+
+
+def test_a_wait_with_a_timeout_says_so_and_a_later_wait_gets_the_result():
+    queue, release = SerialQueue("test"), threading.Event()
+    work = queue.run(release.wait, async_op=True)
+    with pytest.raises(TimeoutError, match=r"did not complete within 0.05 s; it is still running") as caught:
+        work.wait(0.05)
+    assert type(caught.value) is TimeoutError   # not CollectiveTimeout: no peer is known to be missing
+    release.set()
+    assert work.wait(5) and work.is_completed()
+    queue.close()
