@@ -31,12 +31,18 @@ class TorchP2PExecutor(ScheduleExecutor):
         # CPU; given a timeout it would poll on the CPU until the GPU finishes. NCCL's own
         # watchdog applies the process group's timeout instead.
         self.wait_timeout = None if "nccl" in dist.get_backend(group) else self.timeout
+        self.broken = False
 
     def _wait(self, issue: Callable[[], list], what: str, pending=()) -> None:
         """Issue the works (`issue()`) and wait for them. A timeout becomes CollectiveTimeout,
         a broken transport PeerLost (a peer died: gloo's "Connection reset/closed by peer",
         at issue or while waiting; NCCL's remote error), each naming `what` and the (peer,
-        is_send) pairs `pending`; other errors at issue (bad arguments) stay as they are."""
+        is_send) pairs `pending`; other errors at issue (bad arguments) stay as they are.
+        After either the communicator is broken, as the MPI executors' are: the next call
+        says so instead of meeting the transport's own error (gloo's, for a closed pair)."""
+        if self.broken:
+            raise RuntimeError("pccl: an earlier collective on this communicator timed out or failed and its message "
+                               "state is unknown; create a new communicator")
         try:
             works = issue()
         except RuntimeError as e:
@@ -50,6 +56,7 @@ class TorchP2PExecutor(ScheduleExecutor):
             raise self._failure(e, what, pending) from e
 
     def _failure(self, e: RuntimeError, what: str, pending) -> CollectiveTimeout:
+        self.broken = True
         peers = f" waiting to {waited_peers(pending, self.global_rank)}" if pending else ""
         text = str(e).lower()
         if "timed out" in text or "timeout" in text:

@@ -11,7 +11,6 @@ order across all communicators, which worker threads racing each other would not
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Optional
 
 
@@ -25,13 +24,11 @@ class Work:
         """Until the collective completes (re-raising its error), or `timeout` seconds: then
         TimeoutError, and the collective goes on (wait again). Not a CollectiveTimeout: the
         peers are not known to be missing, the caller only stopped waiting."""
-        try:
-            self._future.result(timeout)
-        except FutureTimeout:
-            if self._future.done():   # it finished as the wait ran out
-                return self.wait()
+        # wait(), not result(timeout): that raises a TimeoutError, as a CollectiveTimeout is one
+        if not wait([self._future], timeout).done:
             raise TimeoutError(f"pccl: the collective did not complete within {timeout:g} s; it is still "
-                               "running (wait() again for it)") from None
+                               "running (wait() again for it)")
+        self._future.result()
         return True
 
     def is_completed(self) -> bool:

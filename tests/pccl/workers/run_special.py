@@ -146,6 +146,11 @@ def scenario_timeout() -> None:
                 took = time.perf_counter() - t0
                 assert 1.4 < took < 10, f"{name}: timed out after {took:.1f} s, expected ~1.5 s"
                 assert "timed out" in str(e)
+            try:   # the communicator is broken from then on, on every executor, and says so at once
+                comm.all_gather(torch.empty(4 * p), torch.ones(4), algorithm="ring")
+                raise AssertionError(f"{name}: a call after a timeout returned")
+            except RuntimeError as e:
+                assert "earlier collective on this communicator timed out" in str(e), f"{name}: {e}"
         world.Barrier()
     # Async: the error surfaces at wait().
     comm = pccl.init(timeout=1.5)
