@@ -346,6 +346,8 @@ def setup(cfg) -> Run:
         if t.checkpoint_dir and not problem:
             problem, more = claim_directory("train.checkpoint_dir", checkpoints, patience)
             claims += more
+        if not t.resume and not problem:
+            problem = earlier_run(out_dir)
     problem = comm.broadcast_object(problem)
     if problem:
         raise ConfigError(problem)
@@ -378,6 +380,19 @@ def claim_directory(key: str, directory: Path, patience: float = 0.0) -> tuple[s
     except OSError as e:
         return f"{key}={directory} cannot be written (on rank 0: {e})", []
     return "", [held] if held is not None else []
+
+
+def earlier_run(out_dir: Path) -> str:
+    """A fresh start (train.resume=false) in a directory that holds a run is refused: its
+    saves would replace that run's snapshots (retention deletes them) and its log that
+    run's metrics. What is there, or ""."""
+    found = checkpoint.snapshots(out_dir / "checkpoints")
+    logged = out_dir / "metrics.jsonl"
+    if not found and not (logged.is_file() and logged.stat().st_size):
+        return ""
+    what = f"snapshots ({', '.join(s.name for s in found[:2])}{', ...' * (len(found) > 2)})" if found else "metrics.jsonl"
+    return (f"train.out_dir={out_dir} holds an earlier run's {what}, which a fresh start would replace: continue "
+            "it with train.resume=true (or auto), or give this run another directory")
 
 
 def check_shared(comm: pccl.Communicator, device: torch.device, directory: Path, key: str) -> None:

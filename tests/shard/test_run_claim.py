@@ -1,7 +1,8 @@
 """shard-train's hold on its directories (shard/tools/run_claim.py, train.claim_directory,
 train.link_checkpoints): a directory another process holds is refused, naming the holder,
 until that process ends however it ends; a forked child does not keep its parent's hold;
-a checkpoint_dir holding another run's snapshots is refused."""
+a checkpoint_dir holding another run's snapshots is refused, and a fresh start in a directory
+that holds a run."""
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import time
 import pytest
 
 from shard.tools import run_claim
-from shard.tools.train import RELAUNCH_WAIT_S, claim_directory, link_checkpoints, relaunch_patience
+from shard.tools.train import RELAUNCH_WAIT_S, claim_directory, earlier_run, link_checkpoints, relaunch_patience
 
 HOLD = ("import sys, time; from pathlib import Path; from shard.tools import run_claim\n"
         "held = run_claim.claim(Path(sys.argv[1])); print('held', flush=True); time.sleep(float(sys.argv[2]))")
@@ -95,3 +96,18 @@ def test_a_checkpoint_dir_with_another_runs_snapshots_is_refused_and_this_runs_o
     problem = link_checkpoints(second / "checkpoints", target)
     assert "holds another run's snapshots" in problem and not (second / "checkpoints").exists()
     assert link_checkpoints(first / "checkpoints", target) == "", "the run that made the link resumes"
+
+
+def test_a_fresh_start_in_a_directory_that_holds_a_run_is_refused(tmp_path):
+    """Its first save would replace that run's snapshots (retention deletes them: shard-train
+    twice with one train.out_dir left only the second run's), its log that run's metrics."""
+    assert earlier_run(tmp_path) == ""
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "checkpoints").mkdir()
+    assert earlier_run(tmp_path) == ""   # an empty log, no snapshot: nothing to lose
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert earlier_run(tmp_path).startswith(f"train.out_dir={tmp_path} holds an earlier run's metrics.jsonl")
+    for step in (2, 4, 6):
+        (tmp_path / "checkpoints" / f"snap-{step:08d}-ab").mkdir()
+    problem = earlier_run(tmp_path)
+    assert "snapshots (snap-00000006-ab, snap-00000004-ab, ...)" in problem and "train.resume=true" in problem
