@@ -53,11 +53,14 @@ class UnsupportedModel(ValueError):
 @dataclass(frozen=True)
 class Part:
     """Rows `rows` of our parameter come from their tensor `key` (transposed: GPT-2's Conv1D;
-    `skip`: rows of theirs before ours begin, OPT's position offset)."""
+    `skip`: rows of theirs before ours begin, OPT's position offset; `prefix`: ours may be
+    their first rows only, a learned position table of which a shorter context uses the
+    first)."""
     key: str
     rows: tuple[int, Optional[int]]
     transposed: bool = False
     skip: int = 0
+    prefix: bool = False
 
 
 class Mapping:
@@ -94,7 +97,7 @@ class Mapping:
 
     def _gpt2(self, c: GPTConfig) -> None:
         self._add("embed.weight", "transformer.wte.weight")
-        self._add("pos.weight", "transformer.wpe.weight")
+        self._add("pos.weight", "transformer.wpe.weight", prefix=True)
         for i in range(c.layers):
             ours, theirs = f"blocks.{i}.", f"transformer.h.{i}."
             for a, b in (("ln1", "ln_1"), ("ln2", "ln_2")):
@@ -118,7 +121,7 @@ class Mapping:
     def _opt(self, c: GPTConfig) -> None:
         base = "model.decoder."
         self._add("embed.weight", base + "embed_tokens.weight")
-        self._add("pos.weight", base + "embed_positions.weight", skip=2)
+        self._add("pos.weight", base + "embed_positions.weight", skip=2, prefix=True)
         for i in range(c.layers):
             ours, theirs = f"blocks.{i}.", f"{base}layers.{i}."
             for a, b in (("ln1", "self_attn_layer_norm"), ("ln2", "final_layer_norm")):
@@ -312,6 +315,7 @@ class Weights:
         for part in self.mapping.parts[name]:
             value = self.checkpoint.tensor(self.checkpoint.key(part.key))[part.skip:]
             value = value.t() if part.transposed else value
+            value = value[:len(tensor)] if part.prefix else value
             a, b = part.rows
             tensor[a:b].copy_(value)
 
@@ -335,6 +339,8 @@ def check(checkpoint: Checkpoint, mapping: Mapping, model: GPT) -> None:
             shape = shape[::-1] if part.transposed else [shape[0] - part.skip, *shape[1:]]
             a, b = part.rows
             want = [p.shape[0] if b is None else b - a, *p.shape[1:]]
+            if part.prefix and shape[0] >= want[0]:
+                shape[0] = want[0]
             if shape != want:
                 problems.append(f"{key} has shape {checkpoint.shape(key)}, expected {want} (rows {a}..{b} of "
                                 f"our {name} {list(p.shape)}{', transposed' if part.transposed else ''})")

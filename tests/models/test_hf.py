@@ -160,6 +160,13 @@ def test_a_config_asked_of_a_checkpoint_may_only_shorten_its_context(tmp_path):
     short = from_pretrained(tmp_path / "llama", cfg=replace(cfg, context=32, qkv_bias=False))   # None: as bias
     tokens = torch.randint(0, 96, (1, 32), generator=torch.Generator().manual_seed(3))
     assert (our_logits(short, tokens) - their_logits(theirs_model, tokens)).abs().max().item() <= TOLERANCE
+    for kind in ("gpt2", "opt"):   # learned positions: the table's first rows (it was refused as a misfit)
+        theirs_model = random_hf_model(kind)
+        theirs_model.save_pretrained(tmp_path / kind)
+        cfg = config_from_hf(theirs_model.config.to_dict())[0]
+        short = from_pretrained(tmp_path / kind, cfg=replace(cfg, context=32))
+        assert short.pos.weight.shape[0] == 32
+        assert (our_logits(short, tokens) - their_logits(theirs_model, tokens)).abs().max().item() <= TOLERANCE
     # Mistral's sliding window of 8: its context is 8, and a longer one is refused
     random_hf_model("mistral", sliding_window=8).save_pretrained(tmp_path / "mistral")
     window = config_from_hf(json.loads((tmp_path / "mistral" / "config.json").read_text()))[0]
