@@ -40,7 +40,11 @@ def generate(model: GPT, prompt: Sequence[int], tokens: int, temperature: float 
     samples `stop`. Runs where the model's parameters are, in their dtype."""
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
-    if not (isinstance(tokens, int) and tokens >= 1):
+    outside = [t for t in prompt if not 0 <= t < model.cfg.vocab]
+    if outside:   # (the embedding's IndexError would name no id)
+        raise ValueError(f"prompt ids {outside[:4]} lie outside the model's vocabulary of {model.cfg.vocab} "
+                         "(a tokenizer of another model?)")
+    if not (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 1):
         raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
     if not (math.isfinite(temperature) and temperature >= 0) or (top_k is not None and top_k < 1):
         raise ValueError(f"temperature must be a finite number >= 0 and top_k >= 1, got {temperature} and {top_k}")

@@ -50,6 +50,9 @@ def test_sampling_settings():
     assert generate(model, PROMPT, 10, temperature=0, stop=greedy[2]) == greedy[:3]   # ends at stop, kept
     with pytest.raises(ValueError, match="at least one token"):
         generate(model, [], 5)
+    for bad in (96, -1):   # another tokenizer's ids: named, not the embedding's IndexError
+        with pytest.raises(ValueError, match=rf"prompt ids \[{bad}\] lie outside the model's vocabulary of 96"):
+            generate(model, [5, bad], 5)
     # the context holds the prompt and every token but the last, which is never fed back
     assert generate(model, PROMPT, 60, temperature=0) == greedy_without_cache(model, PROMPT, 60)
     with pytest.raises(ValueError, match="5 prompt tokens and 61 more need 65 positions, beyond the model's "
