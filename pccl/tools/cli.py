@@ -21,6 +21,8 @@ def round_size(nbytes: int, ranks: int, element_size: int) -> int:
 def size_sweep(minbytes: int, maxbytes: int, factor: int, ranks: int, element_size: int) -> list[int]:
     """The buffer sizes to run: minbytes, minbytes*factor, ... up to maxbytes, each rounded
     with `round_size`; sizes that round to 0 and repeats are dropped."""
+    if minbytes < 1 or factor < 2:
+        raise ValueError(f"a sweep needs minbytes >= 1 and factor >= 2, got {minbytes} and {factor}")
     sizes = []
     nbytes = minbytes
     while nbytes <= maxbytes:
@@ -63,11 +65,15 @@ def time_calls(calls: list[Callable[[], None]], iters: int, warmup: int, repeats
 
 
 def size_arg(text: str) -> int:
-    """An argparse type: `parse_size` with its message shown on bad input."""
+    """An argparse type: `parse_size`, at least 1 byte (a sweep from 0 never grows), with
+    its message shown on bad input."""
     try:
-        return parse_size(text)
+        size = parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, got {text!r}")
+    return size
 
 
 def comma_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
