@@ -1,5 +1,5 @@
 """Bad flags of every command-line tool (pccl-bench, pccl-sim, shard-compare, shard-sim,
-shard-plan), table-driven:
+shard-plan, the convergence benchmark), table-driven:
 each is refused by the argument parser, before any MPI job, measurement or launch, with
 a message naming the flag and what was expected."""
 from __future__ import annotations
@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 from pccl.tools import bench, sim
-from shard.tools import compare, step_sim, strategy_plan
+from shard.tools import compare, convergence, step_sim, strategy_plan
 
 TOOLS = {"pccl-bench": bench.parse_args, "pccl-sim": sim.parse_args, "shard-compare": compare.parse,
-         "shard-sim": step_sim.parse, "shard-plan": strategy_plan.parse}
+         "shard-sim": step_sim.parse, "shard-plan": strategy_plan.parse, "convergence": convergence.parse}
 CASES = [
     ("pccl-bench", ["-b", "12Q"], "size must be"),
+    ("pccl-bench", ["-b", "0", "-e", "4K"], "expected a size of at least 1 byte, got '0'"),   # it hung
     ("pccl-bench", ["-b", "4M", "-e", "1M"], "--minbytes (4194304) must not exceed --maxbytes"),
     ("pccl-bench", ["-f", "1"], "expected an integer >= 2, got 1"),
     ("pccl-bench", ["-n", "0"], "expected an integer >= 1, got 0"),
@@ -59,6 +60,11 @@ CASES = [
     ("shard-plan", ["--world", "8", "--global-batch", "4194304.5"], "expected an integer >= 1"),
     ("shard-plan", ["--world", "8", "--mfu", "1.5"], "expected a number above 0 and at most 1"),
     ("shard-plan", ["--world", "8", "--headroom", "1"], "expected a number from 0 to 0.9"),
+    ("convergence", ["--ranks", "0"], "expected an integer >= 1, got 0"),   # it launched mpiexec -n 0
+    ("convergence", ["--steps", "0"], "expected an integer >= 1, got 0"),
+    ("convergence", ["--ranks", "3"], "--ranks-per-node (2) must divide --ranks (3)"),
+    ("convergence", ["--tolerance", "-1"], "expected a number from 0 to 1"),
+    ("convergence", ["--strategies", "zero3+int7"], "--strategies: zero3+int7:"),
 ]
 
 
