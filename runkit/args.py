@@ -54,3 +54,11 @@ def refuse(prog: str, message: str) -> NoReturn:
     error = UsageError(prog, message)
     print(error, file=sys.stderr, flush=True)
     raise error
+
+
+def failure_status(error: Exception) -> int:
+    """A tool's exit status for `error`: 2 where the input was wrong (a ValueError, a path
+    that is not there or not what was expected: a wrapper's RESTARTS loop does not retry
+    those), 1 for a failure while working (disk full, a read error)."""
+    wrong_path = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError)
+    return 1 if isinstance(error, OSError) and not isinstance(error, wrong_path) else 2

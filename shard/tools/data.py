@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from runkit.args import at_least
+from runkit.args import at_least, failure_status
 
 
 def main(argv=None) -> int:
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         manifest = tokenize_corpus(args.paths, args.tokenizer, args.out, args.field, args.workers)
     except (OSError, ValueError) as e:
         print(f"shard-data: {e}", file=sys.stderr)
-        return 1
+        return failure_status(e)
     seconds = time.perf_counter() - started
     print(f"{args.out}: {manifest['documents']} documents, {manifest['tokens']} tokens in {len(manifest['shards'])} "
           f"shard(s) ({manifest['dtype']}), {seconds:.1f} s ({manifest['tokens'] / seconds:,.0f} tokens/s with "

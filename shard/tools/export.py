@@ -20,6 +20,7 @@ import argparse
 import sys
 import time
 
+from runkit.args import failure_status, fraction
 from shard.engine.config import PRECISIONS
 
 
@@ -30,7 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--format", choices=["hf"], default="hf", help="Hugging Face: config.json and safetensors")
     ap.add_argument("--out", required=True, help="the directory to write (new, or empty)")
     ap.add_argument("--dtype", choices=sorted(PRECISIONS), default="bf16", help="the weights' dtype (default bf16)")
-    ap.add_argument("--shard-size", type=float, default=2.0, help="GB per safetensors file, beyond which an index "
+    ap.add_argument("--shard-size", type=fraction(0.0, 1e6, low_open=True), default=2.0, help="GB per safetensors file, beyond which an index "
                                                                   "lists several (default 2)")
     args = ap.parse_args(argv)
     from shard.data import tokenizer
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
                               int(args.shard_size * 1e9), beside, tokens)
     except (checkpoint.CheckpointError, OSError, ValueError) as e:
         print(f"shard-export: {e}", file=sys.stderr)
-        return 1
+        return failure_status(e)
     seconds = time.perf_counter() - start
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     print(f"{snap} -> {out}: {cfg.num_params():,} parameters, {size / 1e9:.3f} GB of {args.dtype} in "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from runkit.args import at_least
+from runkit.args import at_least, failure_status
 from shard.engine.config import PRECISIONS
 
 
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
             print(text.decode([*prompt, *ids]).strip())
     except (CheckpointError, OSError, ValueError) as e:
         print(f"shard-generate: {e}", file=sys.stderr)
-        return 1
+        return failure_status(e)
     return 0
 
 

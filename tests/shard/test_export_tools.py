@@ -7,6 +7,7 @@ import os
 import weakref
 from dataclasses import asdict
 
+import pytest
 import torch
 import transformers
 
@@ -65,10 +66,13 @@ def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, ca
     assert len(alive) == len(list(model.parameters()))
     with torch.no_grad():
         assert torch.equal(sampler(tokens), ours)
-    assert export.main([str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 1   # not empty: refused
+    assert export.main([str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 2   # not empty: refused
     assert "exists and is not empty" in capsys.readouterr().err
-    assert export.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 1
+    assert export.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2   # bad input: 2, as README says
     assert "no checkpoint at" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:   # it wrote one file per tensor
+        export.main([str(tmp_path / "run"), "--out", str(tmp_path / "y"), "--shard-size", "0"])
+    assert refused.value.code == 2 and "expected a number above 0" in capsys.readouterr().err
 
 
 def test_shard_generate_samples_what_transformers_would(tmp_path, capsys):
@@ -86,7 +90,7 @@ def test_shard_generate_samples_what_transformers_would(tmp_path, capsys):
     expected = transformers_greedy(theirs, [5, 17, 3], 8)
     assert generate_tool.main([str(tmp_path), "--prompt", prompt, "--tokens", "8", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.split() == [words[i] for i in [5, 17, 3, *expected]]
-    assert generate_tool.main([str(tmp_path / "none"), "--prompt", "w1"]) == 1
+    assert generate_tool.main([str(tmp_path / "none"), "--prompt", "w1"]) == 2
     assert "shard-generate:" in capsys.readouterr().err
 
 
