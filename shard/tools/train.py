@@ -789,7 +789,9 @@ def summarize(records: list[dict], val_loss: Optional[float], built: dict) -> di
     val_loss = next((r["val_loss"] for r in reversed(records) if r.get("val_loss") is not None), val_loss)
 
     timed = [r for r in records if not r.get("warmup")] or records
-    warmups = [r["warmup_s"] for r in records if r.get("warmup_s") is not None]
+    # a warm-up logged at once (log.interval=1) is its record's one step
+    warmups = [r["step_time_s"] if r.get("warmup") else r["warmup_s"] for r in records
+               if r.get("warmup") or r.get("warmup_s") is not None]
 
     def median(key: str) -> Optional[float]:
         return statistics.median(r[key] for r in timed) if timed and timed[0][key] is not None else None
