@@ -152,13 +152,14 @@ def test_rounding_agrees_and_a_real_divergence_is_flagged(tmp_path):
 def test_learning_rates_are_the_presets_with_a_warm_up_over_a_third_of_the_steps():
     from shard.tools.compare import learning_rates, parse
 
-    def cosine(peak, s, warmup, steps):   # shard-train's decay, to a tenth of the peak
-        return peak / 10 + 0.45 * peak * (1 + math.cos(math.pi * (s - warmup) / (steps - warmup)))
+    def cosine(peak, s, warmup, steps):   # shard-train's decay from the peak (step warmup - 1) to a tenth of it
+        return peak / 10 + 0.45 * peak * (1 + math.cos(math.pi * (s - warmup + 1) / (steps - warmup)))
 
     rates = learning_rates(parse(["--model", "gpt_1p3b", "--steps", "9"]))
     assert rates[:3] == pytest.approx([2e-4 / 3, 2e-4 * 2 / 3, 2e-4])   # GPT-3's rate for 1.3B
     assert rates[3:] == pytest.approx([cosine(2e-4, s, 3, 9) for s in range(3, 9)])
-    assert learning_rates(parse(["--steps", "2"])) == pytest.approx([1e-3, 1e-3])   # tiny; a warm-up of one step
+    assert rates[-1] == pytest.approx(2e-5)   # the last step at the floor
+    assert learning_rates(parse(["--steps", "2"])) == pytest.approx([1e-3, 1e-4])   # tiny; a warm-up of one step
     assert learning_rates(parse(["--model", "gpt_125m", "--lr", "3e-3", "--steps", "3"]))[0] == pytest.approx(3e-3)
     with pytest.raises(SystemExit):
         parse(["--lr", "0"])
