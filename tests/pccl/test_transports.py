@@ -78,24 +78,33 @@ def test_a_broken_transport_names_the_peers_it_waited_on(recorded):
         def wait(self, *args):
             raise RuntimeError(self.text)
 
-    executor = TorchP2PExecutor(dist.new_group([0], backend="gloo"), timeout=7)
+    group = dist.new_group([0], backend="gloo")
     pending = [(0, False), (0, True)]
+
+    def executor():
+        return TorchP2PExecutor(group, timeout=7)
+    broken = executor()
     with pytest.raises(PeerLost, match=r"step 3: the transport failed waiting to receive from 0; send to 0 .*"
                                        r"Connection closed by peer"):
-        executor._wait(lambda: [Failing("Connection closed by peer [127.0.0.1]:99")], "step 3", pending)
+        broken._wait(lambda: [Failing("Connection closed by peer [127.0.0.1]:99")], "step 3", pending)
+    # broken from then on: the next call says so, not the transport's own error for a closed pair
+    with pytest.raises(RuntimeError, match="an earlier collective on this communicator timed out or failed"):
+        broken._wait(lambda: [], "step 4", pending)
     with pytest.raises(CollectiveTimeout, match=r"step 3 timed out after 7 s waiting to receive from 0") as e:
-        executor._wait(lambda: [Failing("Timed out waiting 7000ms for recv operation")], "step 3", pending)
+        executor()._wait(lambda: [Failing("Timed out waiting 7000ms for recv operation")], "step 3", pending)
     assert not isinstance(e.value, PeerLost)
 
     def refused():
         raise RuntimeError("Connection reset by peer")
     with pytest.raises(PeerLost, match="Connection reset by peer"):
-        executor._wait(refused, "step 0", pending)
+        executor()._wait(refused, "step 0", pending)
 
     def bad_argument():
         raise RuntimeError("tensors must be contiguous")
+    usable = executor()
     with pytest.raises(RuntimeError, match="^tensors must be contiguous$"):
-        executor._wait(bad_argument, "step 0", pending)
+        usable._wait(bad_argument, "step 0", pending)
+    usable._wait(lambda: [], "step 1", pending)   # a bad argument breaks nothing
 
 
 def test_children_of_a_gloo_communicator_are_gloo(recorded):
