@@ -36,6 +36,9 @@ from shard.engine.strategy import REPLICATED, Scope
 from shard.engine.trace import StepTrace
 from shard.engine.units import root_modules, split_units
 
+# set on a model an Engine wrapped: its parameters were released into the engine's shards
+WRAPPED = "_wrapped_by_shard_engine"
+
 
 def compile_forward(module: nn.Module, backend=True) -> None:
     """torch.compile the module's forward alone, so hooks on the module run around it,
@@ -109,6 +112,10 @@ class Engine:
         params = list(model.parameters())
         if not params:
             raise ValueError("the model has no parameters to train")
+        if getattr(model, WRAPPED, False):
+            raise ValueError("this model was wrapped by an earlier Engine, which released its parameters into its "
+                             "shards (they now hold no elements): build a fresh model, or load the earlier "
+                             "engine's full_state_dict() into one")
         devices = {p.device for p in params}
         if len(devices) != 1:
             raise ValueError(f"all parameters must be on one device, found {sorted(map(str, devices))}")
@@ -144,6 +151,10 @@ class Engine:
         self._trace: Optional[StepTrace] = None
         self._gathered: dict[int, ShardedUnit] = {}   # this forward's gathered buffers, by address (_pack)
         self._register_hooks(config.activation_checkpointing, config.compile)
+        # which parameters train is fixed here: the hooks and each unit's count of the
+        # gradients it waits for were set from it
+        self._trainable = [p.requires_grad for u in self.units for p in u.flat.params]
+        setattr(model, WRAPPED, True)
 
     # Set-up.
 
@@ -355,6 +366,7 @@ class Engine:
         if not (torch.is_tensor(loss) and loss.numel() == 1 and loss.requires_grad):
             raise ValueError("backward() needs a scalar loss tensor that requires grad, got "
                              f"{type(loss).__name__} {tuple(loss.shape) if torch.is_tensor(loss) else ''}")
+        self._check_trainable()
         self._this_backward = []
         if self.root is not None:
             self._mark("backward", self.root)
@@ -373,6 +385,20 @@ class Engine:
             self._warned_order = True
         self._backward_order = self._this_backward
         self._micro_batches += 1
+
+    def _check_trainable(self) -> None:
+        """requires_grad may not change once the engine is built: a unit would reduce and
+        release before a newly trainable parameter's gradient arrived (a crash, or a wrong
+        update), or wait for a frozen one's forever."""
+        now = [p.requires_grad for u in self.units for p in u.flat.params]
+        if now == self._trainable:
+            return
+        names = [name for u in self.units for name in u.flat.names]
+        changed = [f"{name} ({'trainable' if was else 'frozen'} when the engine was built)"
+                   for name, was, is_ in zip(names, self._trainable, now) if was != is_]
+        raise ValueError(f"requires_grad changed after the engine was built: {', '.join(changed[:4])}"
+                         f"{' ...' if len(changed) > 4 else ''}; set it before building the engine (to change it "
+                         "mid-training, build a new engine from a checkpoint)")
 
     def _before_backward(self, u: ShardedUnit, grad):
         if u in self._this_backward:

@@ -156,3 +156,26 @@ def test_an_sgd_step_on_the_engines_gradients_is_the_single_process_one(comm, en
         torch.testing.assert_close(ours[k], v, rtol=1e-6, atol=1e-7)
     with pytest.raises(RuntimeError, match=r"step\(\) needs at least one backward\(\) since the last step"):
         engine.gradients()
+
+
+def test_a_model_wraps_once_and_which_parameters_train_is_fixed_when_it_does(comm, engines):
+    """A second Engine over a wrapped model built itself from the released (empty)
+    parameters, with the first one's hooks still on the modules: a zero gradient norm, then
+    a crash. A requires_grad changed after the build crashed in the backward (zero3: the
+    unit released before the new gradient came) or updated wrongly (paro-nig): both
+    refused, naming what was wrong."""
+    torch.manual_seed(0)
+    model = MLP()
+    engines.append(Engine(model, comm, strategy="zero3", min_shard_numel=0, units=model.units()))
+    with pytest.raises(ValueError, match="this model was wrapped by an earlier Engine"):
+        Engine(model, comm, strategy="zero3", units=model.units())
+    x, y = mlp_batch(0, 8)
+    engine = engines[0]
+    name, first = next(iter(model.named_parameters()))
+    first.requires_grad_(False)
+    with pytest.raises(ValueError, match=rf"requires_grad changed after the engine was built: {name} \(trainable "
+                                         "when the engine was built\)"):
+        engine.backward(mlp_loss(engine(x), y))
+    first.requires_grad_(True)   # as built: the step goes on
+    engine.backward(mlp_loss(engine(x), y))
+    assert torch.isfinite(engine.gradients().norm)
