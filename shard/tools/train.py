@@ -284,6 +284,8 @@ class Run:
     log: Optional[RunLog] = None
     step: int = 0                       # optimizer steps done
     val_loss: Optional[float] = None    # the latest validation loss
+    # the losses of the logged interval open at the resumed checkpoint (each step's mean over ranks)
+    open_interval: list = field(default_factory=list)
     faults: dict = field(default_factory=faults.planned)   # injected on purpose (shard/tools/faults.py)
     saver: Optional[AsyncSaver] = None  # train.checkpoint_async: snapshots written in the background
     stalled_s: float = 0.0              # training time the saves since the last record took
@@ -534,6 +536,7 @@ def resume(r: Run) -> str:
     except checkpoint.CheckpointError as e:   # every rank alike: damaged snapshots, or another model's
         raise ConfigError(f"train.resume={str(mode).lower()}: {e}") from None
     r.step = restored.extra["step"]
+    r.open_interval = restored.extra.get("open_interval", [])   # (not in snapshots of earlier versions)
     try:
         r.batches.load_state_dict(restored.extra["data"])
     except ValueError as e:
@@ -578,7 +581,8 @@ def train_loop(r: Run) -> None:
     in every step). A first step that is logged at once is its own interval, marked
     "warmup": true."""
     t = r.cfg.train
-    losses, started, unread = [], _restart_interval(r.engine, r.device), []
+    losses = [torch.tensor(v, dtype=torch.float32, device=r.device) for v in r.open_interval]
+    started, unread = _restart_interval(r.engine, r.device), []
     first, warmup_s, timed = True, None, 0   # timed: the steps since `started`
     while r.step < t.steps:
         result, loss = train_step(r)
@@ -605,7 +609,7 @@ def train_loop(r: Run) -> None:
             log_interval(r, result, losses, (started, timed), evaluate_now, warming, warmup_s)
             losses, started, timed, warmup_s = [], _restart_interval(r.engine, r.device), 0, None
         if save_now:
-            save_checkpoint(r)
+            save_checkpoint(r, losses)
             started, timed = _restart_interval(r.engine, r.device), 0
 
 
@@ -715,15 +719,19 @@ def validate(r: Run) -> float:
     return loss
 
 
-def save_checkpoint(r: Run) -> None:
+def save_checkpoint(r: Run, losses: list) -> None:
     """The engine's and the optimizer's state with the step and the data position, to
     resume from: written before training goes on, or with train.checkpoint_async handed to
-    the background writer (its time, the stall, is added to stalled_s)."""
+    the background writer (its time, the stall, is added to stalled_s). `losses`: the
+    steps' of the logged interval still open, kept so that a resumed run logs the record
+    an uninterrupted one does (each step's mean over ranks: what the record averages)."""
     started, step = time.perf_counter(), r.step   # the saved step: an async writer runs on as r.step moves
     injected = (lambda: faults.kill_if_planned(r.faults, "kill-save", step, r.comm.rank, r.out_dir)) \
         if r.faults else None
+    rows = _gather(r.comm, r.device, [x.item() for x in losses]) if losses else []
     extra = {"step": r.step, "data": data_position(r), "model": r.resolved["model"],
-             "config": asdict(r.model), "strategy": r.resolved["strategy"]}
+             "config": asdict(r.model), "strategy": r.resolved["strategy"],
+             "open_interval": [sum(column) / len(column) for column in zip(*rows)]}
     if r.saver is not None:
         r.saver.save(r.optimizer, extra=extra, written=injected)
     else:

@@ -278,6 +278,26 @@ def test_infinite_gradients_on_one_rank_skip_the_step_on_every_rank(tmp_path, ca
     assert json.loads((kept[0] / "meta.json").read_text())["extra"]["step"] == STEPS
 
 
+def test_a_resume_inside_a_logged_interval_logs_the_uninterrupted_record(tmp_path, cache, monkeypatch):
+    """log.interval=4 and a snapshot at step 3, rank 0 killed at step 5: the resumed run's
+    record of steps 1-4 averages the steps before the snapshot too (it was step 4's loss
+    alone: steps 1-3 were never logged), as the uninterrupted run's does."""
+    options = ("log.interval=4", "train.checkpoint_interval=3", "train.eval_interval=0")
+    whole = mpiexec(2, "-m shard.tools.train", "strategy=zero3", "comm.ranks_per_node=1",
+                    f"train.out_dir={tmp_path / 'whole'}", f"data.cache_dir={cache}", f"train.steps={STEPS}", *SMALL,
+                    *options, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    out, run = faulty_run(tmp_path, cache, monkeypatch, "kill@5:0", *options)
+    assert run.returncode != 0
+    out, run = faulty_run(tmp_path, cache, monkeypatch, "kill@5:0", *options, "train.resume=true")
+    assert run.returncode == 0, run.stderr[-3000:]
+    expected, records = ([json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+                         for d in (tmp_path / "whole", out))
+    assert [r["step"] for r in records] == [r["step"] for r in expected] == [4, STEPS]
+    for mine, theirs in zip(records, expected):   # (the saved means pass through fp32 once)
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-6, abs=0)
+
+
 def test_resume_auto_over_a_save_cut_short_starts_fresh(tmp_path, cache):
     """A crash in the first save leaves a snapshot without its manifest: nothing to resume
     from, so auto starts fresh (and says so) instead of refusing every relaunch."""

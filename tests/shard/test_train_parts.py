@@ -421,7 +421,7 @@ def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkey
                        "tokens_per_s_per_rank": 1 / seconds, "tflops_per_rank": 0.0, "mfu": None,
                        "exposed_comm_s": 0.0})
 
-    def save(r):
+    def save(r, losses):
         clock[0] += 5.0
     monkeypatch.setattr(train, "train_step", step)
     monkeypatch.setattr(train, "log_interval", log_interval)
@@ -431,7 +431,7 @@ def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkey
     cfg = SimpleNamespace(train=SimpleNamespace(steps=12, eval_interval=0, checkpoint_interval=checkpoint_interval),
                           log=SimpleNamespace(interval=interval))
     r = SimpleNamespace(cfg=cfg, step=0, engine=SimpleNamespace(comm_report=lambda reset: {}), device=None,
-                        log=SimpleNamespace(step=lambda: None, write=lambda line: None))
+                        log=SimpleNamespace(step=lambda: None, write=lambda line: None), open_interval=[])
     train.train_loop(r)
     assert [x["step"] for x in logged] == list(range(interval, 13, interval))
     # every step's loss is in its interval's, the warm-up's too
@@ -472,7 +472,7 @@ def test_an_async_saves_injected_kill_is_for_the_step_saved_not_the_step_trainin
     r = SimpleNamespace(step=4, faults={("kill-save", 4, 0): 0.0}, comm=SimpleNamespace(rank=0), out_dir="out",
                         resolved={"model": {}, "strategy": {}}, model=train.GPTConfig(), saver=saver,
                         optimizer=None, stalled_s=0.0)
-    train.save_checkpoint(r)
+    train.save_checkpoint(r, [])
     r.step = 5   # training goes on before the writer is done
     writes[0]()
     assert asked == [("kill-save", 4)]
