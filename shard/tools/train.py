@@ -392,7 +392,8 @@ def earlier_run(out_dir: Path) -> str:
     logged = out_dir / "metrics.jsonl"
     if not found and not (logged.is_file() and logged.stat().st_size):
         return ""
-    what = f"snapshots ({', '.join(s.name for s in found[:2])}{', ...' * (len(found) > 2)})" if found else "metrics.jsonl"
+    names = ", ".join(s.name for s in found[:2]) + ", ..." * (len(found) > 2)
+    what = f"snapshots ({names})" if found else "metrics.jsonl"
     return (f"train.out_dir={out_dir} holds an earlier run's {what}, which a fresh start would replace: continue "
             "it with train.resume=true (or auto), or give this run another directory")
 
@@ -459,10 +460,17 @@ def load_data(r: Run) -> None:
         spec = _data_spec(r.cfg.data, r.model.vocab, model_dir)
         r.data = TokenData(_on_rank_0(r.comm, "preparing the data", lambda: prepare(spec, r.cfg.data.cache_dir)))
         r.tokenizer, r.tokenizer_vocab, held_out = str(r.data.directory), r.data.vocab_size, r.data.val
-        r.batches = Batches(r.data.train, t.seq_len, t.micro_batch, r.accumulation, r.comm.rank, r.comm.size, t.seed)
+        try:   # a batch the corpus cannot fill: the same on every rank
+            r.batches = Batches(r.data.train, t.seq_len, t.micro_batch, r.accumulation, r.comm.rank, r.comm.size,
+                                t.seed)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     check_vocab(r.model, r.tokenizer_vocab, given=bool(r.cfg.data.get("tokenizer") or model_dir),
                 pretrained=model_dir is not None)
-    r.held_out = eval_batches(held_out, t.seq_len, t.micro_batch, r.comm.rank, r.comm.size, t.eval_batches)
+    try:
+        r.held_out = eval_batches(held_out, t.seq_len, t.micro_batch, r.comm.rank, r.comm.size, t.eval_batches)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _stream_data(r: Run, model_dir: Optional[str]):

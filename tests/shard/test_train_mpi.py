@@ -217,6 +217,8 @@ def bad_files(tmp_path_factory) -> Path:
     ("data.tokenizer={d}/garbage.model", "garbage.model is not a sentencepiece model"),
     ("train.out_dir={d}/a-file/run", "cannot be written (on rank 0: [Errno 20] Not a directory"),
     ("train.resume=true", "holds no checkpoint to continue from; train.resume=auto starts fresh"),
+    ("train.micro_batch=5000 train.global_batch_tokens=null train.accumulation=1",   # (was a traceback per rank)
+     "fewer than one global batch"),
 ])
 def test_bad_input_fails_every_rank_clearly_and_leaves_nothing_to_misread(tmp_path, cache, bad_files, override,
                                                                             message):
