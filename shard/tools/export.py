@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--format", choices=["hf"], default="hf", help="Hugging Face: config.json and safetensors")
     ap.add_argument("--out", required=True, help="the directory to write (new, or empty)")
     ap.add_argument("--dtype", choices=sorted(PRECISIONS), default="bf16", help="the weights' dtype (default bf16)")
-    ap.add_argument("--shard-size", type=fraction(0.0, 1e6, low_open=True), default=2.0, help="GB per safetensors file, beyond which an index "
-                                                                  "lists several (default 2)")
+    ap.add_argument("--shard-size", type=fraction(0.0, 1e6, low_open=True), default=2.0,
+                    help="GB per safetensors file, beyond which an index lists several (default 2)")
     args = ap.parse_args(argv)
     from shard.data import tokenizer
     from shard.engine import checkpoint

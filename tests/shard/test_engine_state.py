@@ -174,7 +174,7 @@ def test_a_model_wraps_once_and_which_parameters_train_is_fixed_when_it_does(com
     name, first = next(iter(model.named_parameters()))
     first.requires_grad_(False)
     with pytest.raises(ValueError, match=rf"requires_grad changed after the engine was built: {name} \(trainable "
-                                         "when the engine was built\)"):
+                                         r"when the engine was built\)"):
         engine.backward(mlp_loss(engine(x), y))
     first.requires_grad_(True)   # as built: the step goes on
     engine.backward(mlp_loss(engine(x), y))
