@@ -15,7 +15,7 @@ import importlib
 _EXPORTS = {
     "Communicator": "pccl.runtime.communicator",
     "init": "pccl.runtime.communicator",
-    "DEFAULT_TIMEOUT": "pccl.runtime.communicator",
+    "DEFAULT_TIMEOUT": "pccl.runtime.transport",
     "Work": "pccl.runtime.work",
     "SerialQueue": "pccl.runtime.work",
     "DryRunCommunicator": "pccl.runtime.dry_run",

@@ -19,7 +19,6 @@ the ranks with this local index and this node's place in its group, one per grou
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional
@@ -202,5 +201,5 @@ def from_hosts(hosts: list, nics_per_node: Optional[int]) -> Topology:
     """Ranks that report the same host form a node; nodes ordered by their lowest rank."""
     order = list(dict.fromkeys(hosts))
     nodes = tuple(tuple(r for r, h in enumerate(hosts) if h == host) for host in order)
-    return Topology(nodes, nics_per_node or int(os.environ.get("PCCL_NICS_PER_NODE", "1")))
+    return Topology(nodes, nics_per_node or 1)
 

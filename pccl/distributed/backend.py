@@ -27,7 +27,6 @@ the measured figure), small beside the megabyte collectives FSDP issues.
 from __future__ import annotations
 
 import gc
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from pccl.core import environment
 from pccl.core.dtypes import DTYPES
 from pccl.core.errors import CollectiveTimeout
 from pccl.core.topology import Topology
@@ -228,7 +228,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
         world = dist.get_world_size() if dist.is_initialized() else size
         self.transport = self.options.transport or ("mpi" if launched_by_mpi(world) else "torch")
         # Emulated nodes are consecutive world ranks: a sub-group gets its members' nodes.
-        per_node = self.options.ranks_per_node or int(os.environ.get("PCCL_RANKS_PER_NODE", 0))
+        per_node = self.options.ranks_per_node or environment.count("PCCL_RANKS_PER_NODE")
         self._topology = Topology.regular(world, per_node).restrict(self._global) if per_node else None
         if self.transport == "mpi":
             self._comms["cpu"] = self._communicator(mpi_group(self._global, rank))

@@ -7,11 +7,12 @@ others. It costs an 8-byte all-gather per call; as torch's TORCH_DISTRIBUTED_DEB
 it is for finding a bug, not for training."""
 from __future__ import annotations
 
-import os
 import zlib
 from contextlib import contextmanager
 
 import torch
+
+from pccl.core import environment
 
 ENV = "PCCL_CHECK_CALLS"
 
@@ -22,7 +23,7 @@ class CallMismatch(ValueError):
 
 def wanted(given) -> bool:
     """check_calls as given, else PCCL_CHECK_CALLS=1."""
-    return bool(given) if given is not None else os.environ.get(ENV, "") == "1"
+    return bool(given) if given is not None else environment.switch(ENV, False)
 
 
 class CallCheck:

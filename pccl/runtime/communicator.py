@@ -21,7 +21,7 @@ from pccl.runtime.call_check import CallCheck
 from pccl.runtime.choice import Choice
 from pccl.runtime.rendezvous import init_torch_distributed, mpi_world
 from pccl.runtime.selector import Selector, uncompressed
-from pccl.runtime.transport import DEFAULT_TIMEOUT, Transport
+from pccl.runtime.transport import Transport, default_timeout
 from pccl.runtime.work import SerialQueue, Work
 from pccl.tuning.profiles import Profile
 from runkit.sizes import size_label
@@ -132,7 +132,7 @@ class Communicator:
     issues the calls.
     """
 
-    def __init__(self, comm, executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT, *,
+    def __init__(self, comm, executor: Optional[str] = None, timeout: Optional[float] = None, *,
                  topology: Optional[Topology] = None, ranks_per_node: Optional[int] = None,
                  nics_per_node: Optional[int] = None, intra: Optional[str] = None,
                  inter: Optional[str] = None, profile=None, interruptible: bool = False,
@@ -406,7 +406,7 @@ def broadcast_pickled(obj, rank: int, root: int, device: torch.device,
     return pickle.loads(words.cpu().view(torch.uint8)[:nbytes].numpy().tobytes())
 
 
-def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
+def init(transport: str = "mpi", executor: Optional[str] = None, timeout: Optional[float] = None,
          **options) -> Communicator:
     """A communicator over all ranks: MPI.COMM_WORLD ("mpi") or torch.distributed
     ("gloo", "nccl"; initialized from the environment or through MPI if needed). With
@@ -418,5 +418,6 @@ def init(transport: str = "mpi", executor: Optional[str] = None, timeout: float 
     if transport == "mpi":
         return Communicator(mpi_world(), executor=executor, timeout=timeout, **options)
     transport_kinds.check_available(transport)
+    timeout = default_timeout() if timeout is None else timeout
     init_torch_distributed(transport, timeout)
     return Communicator(dist.group.WORLD, executor=executor, timeout=timeout, **options)

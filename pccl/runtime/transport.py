@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from pccl import plans
 from pccl.algorithms import NATIVES, schedule
+from pccl.core import environment
 from pccl.core.topology import Topology, TopologyError
 from pccl.executors.plan import PlanExecutor
 from pccl.executors.torch_p2p import TorchP2PExecutor
@@ -28,7 +29,13 @@ from pccl.runtime.rendezvous import init_torch_distributed
 from pccl.tuning.profiles import Profile, from_environment
 from pccl.tuning.profiles import load as load_profile
 
-DEFAULT_TIMEOUT = float(os.environ.get("PCCL_TIMEOUT", 300.0))
+DEFAULT_TIMEOUT = 300.0   # seconds, where neither timeout= nor PCCL_TIMEOUT says
+
+
+def default_timeout() -> float:
+    """PCCL_TIMEOUT, read when a communicator is made (not at import: a bad value would
+    break `import pccl`), else DEFAULT_TIMEOUT."""
+    return environment.seconds("PCCL_TIMEOUT", DEFAULT_TIMEOUT)
 EXECUTORS = {"mpi": ("cpp", "python"), "torch": ("torch",)}
 
 
@@ -43,7 +50,8 @@ class Transport:
     ("mpi", "gloo", "nccl"...), executor, timeout, group, mpi_comm, devices (the buffers
     it carries), gpu_codecs (whether it runs the native codecs on GPU buffers)."""
 
-    def __init__(self, comm, executor: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, comm, executor: Optional[str] = None, timeout: Optional[float] = None):
+        timeout = default_timeout() if timeout is None else timeout
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
@@ -116,8 +124,8 @@ class Transport:
             try:
                 mine = ((load_profile(name) if name else from_environment()).to_dict(),
                         bool(name or os.environ.get("PCCL_PROFILE")))
-            except ValueError as e:
-                mine = str(e)
+            except Exception as e:   # any: the other ranks wait in the broadcast below for it
+                mine = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
         # before the communicator can broadcast (it needs the profile): the transport's own
         # object broadcast (over MPI, mpi4py's on the duplicate, apart from the executors';
         # a timeout here could not be named anyway)
@@ -139,7 +147,8 @@ class Transport:
             if topology.size != self.size:
                 raise TopologyError(f"topology has {topology.size} ranks but the communicator {self.size}")
             return topology
-        ranks_per_node = ranks_per_node or int(os.environ.get("PCCL_RANKS_PER_NODE", 0)) or None
+        ranks_per_node = ranks_per_node or environment.count("PCCL_RANKS_PER_NODE")
+        nics_per_node = nics_per_node or environment.count("PCCL_NICS_PER_NODE")
         if ranks_per_node is not None:
             found = Topology.regular(self.size, ranks_per_node, nics_per_node or 1)
         elif self.mpi_comm is not None:
@@ -147,7 +156,7 @@ class Transport:
         else:
             found = detect_torch(self.group, nics_per_node)
         # Network groups are not detected: the job's placement on them is the scheduler's.
-        per_group = int(os.environ.get("PCCL_NODES_PER_GROUP", 0)) or None
+        per_group = environment.count("PCCL_NODES_PER_GROUP")
         return dataclasses.replace(found, nodes_per_group=per_group) if per_group else found
 
     def spans_world(self) -> bool:

@@ -132,18 +132,14 @@ def test_unknown_machine():
         Topology.machine("summit", nodes=2)
 
 
-def test_from_hosts_groups_by_host(monkeypatch):
-    monkeypatch.delenv("PCCL_NICS_PER_NODE", raising=False)
+def test_from_hosts_groups_by_host():
     t = from_hosts(["a", "a", "b", "b"], None)
     assert t == Topology.regular(4, 2)
     assert t.nics_per_node == 1
     assert from_hosts(["a", "a", "b", "b"], 2).nics_per_node == 2
-    monkeypatch.setenv("PCCL_NICS_PER_NODE", "4")
-    assert from_hosts(["a", "a", "b", "b"], None).nics_per_node == 4
 
 
-def test_from_hosts_round_robin_placement(monkeypatch):
-    monkeypatch.delenv("PCCL_NICS_PER_NODE", raising=False)
+def test_from_hosts_round_robin_placement():
     t = from_hosts(["a", "b", "a", "b"], None)
     assert t.nodes == ((0, 2), (1, 3))
     assert t.ranks_per_node == 2 and t.num_nodes == 2
