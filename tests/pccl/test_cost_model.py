@@ -270,6 +270,11 @@ def test_profile_files_round_trip_and_bad_ones_say_why(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"name": "x"}))
     with pytest.raises(ValueError, match="not a valid profile"):
         profiles.load(tmp_path / "bad.json")
+    # fields of another JSON type: an AttributeError on rank 0 left the other ranks waiting for its profile
+    for wrong in ([], {**PROFILE.to_dict(), "intra": None}, {**PROFILE.to_dict(), "native": "ring"}):
+        (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+        with pytest.raises(ValueError, match="not a valid profile"):
+            profiles.load(tmp_path / "wrong.json")
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):
         profiles.load(tmp_path / "broken.json")

@@ -311,7 +311,7 @@ class Profile:
                                                             us(r.get("call_us", 0.0)), r.get("source", "")))
                                            for name, r in data.get("codecs", {}).items())),
                        description=data.get("description", ""), sources=sources)
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, AttributeError) as e:   # a field missing, or of another JSON type
             raise ValueError(f"{origin}: not a valid profile ({type(e).__name__}: {e}); expected the "
                              f"fields of pccl/tuning/profiles/{DEFAULT}.json") from None
 
