@@ -176,11 +176,14 @@ def library_of(comm) -> dict:
 def key_of(comm, device: str = "cpu") -> dict:
     """What the calibration of `comm`'s shape (a pccl.Communicator) on `device` buffers
     depends on (host buffers: no device field, as before GPUs were measured; GPU buffers:
-    the GPU and how MPI moves its memory, Transport.gpu_type)."""
+    the GPU and how MPI moves its memory, Transport.gpu_type): the ranks' placement on
+    nodes and network groups, and the plan levels' transports, which change what the plans
+    cost (gloo levels ran hierarchical 5x slower than MPI's and read MPI's figures)."""
     t = comm.topology
     key = {"format": FORMAT, "pccl": metadata.version("pccl"), "node": node_type(), **library_of(comm),
-           "transport": comm.transport, "executor": comm.executor, "ranks": t.size, "nodes": [len(n) for n in t.nodes],
-           "nics_per_node": t.nics_per_node, "interruptible": comm.interruptible}
+           "transport": comm.transport, "executor": comm.executor, "ranks": t.size, "nodes": [list(n) for n in t.nodes],
+           "nodes_per_group": t.nodes_per_group, "nics_per_node": t.nics_per_node,
+           "interruptible": comm.interruptible, "levels": dict(comm.level_transports)}
     return key if device == "cpu" else {**key, "device": comm.carrier.gpu_type(device)}
 
 

@@ -378,17 +378,23 @@ def test_a_calibration_per_class_round_trips_through_the_file_form_and_older_fil
 STAND_IN_GPU = {"type": "cuda", "gpu": "Stand-in GPU", "visible": 1, "mpi": "staged"}
 
 
-def test_gpu_buffers_have_a_key_and_file_of_their_own():
-    """The host's key is what it was before GPUs were measured (older caches still read);
-    a GPU's adds the GPU and how MPI moves its memory, so neither reads the other's figures."""
+def test_gpu_buffers_and_each_placement_and_level_transport_have_a_key_of_their_own():
+    """A GPU's key adds the GPU and how MPI moves its memory to the host's, so neither reads
+    the other's figures; so do the ranks' placement on nodes and the plan levels'
+    transports (gloo levels read the figures MPI levels measured: 5x off for hierarchical)."""
     from types import SimpleNamespace
 
-    comm = SimpleNamespace(topology=Topology.regular(4, 4), transport="mpi", executor="cpp", interruptible=False,
-                           carrier=SimpleNamespace(gpu_type=lambda device: {**STAND_IN_GPU, "type": device}))
-    host, gpu = sc.key_of(comm), sc.key_of(comm, "cuda")
+    def comm(topology=Topology.regular(4, 2), levels=None):
+        return SimpleNamespace(topology=topology, transport="mpi", executor="cpp", interruptible=False,
+                               level_transports=levels or {"intra": "mpi", "inter": "mpi"},
+                               carrier=SimpleNamespace(gpu_type=lambda device: {**STAND_IN_GPU, "type": device}))
+    host, gpu = sc.key_of(comm()), sc.key_of(comm(), "cuda")
     assert "device" not in host and gpu == {**host, "device": STAND_IN_GPU}
     assert sc.path_of(host) != sc.path_of(gpu)
     assert sc.path_of(gpu) != sc.path_of({**host, "device": {**STAND_IN_GPU, "mpi": "GPU-aware"}})
+    others = [comm(levels={"intra": "gloo", "inter": "gloo"}), comm(Topology(((0, 2), (1, 3)), 1)),
+              comm(Topology(((0, 1), (2, 3)), 1, nodes_per_group=1))]
+    assert len({sc.path_of(k) for k in [host, *map(sc.key_of, others)]}) == 4
 
 
 def test_on_a_gpu_each_timed_loop_ends_with_the_device_synchronized(monkeypatch):
