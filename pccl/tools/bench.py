@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -573,11 +574,31 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser.error(f"op avg needs a floating-point datatype, got {args.datatype}")
     if args.device == "cuda" and args.calibrate:
         parser.error("--calibrate measures host buffers; leave out --device cuda")
+    if args.calibrate and (why := unwritable(Path(args.calibrate))):
+        parser.error(f"--calibrate {args.calibrate}: {why}")   # found before minutes of measuring
+    world = MPI.COMM_WORLD.size
+    if args.ranks_per_node is not None and world % args.ranks_per_node:
+        parser.error(f"--ranks-per-node {args.ranks_per_node} does not divide the {world} ranks")
     if args.device == "cuda" and visible_gpus() == 0:
         parser.error("--device cuda needs a GPU, and torch sees none (a CPU-only torch, or CUDA_VISIBLE_DEVICES "
                      "hides them)")
     args.executors = args.executors or DEFAULT_EXECUTORS[args.device]
     return args
+
+
+def unwritable(path: Path) -> str:
+    """Why a file cannot be written at `path`, or "": its nearest existing ancestor must be
+    a writable directory, and the path itself no directory."""
+    if path.is_dir():
+        return "is a directory; name the file to write"
+    ancestor = path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is not a directory"
+    if not os.access(ancestor, os.W_OK):
+        return f"{ancestor} is not writable"
+    return ""
 
 
 # ----------------------------------------------------------------------- main
@@ -608,8 +629,12 @@ def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:
                          f"{self_calibration.SHORT_ROUNDS} rounds below {self_calibration.DOUBLING_BYTES} B, "
                          f"{self_calibration.ROUNDS} from there")
     if world.rank == 0:
-        profile.save(args.calibrate)
-        print(json.dumps(profile.to_dict(), indent=1))
+        print(json.dumps(profile.to_dict(), indent=1), flush=True)   # first: a failed write loses nothing
+        try:
+            profile.save(args.calibrate)
+        except OSError as e:
+            print(f"pccl-bench: could not write {args.calibrate} ({e}); the profile is above", file=sys.stderr)
+            sys.exit(1)
         print(f"# wrote {args.calibrate}; use it with PCCL_PROFILE={args.calibrate} or pccl-sim --profile "
               f"{args.calibrate}", flush=True)
 

@@ -14,6 +14,9 @@ TOOLS = {"pccl-bench": bench.parse_args, "pccl-sim": sim.parse_args, "shard-comp
 CASES = [
     ("pccl-bench", ["-b", "12Q"], "size must be"),
     ("pccl-bench", ["-b", "0", "-e", "4K"], "expected a size of at least 1 byte, got '0'"),   # it hung
+    ("pccl-bench", ["--calibrate", "/dev/null/x.json"], "/dev/null is not a directory"),   # after the measuring
+    ("pccl-bench", ["--calibrate", "/tmp"], "is a directory; name the file to write"),
+    ("pccl-bench", ["--ranks-per-node", "3"], "--ranks-per-node 3 does not divide the 1 ranks"),
     ("pccl-bench", ["-b", "4M", "-e", "1M"], "--minbytes (4194304) must not exceed --maxbytes"),
     ("pccl-bench", ["-f", "1"], "expected an integer >= 2, got 1"),
     ("pccl-bench", ["-n", "0"], "expected an integer >= 1, got 0"),
