@@ -11,6 +11,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from pccl.compression.codecs import per_level
 from pccl.core.dtypes import op_code
 from pccl.core.errors import CollectiveTimeout, during
 from pccl.core.topology import Topology
@@ -31,8 +32,15 @@ MAX_CACHED_CALLS = 4096   # resolved calls kept per communicator (then the cache
 
 def compression_from_environment():
     """PCCL_COMPRESSION, the codec of calls that name none (None: no compression); read
-    when a communicator is made, as NCCL reads its variables."""
-    return os.environ.get("PCCL_COMPRESSION") or None
+    and checked when a communicator is made, as NCCL reads its variables (an unknown name
+    failed every call instead)."""
+    name = os.environ.get("PCCL_COMPRESSION", "").strip() or None
+    if name is not None and name.lower() != "auto":
+        try:
+            per_level(name)
+        except ValueError as e:
+            raise ValueError(f"PCCL_COMPRESSION={name}: {e}") from None
+    return name
 
 
 @dataclass(frozen=True)

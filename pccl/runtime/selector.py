@@ -184,12 +184,13 @@ class Selector:
                default=None, gpu_codecs: bool = False) -> tuple[dict, object]:
         """({level: codec}, algorithm) of a call: one codec for a flat schedule ("flat") and,
         in a plan, for the inter-node level only unless a dict names the levels ({"intra":
-        ..., "inter": ...}); None (`default`: the communicator's, PCCL_COMPRESSION as it
-        was when it was made, else none) compresses nothing.
+        ..., "inter": ...}); None takes `default` (the communicator's, PCCL_COMPRESSION as
+        it was when it was made), which compresses only payloads its codec takes, else none.
         "auto": the codec (or none) and, with algorithm="auto", the algorithm the cost model
         predicts fastest (Tuner.choose_compressed; none on GPU tensors). gpu_codecs: whether
         the transport runs the native codecs on GPU buffers. Checked before anything is sent."""
-        if compression is None:
+        given = compression is not None
+        if not given:
             compression = default
         if uncompressed(compression):   # the common case, without per_level's work
             return {}, algorithm
@@ -202,6 +203,8 @@ class Selector:
             compression, algorithm = self.tuner_for(like.device.type).choose_compressed(
                 collective, like.numel() * like.element_size(), like.dtype, algorithm if spec is None else spec)
         codecs = per_level(compression)
+        if not given and not all(like.dtype in c.dtypes for c in codecs.values()):
+            return {}, algorithm   # the default compresses what it can take: not an integer counter
         for c in codecs.values():
             c.check(like.dtype)
             if like.device.type != "cpu" and (c.native is None or not gpu_codecs):

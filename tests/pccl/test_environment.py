@@ -51,3 +51,27 @@ def test_nics_per_node_hold_with_emulated_nodes(monkeypatch):
     monkeypatch.setenv("PCCL_NODES_PER_GROUP", "x")
     with pytest.raises(ValueError, match="PCCL_NODES_PER_GROUP must be a positive integer, got 'x'"):
         transport.topology(None, None, None)
+
+
+def test_pccl_compression_is_checked_when_a_communicator_is_made_and_leaves_integers_alone(monkeypatch):
+    """An unknown codec failed every call instead; int8 as the default failed every integer
+    collective (a counter all-reduced); given on the call, it still refuses them."""
+    import torch
+
+    import pccl
+    from pccl.compression.codecs import CodecError
+
+    monkeypatch.setenv("PCCL_COMPRESSION", "bogus")
+    with pytest.raises(ValueError, match="PCCL_COMPRESSION=bogus: "):
+        pccl.Communicator(MPI.COMM_SELF, timeout=60)
+    monkeypatch.setenv("PCCL_COMPRESSION", "int8")
+    comm = pccl.Communicator(MPI.COMM_SELF, timeout=60)
+    try:
+        assert comm.default_compression == "int8"
+        counts, values = torch.ones(4, dtype=torch.int64), torch.ones(4)
+        assert comm.selector.codecs(None, counts, "all_reduce", "ring", default="int8") == ({}, "ring")
+        assert set(comm.selector.codecs(None, values, "all_reduce", "ring", default="int8")[0]) == {"flat", "inter"}
+        with pytest.raises(CodecError, match="integer data is never compressed"):
+            comm.selector.codecs("int8", counts, "all_reduce", "ring")
+    finally:
+        comm.close()
