@@ -147,8 +147,7 @@ class Transport:
             if topology.size != self.size:
                 raise TopologyError(f"topology has {topology.size} ranks but the communicator {self.size}")
             return topology
-        ranks_per_node = ranks_per_node or environment.count("PCCL_RANKS_PER_NODE")
-        nics_per_node = nics_per_node or environment.count("PCCL_NICS_PER_NODE")
+        ranks_per_node, nics_per_node, per_group = self._agreed_shape(ranks_per_node, nics_per_node)
         if ranks_per_node is not None:
             found = Topology.regular(self.size, ranks_per_node, nics_per_node or 1)
         elif self.mpi_comm is not None:
@@ -156,8 +155,36 @@ class Transport:
         else:
             found = detect_torch(self.group, nics_per_node)
         # Network groups are not detected: the job's placement on them is the scheduler's.
-        per_group = environment.count("PCCL_NODES_PER_GROUP")
         return dataclasses.replace(found, nodes_per_group=per_group) if per_group else found
+
+    def _agreed_shape(self, ranks_per_node: Optional[int], nics_per_node: Optional[int]) -> tuple:
+        """(ranks per node, NICs per node, nodes per group) as given or from PCCL_*, the same
+        on every rank, or TopologyError on every rank naming each rank's (collective): ranks
+        that read them otherwise (an environment set on some nodes only) would build other
+        topologies, or some would detect while others did not, and then wait on each other."""
+        try:
+            mine = (ranks_per_node or environment.count("PCCL_RANKS_PER_NODE"),
+                    nics_per_node or environment.count("PCCL_NICS_PER_NODE"),
+                    environment.count("PCCL_NODES_PER_GROUP"))
+        except ValueError as e:
+            mine = str(e)
+        if self.mpi_comm is not None:
+            every = self.mpi_comm.allgather(mine)
+        else:
+            every = [None] * self.size
+            dist.all_gather_object(every, mine, group=self.group)
+        if len(set(every)) > 1 or isinstance(mine, str):
+            held: dict = {}
+            for r, shape in enumerate(every):
+                held.setdefault(shape, []).append(r)
+            shapes = "; ".join(
+                f"rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs[:4]))}{' ...' * (len(rs) > 4)}: "
+                + (shape if isinstance(shape, str) else
+                   "ranks_per_node={}, nics_per_node={}, nodes_per_group={}".format(*shape))
+                for shape, rs in held.items())
+            raise TopologyError(f"the ranks do not agree on the node layout (given, or PCCL_RANKS_PER_NODE, "
+                                f"PCCL_NICS_PER_NODE, PCCL_NODES_PER_GROUP): {shapes}")
+        return mine
 
     def spans_world(self) -> bool:
         """Whether it holds every rank, as a torch.distributed group must be created from

@@ -37,6 +37,10 @@ def test_missing_peer_raises_timeout_on_every_executor():
     run_ok(3, "timeout")
 
 
+def test_ranks_that_disagree_on_the_node_layout_all_say_so():
+    run_ok(4, "layouts")
+
+
 def test_gloo_sub_groups_shut_down_cleanly():
     for _ in range(3):  # the crash this guards against was intermittent
         run_ok(4, "gloo_levels")

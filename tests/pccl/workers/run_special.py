@@ -133,6 +133,18 @@ def scenario_misuse() -> None:
         assert "earlier collective" in str(e) or "timed out" in str(e), e
 
 
+def scenario_layouts() -> None:
+    """Ranks given other node layouts (an environment set on some nodes only) built other
+    topologies and waited on each other: now every rank names each rank's, over MPI and gloo."""
+    for kwargs in EXECUTORS.values():
+        try:
+            pccl.init(ranks_per_node=2 if rank < 2 else None, timeout=20, **kwargs)
+            raise AssertionError("ranks disagreeing on the layout: accepted")
+        except pccl.TopologyError as e:
+            assert "do not agree on the node layout" in str(e) and "ranks 0, 1: ranks_per_node=2" in str(e), e
+            assert "ranks 2, 3: ranks_per_node=None" in str(e), e
+
+
 def scenario_timeout() -> None:
     for name, kwargs in EXECUTORS.items():
         comm = pccl.init(timeout=1.5, **kwargs)
