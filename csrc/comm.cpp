@@ -159,7 +159,10 @@ std::string MpiComm::timed_out(const std::string& what) {
   broken_ = true;
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%g", timeout_s_);
-  return "pccl: rank " + std::to_string(rank_) + " timed out after " + seconds + " s " + what +
+  // a plan level's rank names its world rank too, as waited_peers names the peers'
+  const std::string world =
+      world_ranks_[rank_] == rank_ ? "" : " (world rank " + std::to_string(world_ranks_[rank_]) + ")";
+  return "pccl: rank " + std::to_string(rank_) + world + " timed out after " + seconds + " s " + what +
          " (a peer died, or did not call the same collective)";
 }
 

@@ -20,6 +20,12 @@ def during(error: CollectiveTimeout, what: str) -> CollectiveTimeout:
     return type(error)(f"{error}; during {what}")
 
 
+def rank_name(rank: int, world_ranks) -> str:
+    """"rank 0", or "rank 0 (world rank 3)" on a sub-communicator (a plan's level) whose
+    ranks are not the launcher's."""
+    return f"rank {rank}" if world_ranks[rank] == rank else f"rank {rank} (world rank {world_ranks[rank]})"
+
+
 def waited_peers(pending, world_ranks) -> str:
     """"receive from 1, 3; send to 2" for the (peer, is_send) pairs still pending, each peer
     with its world rank where that differs (a sub-communicator's ranks are not the

@@ -10,7 +10,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from pccl.core.errors import CollectiveTimeout, waited_peers
+from pccl.core.errors import CollectiveTimeout, rank_name, waited_peers
 from pccl.executors.base import ScheduleExecutor
 
 TAG = 7002
@@ -69,8 +69,9 @@ class MpiPythonExecutor(ScheduleExecutor):
                         r.Free()
                 self.broken = True
                 raise CollectiveTimeout(
-                    f"pccl: rank {self.rank} timed out after {self.timeout:g} s at step {step} waiting to "
-                    f"{waited_peers(pending, self.world_ranks)} (a peer died, or did not call the same collective)")
+                    f"pccl: {rank_name(self.rank, self.world_ranks)} timed out after {self.timeout:g} s at step {step} "
+                    f"waiting to {waited_peers(pending, self.world_ranks)} (a peer died, or did not call the same "
+                    "collective)")
             if now - start < SPIN:
                 os.sched_yield()
             else:

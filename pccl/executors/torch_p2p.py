@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from pccl.core.dtypes import average_
-from pccl.core.errors import CollectiveTimeout, PeerLost, waited_peers
+from pccl.core.errors import CollectiveTimeout, PeerLost, rank_name, waited_peers
 from pccl.executors.base import ScheduleExecutor
 
 # torch >= 2.13 names the tensor collectives *_single; older releases *_tensor.
@@ -60,9 +60,10 @@ class TorchP2PExecutor(ScheduleExecutor):
         peers = f" waiting to {waited_peers(pending, self.global_rank)}" if pending else ""
         text = str(e).lower()
         if "timed out" in text or "timeout" in text:
-            return CollectiveTimeout(f"pccl: rank {self.rank}: {what} timed out after "
+            return CollectiveTimeout(f"pccl: {rank_name(self.rank, self.global_rank)}: {what} timed out after "
                                      f"{self.timeout.total_seconds():g} s{peers}: {e}")
-        return PeerLost(f"pccl: rank {self.rank}: {what}: the transport failed{peers} (did a peer die?): {e}")
+        return PeerLost(f"pccl: {rank_name(self.rank, self.global_rank)}: {what}: the transport failed{peers} "
+                        f"(did a peer die?): {e}")
 
     def exchange(self, sends, recvs, step):
         # Each (peer, direction) carries its runs in order; the run index is the tag.

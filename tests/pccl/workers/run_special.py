@@ -164,6 +164,17 @@ def scenario_timeout() -> None:
             except RuntimeError as e:
                 assert "earlier collective on this communicator timed out" in str(e), f"{name}: {e}"
         world.Barrier()
+    # On a sub-communicator (a plan's level) the rank that times out names its world rank
+    for name in ("cpp", "python"):
+        child = pccl.init(timeout=1.5, executor=name).split([list(reversed(range(p)))])
+        world.Barrier()
+        if rank == p - 1:   # the child's rank 0
+            try:
+                child.all_gather(torch.empty(4 * p), torch.ones(4), algorithm="ring")
+                raise AssertionError(f"{name}: no timeout")
+            except pccl.CollectiveTimeout as e:
+                assert f"rank 0 (world rank {p - 1}) timed out" in str(e), f"{name}: {e}"
+        world.Barrier()
     # Async: the error surfaces at wait().
     comm = pccl.init(timeout=1.5)
     world.Barrier()
