@@ -20,6 +20,7 @@ _EXPORTS = {
     "SerialQueue": "pccl.runtime.work",
     "DryRunCommunicator": "pccl.runtime.dry_run",
     "mpi_world": "pccl.runtime.rendezvous",
+    "exit_within": "pccl.runtime.teardown",
     "SideStream": "pccl.executors.streams",
     "average_": "pccl.core.dtypes",
     "CollectiveTimeout": "pccl.core.errors",

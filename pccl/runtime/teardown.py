@@ -4,7 +4,12 @@ then shuts torch.distributed down and finalizes MPI itself, before mpi4py's exit
 would, and exits without the finalize after FINALIZE_LIMIT seconds, with status 1, so a
 failed run ends (the launcher sees a rank fail and ends the others) rather than hanging.
 The limit bounds the finalize alone: a run that finalizes in time exits as it would have,
-however long the rest of its exit takes."""
+however long the rest of its exit takes.
+
+A process that fails on its own (an exception on one rank, Ctrl-C) is the other way
+round: its peers wait for it in their next collective, and its exit waits for them (a
+communication thread's collective joined at exit, MPI_Finalize), until the communicators'
+timeout. `exit_within` ends such a process within seconds, so the launcher ends the job."""
 from __future__ import annotations
 
 import atexit
@@ -14,6 +19,7 @@ import sys
 # on loaded shared cores), then takes milliseconds
 FINALIZE_LIMIT = 5.0
 _armed = False
+_deadline = None   # exit_within's timer, kept alive until the process ends
 
 
 def exit_if_finalize_hangs() -> None:
@@ -24,6 +30,17 @@ def exit_if_finalize_hangs() -> None:
         return
     _armed = True
     atexit.register(_bounded_finalize)   # atexit runs last-registered first: before mpi4py's finalize
+
+
+def exit_within(seconds: float, code: int = 1) -> None:
+    """End this process with `code` if it has not exited `seconds` from now (a native
+    thread: it needs no GIL, which a blocked exit may hold); and bound its finalize."""
+    global _deadline
+    exit_if_finalize_hangs()
+    if _deadline is None:
+        from pccl.executors.mpi_cpp import exit_timer
+
+        _deadline = exit_timer(seconds, code)
 
 
 def _bounded_finalize() -> None:

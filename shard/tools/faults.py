@@ -13,6 +13,9 @@ break, where and when, as KIND@STEP:RANK entries separated by commas, e.g.
                  the ranks agree that the snapshot is complete (train.checkpoint_async: on
                  the writer thread, while the ranks train on)
   kill-data      ... as the run starts loading its data (STEP must be 0)
+  raise          rank RANK raises an exception at the start of train step STEP (a bug, or
+                 a data error, on one rank only): the run must end within seconds, not
+                 wait out the communicators' timeout in the others' next collective
   stop           rank RANK stops (SIGSTOP) at the start of step STEP and is continued
                  (SIGCONT) SECONDS later by a helper process: KIND@STEP:RANK:SECONDS
                  (default 2): a straggler, which the run must survive and report
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-KINDS = ("inf-grad", "nan-loss", "kill", "kill-backward", "kill-save", "kill-data", "stop")
+KINDS = ("inf-grad", "nan-loss", "kill", "kill-backward", "kill-save", "kill-data", "stop", "raise")
 STOP_SECONDS = 2.0
 
 
@@ -92,11 +95,22 @@ def kill_if_planned(faults: dict, kind: str, step: int, rank: int, out_dir: Path
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+class InjectedFault(RuntimeError):
+    """The exception SHARD_FAULTS=raise@STEP:RANK plants."""
+
+
+def raise_if_planned(faults: dict, step: int, rank: int) -> None:
+    if ("raise", step, rank) in faults:
+        raise InjectedFault(f"SHARD_FAULTS: raise@{step}:{rank}")
+
+
 def stop_if_planned(faults: dict, step: int, rank: int) -> None:
     """SIGSTOP this process at `step` if `faults` say so; a detached helper sends SIGCONT
     after the planned seconds."""
     seconds = faults.get(("stop", step, rank))
     if seconds is None:
         return
-    subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"], start_new_session=True)
+    # its output not the rank's: the launcher waits for every holder of the job's pipes to close them
+    subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.kill(os.getpid(), signal.SIGSTOP)

@@ -41,6 +41,7 @@ from shard.tools.run_log import RunLog
 CONFIGS = preflight.CONFIGS
 META_INIT_PARAMS = 10 ** 9    # meta_init=auto builds models above this size on the meta device
 RELAUNCH_WAIT_S = 300.0       # a resuming run's wait for its directories (NFSv4 leases: 90 s by default)
+FAILED_EXIT_S = 15.0          # a failed rank's exit (its traceback, the shut-down) before it ends unfinished
 ConfigError = preflight.ConfigError
 
 
@@ -657,6 +658,7 @@ def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
     if r.faults:
         faults.kill_if_planned(r.faults, "kill", r.step + 1, r.comm.rank, r.out_dir)
         faults.stop_if_planned(r.faults, r.step + 1, r.comm.rank)
+        faults.raise_if_planned(r.faults, r.step + 1, r.comm.rank)
     for x, y in r.batches.next_step():
         x, y = x.to(r.device, non_blocking=True), y.to(r.device, non_blocking=True)
         loss = r.engine(x, targets=y)
@@ -841,8 +843,11 @@ def main() -> None:
     def task(cfg) -> None:
         try:
             run(cfg)
-        except ConfigError as e:
+        except ConfigError as e:   # every rank alike
             raise refused(e) from None
+        except BaseException:   # maybe this rank alone (a bug, Ctrl-C): the others wait for it
+            pccl.exit_within(FAILED_EXIT_S)
+            raise
     try:
         preflight.check_choices(sys.argv[1:])
     except ConfigError as e:

@@ -90,6 +90,20 @@ def test_a_killed_training_rank_fails_the_launch_quickly(fault, place, reference
     assert "BAD TERMINATION" in o.output or "Killed" in o.output, o.output[-3000:]
 
 
+def test_an_exception_on_one_training_rank_ends_the_job_within_seconds(reference):
+    """Rank 1 raises at a step's start (a bug, a data error on it alone): rank 0 waits for it
+    in the step's collectives, and rank 1's exit waited for rank 0 (MPI's finalize), so the
+    job took the communicators' timeout (HEALTHY, 60 s here; 600 s by default) to end. The
+    failed rank now ends within FAILED_EXIT_S, and the launcher ends the job."""
+    from shard.tools.train import FAILED_EXIT_S
+
+    out = reference.parent / "raise"
+    o = recorded(suite.training("raise@3:1", "step start", out, "train.steps=6", timeout=suite.HEALTHY))
+    o.summary = "the raising rank ends the job"
+    assert o.exit_code not in (0, None) and "InjectedFault: SHARD_FAULTS: raise@3:1" in o.output, o.output[-3000:]
+    assert o.seconds < suite.STARTUP + FAILED_EXIT_S + 10 < suite.HEALTHY, o.seconds
+
+
 UNNOTICED_TRAINING = [("kill-data@0:1", "data loader start"), ("kill-backward@3:1", "backward (lane busy)"),
                       ("kill-save@4:1", "checkpoint save")]
 
