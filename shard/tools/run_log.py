@@ -16,6 +16,23 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def readable_records(path: Path, say) -> list[dict]:
+    """The records of a metrics.jsonl; a line cut short (a full disk, a kill mid-append: it
+    is the last) is left out, and `say` told, so that a resume still starts."""
+    records, torn = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            record = None
+            torn += 1
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+    if torn:
+        say(f"{path}: {torn} record(s) cut short left out (written as the disk filled, or the run was killed)")
+    return records
+
+
 class RunLog:
     def __init__(self, out_dir: Path, active: bool, total_steps: int, start_step: int, progress: bool,
                  wandb_cfg: Optional[dict], config: dict):
@@ -25,7 +42,7 @@ class RunLog:
         if not active:
             return
         if self.path.exists():   # resuming: keep what the checkpoint's steps logged, drop the rest
-            kept = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            kept = readable_records(self.path, self.write)
             self.records = [r for r in kept if r["step"] <= start_step]
             write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
         self.file = open(self.path, "a")

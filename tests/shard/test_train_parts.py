@@ -125,6 +125,22 @@ def test_run_log_writes_jsonl_and_wandb_offline_and_trims_on_resume(tmp_path, mo
     assert [(r["step"], r["loss"]) for r in lines] == [(1, 4.0), (2, 3.0), (3, 1.5)]
 
 
+def test_a_record_cut_short_is_left_out_on_resume(tmp_path, capsys):
+    """A full disk (or a kill) mid-append leaves the last line cut short: a resume read it
+    with json.loads and crashed, every relaunch alike."""
+    import json
+
+    from shard.tools.run_log import RunLog
+    good = "".join(json.dumps(_record(step, 5.0 - step)) + "\n" for step in (1, 2))
+    (tmp_path / "metrics.jsonl").write_text(good + json.dumps(_record(3, 2.0))[:40])
+    log = RunLog(tmp_path, True, 4, 2, False, None, {})
+    assert [r["step"] for r in log.records] == [1, 2]
+    assert "1 record(s) cut short left out" in capsys.readouterr().out
+    log.log(_record(3, 1.5))
+    log.close(None)
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
 def test_a_wandb_failure_ends_wandbs_logging_not_the_training(tmp_path, monkeypatch, capsys):
     """Its server, disk or bugs: a warning, and every record still in metrics.jsonl."""
     import json
