@@ -254,9 +254,18 @@ def problems(snap: Path, part: tuple[int, int] = (0, 1)) -> Optional[str]:
         return f"{snap / 'meta.json'} is missing (the snapshot is incomplete)"
     except (OSError, json.JSONDecodeError) as e:
         return f"{snap / 'meta.json'} cannot be read: {e}"
+    if not isinstance(meta, dict):
+        return f"{snap / 'meta.json'} is not a manifest (a JSON {type(meta).__name__}, not an object)"
     if meta.get("format") not in READABLE:
         return f"{snap / 'meta.json'}: checkpoint format {meta.get('format')!r}, expected one of {READABLE}"
-    files = meta["files"] if isinstance(meta["files"], dict) else dict.fromkeys(meta["files"])
+    files = meta.get("files")
+    if isinstance(files, list):
+        files = dict.fromkeys(files)
+    lacking = [k for k in ("params", "units", *COUNTERS) if k not in meta]
+    if not isinstance(files, dict) or lacking or not all(
+            v is None or (isinstance(v, dict) and {"bytes", "sha256"} <= set(v)) for v in files.values()):
+        return f"{snap / 'meta.json'} is malformed: " + (f"no {', '.join(lacking)}" if lacking else
+                                                        "its file list is not one")
     index, count = part
     for name, expected in sorted(files.items())[index::count]:
         path = snap / name

@@ -67,6 +67,13 @@ def test_damaged_snapshots_are_named_and_fallback_takes_the_newest_intact(comm, 
         assert len(restored.skipped) == 1 and message in restored.skipped[0]
         assert all(torch.equal(v, first[k]) for k, v in loader.engine.full_state_dict().items())
         path.write_bytes(data)
+    # a manifest that parses but is not one: named, and passed over by the fallback (a KeyError before)
+    for broken, message in ((None, "is not a manifest"), ({"format": 2}, "is malformed: no params"),
+                            ({**manifest, "files": 3}, "is malformed: its file list is not one")):
+        (newest / "meta.json").write_text(json.dumps(broken))
+        with pytest.raises(CheckpointError, match=message):
+            load(trained(engines, comm, 0), tmp_path)
+        assert load(trained(engines, comm, 0), tmp_path, fallback=True).snapshot == older
     (newest / "meta.json").unlink()
     with pytest.raises(CheckpointError, match="meta.json is missing"):
         load(trained(engines, comm, 0), tmp_path)
