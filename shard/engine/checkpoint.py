@@ -51,6 +51,7 @@ FORMAT = 2   # 2: meta.json's "files" maps each file to its size and SHA-256
 READABLE = (1, 2)   # 1: "files" lists the names only (nothing to verify them against)
 STATE = ("master", "exp_avg", "exp_avg_sq")   # the tensors of a unit's piece, in state_dict() and shard files
 COUNTERS = ("optimizer_steps", "steps", "skipped_steps", "loss_scale", "loss_scale_clean")
+LATEST_READS = 3   # snapshot(): reads of LATEST while a running job replaces the snapshot it named
 
 
 class CheckpointError(ValueError):
@@ -251,6 +252,9 @@ def problems(snap: Path, part: tuple[int, int] = (0, 1)) -> Optional[str]:
     try:
         meta = json.loads((snap / "meta.json").read_text())
     except FileNotFoundError:
+        if not snap.is_dir():   # read while a running job saves: its retention removed it
+            return (f"{snap} no longer exists (a newer save of the run removed it, as train.keep_checkpoints "
+                    "asks): try again, or name a snapshot the run keeps")
         return f"{snap / 'meta.json'} is missing (the snapshot is incomplete)"
     except (OSError, json.JSONDecodeError) as e:
         return f"{snap / 'meta.json'} cannot be read: {e}"
@@ -374,7 +378,11 @@ def snapshot(path) -> Path:
         return path
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
-    return latest(path)
+    for _ in range(LATEST_READS):   # a running job may replace the one LATEST named as it is read
+        named = latest(path)
+        if named.is_dir():
+            break
+    return named
 
 
 def parameters(snap: Path):

@@ -77,6 +77,9 @@ def test_damaged_snapshots_are_named_and_fallback_takes_the_newest_intact(comm, 
     (newest / "meta.json").unlink()
     with pytest.raises(CheckpointError, match="meta.json is missing"):
         load(trained(engines, comm, 0), tmp_path)
+    # a snapshot a running job's retention removed as it was read (shard-export on a live run)
+    gone = tmp_path / "snap-00000099-00"
+    assert ckpt.problems(gone).startswith(f"{gone} no longer exists (a newer save of the run removed it")
     for snap in (newest, older):
         shard_file(snap).write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="no intact checkpoint .* to fall back to"):
