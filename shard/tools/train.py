@@ -227,6 +227,40 @@ def _data_spec(d, vocab: int, model_dir: Optional[str]) -> dict:
     return spec
 
 
+def _settings(tree: dict, prefix: str = "") -> dict:
+    """{"optim.lr": 0.001, ...}: every leaf of a resolved configuration by its dotted key."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_settings(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_same_config(comm: pccl.Communicator, device: torch.device, resolved: dict) -> None:
+    """Every rank runs rank 0's configuration (collective): a rank launched with another
+    (an override on some nodes only) trained its shard at its own learning rate, silently,
+    or waited in other collectives until the timeout. ConfigError on every rank, naming
+    what differs. train.out_dir may (a time in its default): rank 0's is every rank's."""
+    if comm.size == 1:
+        return
+    mine = {k: v for k, v in _settings(resolved).items() if k != "train.out_dir"}
+    theirs = comm.broadcast_object(mine)
+    differing = sorted(set(mine) ^ set(theirs) | {k for k in set(mine) & set(theirs) if mine[k] != theirs[k]})
+    counts = [int(row[0]) for row in _gather(comm, device, [len(differing)])]
+    ranks = [r for r, n in enumerate(counts) if n]
+    if not ranks:
+        return
+    # the first such rank's differences, for rank 0's one line
+    said = comm.broadcast_object(", ".join(f"{k}={mine.get(k, '(unset)')!r} where rank 0 has "
+                                           f"{theirs.get(k, '(unset)')!r}" for k in differing[:4]), root=ranks[0])
+    which = f"ranks {', '.join(map(str, ranks[:8]))}{' ...' * (len(ranks) > 8)} differ" if len(ranks) > 1 else \
+        f"rank {ranks[0]} differs"
+    raise ConfigError(f"the ranks were launched with different configurations: {which} from rank 0; on rank "
+                      f"{ranks[0]}: {said}")
+
+
 def _on_rank_0(comm: pccl.Communicator, what: str, make) -> str:
     """The path `make()` returns on rank 0 (it prepares once; the others read the result),
     resolved, on every rank; its error raised on every rank as a ConfigError."""
@@ -327,6 +361,7 @@ def setup(cfg) -> Run:
     settings = preflight.engine_config(resolved, _precision(t.precision, device))
     optimizer = preflight.optimizer_config(resolved)
     comm = _communicator(cfg.comm, device)
+    check_same_config(comm, device, resolved)
     # every rank fails alike, before any collective
     _, accumulation = global_batch(t.global_batch_tokens, t.accumulation, comm.size, t.micro_batch, t.seq_len)
     torch.set_num_threads(cpu_threads(t.threads, comm.size))

@@ -219,6 +219,10 @@ def bad_files(tmp_path_factory) -> Path:
     ("train.resume=true", "holds no checkpoint to continue from; train.resume=auto starts fresh"),
     ("train.micro_batch=5000 train.global_batch_tokens=null train.accumulation=1",   # (was a traceback per rank)
      "fewer than one global batch"),
+    # a setting that differs between ranks (here through each rank's environment): rank 1 trained as told
+    ("log.wandb.name=rank-${{oc.env:PMI_RANK}}", "the ranks were launched with different configurations: rank 1 "
+                                                "differs from rank 0; on rank 1: log.wandb.name='rank-1' where rank 0 "
+                                                "has 'rank-0'"),
 ])
 def test_bad_input_fails_every_rank_clearly_and_leaves_nothing_to_misread(tmp_path, cache, bad_files, override,
                                                                             message):
