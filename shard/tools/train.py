@@ -270,7 +270,18 @@ def _on_rank_0(comm: pccl.Communicator, what: str, make) -> str:
             path = str(Path(make()).resolve())
         except (OSError, ValueError, RuntimeError) as e:   # RuntimeError: sentencepiece's
             path = f"!{type(e).__name__}: {e}"   # a resolved path starts with "/"
-    path = comm.broadcast_object(path)
+    try:
+        path = comm.broadcast_object(path)
+    except pccl.CollectiveTimeout as e:   # the others wait here: rank 0 may be alive and still working
+        if comm.rank == 0:
+            raise
+        # said here, by this rank (a ConfigError is said by rank 0, which knows nothing of it);
+        # status 2: a relaunch as it is would wait as long again
+        print(f"shard-train: rank {comm.rank}: rank 0 did not finish {what} within comm.timeout={comm.timeout:g} s "
+              "(the others wait for it under that timeout): prepare a corpus this large once beforehand (a one-rank "
+              "run into the same data.cache_dir, or shard-data prepare for data=files), or raise comm.timeout; if "
+              f"rank 0 failed, its error says why ({e})", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     if path.startswith("!"):
         raise ConfigError(f"{what} failed on rank 0: {path[1:]}")
     return path

@@ -492,3 +492,21 @@ def test_an_async_saves_injected_kill_is_for_the_step_saved_not_the_step_trainin
     r.step = 5   # training goes on before the writer is done
     writes[0]()
     assert asked == [("kill-save", 4)]
+
+
+def test_a_rank_that_waits_out_rank_0s_data_preparation_says_so(capsys):
+    """A corpus rank 0 tokenizes for longer than comm.timeout failed a healthy run on the
+    other ranks with "a peer died, or did not call the same collective"."""
+    from types import SimpleNamespace
+
+    import pccl
+    from shard.tools.train import _on_rank_0
+
+    def waited(path):
+        raise pccl.CollectiveTimeout("pccl: rank 1 timed out after 3 s in MPI_Ibcast")
+    comm = SimpleNamespace(rank=1, timeout=3.0, broadcast_object=waited)
+    with pytest.raises(SystemExit) as e:
+        _on_rank_0(comm, "preparing the data", lambda: "unused")
+    assert e.value.code == 2
+    assert "shard-train: rank 1: rank 0 did not finish preparing the data within comm.timeout=3 s" in \
+        capsys.readouterr().err
