@@ -165,11 +165,18 @@ def pieces(state: dict) -> dict[str, dict]:
 
 def write_shards(snap: Path, rank: int, shards: dict) -> None:
     """This rank's shard file and its size and checksum beside it, each written atomically
-    (none where it holds no first replica). Raises the OSError of a failed write."""
-    snap.mkdir(parents=True, exist_ok=True)
-    if shards:
-        write_atomic(snap / f"shard-{rank}.pt", lambda f: _save_tensors(shards, f))
-        write_atomic(snap / f"shard-{rank}.json", json.dumps(_digest(snap / f"shard-{rank}.pt")).encode())
+    (none where it holds no first replica). Raises an OSError for any failure to write
+    them (a serializer's error too): the ranks agree on OSErrors, and one rank's other
+    exception would leave the others waiting for its word."""
+    try:
+        snap.mkdir(parents=True, exist_ok=True)
+        if shards:
+            write_atomic(snap / f"shard-{rank}.pt", lambda f: _save_tensors(shards, f))
+            write_atomic(snap / f"shard-{rank}.json", json.dumps(_digest(snap / f"shard-{rank}.pt")).encode())
+    except OSError:
+        raise
+    except Exception as e:
+        raise OSError(errno.EIO, f"writing {snap.name}'s shard-{rank} failed: {type(e).__name__}: {e}") from e
 
 
 def manifest(state: dict, extra: Optional[dict]) -> dict:

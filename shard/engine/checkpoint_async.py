@@ -94,7 +94,7 @@ class AsyncSaver:
     def _write(self, pending: _Write, shards: dict, meta: Optional[dict], written) -> None:
         try:
             checkpoint.write_shards(pending.snap, self.rank, shards)
-        except OSError as e:
+        except OSError as e:   # (any failure to write is one: write_shards)
             pending.own_error = e
         if written is not None:
             written()

@@ -112,6 +112,15 @@ def test_a_full_disk_mid_save_leaves_the_previous_snapshot_intact(comm, engines,
         loader = trained(engines, comm, 0)
         assert load(loader, tmp_path).extra == {"step": 1}
         assert all(torch.equal(v, before[k]) for k, v in loader.engine.full_state_dict().items())
+    # a failure that is no OSError (the serializer's): the same, not an error on one rank that
+    # left the others (and the async saver's wait) waiting for its word
+    def cannot_pickle(*args, **kwargs):
+        raise RuntimeError("pickling")
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", cannot_pickle)
+        with pytest.raises(CheckpointSaveError, match=f"RuntimeError: pickling; the previous snapshot {good.name}"):
+            save(optimizer, tmp_path, background, extra={"step": 2})
+    assert ckpt.snapshots(tmp_path) == [good]
     save(optimizer, tmp_path, background, extra={"step": 2})   # the disk has room again
     assert ckpt.snapshots(tmp_path)[0] == ckpt.latest(tmp_path) != good
 
