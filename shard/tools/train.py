@@ -686,7 +686,7 @@ def check_skipped(r: Run, unread: list[tuple[int, StepResult, torch.Tensor]]) ->
     for count, (step, loss) in enumerate(skipped, before + 1):
         bad_loss, = _max(r.comm, r.device, [0.0 if math.isfinite(loss.item()) else 1.0])
         if bad_loss:
-            raise TrainingError(f"non-finite loss at step {step} ({r.cfg.train.precision} training): stopping; "
+            raise TrainingError(f"non-finite loss at step {step} ({r.engine_config.precision} training): stopping; "
                                 f"{again()}")
         if limit is not None and count > limit:
             raise TrainingError(f"{count} steps skipped for non-finite gradients (the latest: step {step}), more "
