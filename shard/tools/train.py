@@ -597,7 +597,8 @@ def resume(r: Run) -> str:
     except ValueError as e:
         raise ConfigError(f"resuming from {restored.snapshot.name}: {e}") from None
     skipped = "".join(f"; skipped {why}" for why in restored.skipped)
-    return f"resumed at step {r.step} from {restored.snapshot.name}{skipped}"
+    done = f"; train.steps={r.cfg.train.steps}: nothing left to train" if r.step >= r.cfg.train.steps else ""
+    return f"resumed at step {r.step} from {restored.snapshot.name}{skipped}{done}"
 
 
 def start_log(r: Run, resumed: str) -> None:
