@@ -191,6 +191,16 @@ def test_resume_auto_on_another_world_size_and_strategy_continues_the_trajectory
     assert "world: 4" in (resumed / "config.yaml").read_text()
 
 
+def test_a_resume_with_nothing_left_to_train_says_so(tmp_path_factory, cache):
+    resumed = tmp_path_factory.mktemp("finished") / "run"
+    shutil.copytree(first_half(tmp_path_factory, cache), resumed)
+    run = mpiexec(2, "-m shard.tools.train", "strategy=zero3", "comm.ranks_per_node=1", f"train.out_dir={resumed}",
+                  f"data.cache_dir={cache}", f"train.steps={STEPS // 2}", *SMALL, "train.resume=true")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"resumed at step {STEPS // 2} from snap-" in run.stdout and \
+        f"train.steps={STEPS // 2}: nothing left to train" in run.stdout, run.stdout[-3000:]
+
+
 def test_meta_device_model_trains_exactly_as_an_eager_one(tmp_path_factory, cache):
     _, eager = train(tmp_path_factory, cache, "paro-iig-4", 4, "paro-iig")
     _, meta = train(tmp_path_factory, cache, "paro-iig-4-meta", 4, "paro-iig", "model.meta_init=true")
