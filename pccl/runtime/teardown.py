@@ -13,7 +13,9 @@ timeout. `exit_within` ends such a process within seconds, so the launcher ends 
 from __future__ import annotations
 
 import atexit
+import os
 import sys
+import threading
 
 # seconds; finalize waits for the slowest peer's own exit (its torch.distributed shut-down,
 # on loaded shared cores), then takes milliseconds
@@ -33,14 +35,21 @@ def exit_if_finalize_hangs() -> None:
 
 
 def exit_within(seconds: float, code: int = 1) -> None:
-    """End this process with `code` if it has not exited `seconds` from now (a native
-    thread: it needs no GIL, which a blocked exit may hold); and bound its finalize."""
+    """End this process with `code` if it has not exited `seconds` from now, and bound its
+    finalize. Where MPI runs, a native thread (it needs no GIL, which a blocked exit may
+    hold); elsewhere (torchrun: MPI is not started for this) a daemon thread."""
     global _deadline
-    exit_if_finalize_hangs()
-    if _deadline is None:
+    if _deadline is not None:
+        return
+    if "mpi4py.MPI" in sys.modules:
         from pccl.executors.mpi_cpp import exit_timer
 
+        exit_if_finalize_hangs()
         _deadline = exit_timer(seconds, code)
+    else:
+        _deadline = threading.Timer(seconds, os._exit, (code,))
+        _deadline.daemon = True
+        _deadline.start()
 
 
 def _bounded_finalize() -> None:
