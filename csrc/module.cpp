@@ -12,7 +12,9 @@
 #include <mutex>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 #include <mpi4py/mpi4py.h>
 
 #if defined(OPEN_MPI) && OPEN_MPI
@@ -33,14 +35,13 @@ namespace {
 
 class ExitTimer {
  public:
-  ExitTimer(double seconds, int code) : thread_([this, seconds, code] {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (cancelled_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
-    static const char msg[] =
-        "pccl: MPI_Finalize still waits for a peer after a failed collective (a peer is gone): exiting without it\n";
-    (void)!write(2, msg, sizeof msg - 1);
-    _exit(code);
-  }) {}
+  ExitTimer(double seconds, int code, std::string message)
+      : message_(std::move(message) + "\n"), thread_([this, seconds, code] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (cancelled_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
+          (void)!write(2, message_.data(), message_.size());
+          _exit(code);
+        }) {}
   ~ExitTimer() { cancel(); }
 
   void cancel() {
@@ -56,6 +57,7 @@ class ExitTimer {
   std::mutex mutex_;
   std::condition_variable cancelled_;
   bool done_ = false;
+  const std::string message_;   // said on stderr as it ends the process
   std::thread thread_;   // last: it starts once the members it reads exist
 };
 
@@ -179,9 +181,10 @@ NB_MODULE(_native, m) {
   m.attr("compiled_mpi") = compiled_mpi();
   // A process whose collective failed may hang in MPI_Finalize, which waits for every
   // peer, forever for a dead one: a native thread (it needs no GIL, which the finalizing
-  // thread may hold) ends the process with `code` unless cancel() comes within `seconds`.
+  // thread may hold) ends the process with `code`, saying `message`, unless cancel() comes
+  // within `seconds`.
   nb::class_<ExitTimer>(m, "ExitTimer")
-      .def(nb::init<double, int>(), nb::arg("seconds"), nb::arg("code"))
+      .def(nb::init<double, int, std::string>(), nb::arg("seconds"), nb::arg("code"), nb::arg("message"))
       .def("cancel", &ExitTimer::cancel, nb::call_guard<nb::gil_scoped_release>());
   m.def("mpi_gpu_support", &mpi_gpu_support, nb::arg("platform"),
         "1 if the MPI library says it takes device pointers of platform ('cuda' or 'hip'), 0 if it says "

@@ -68,11 +68,11 @@ def workspace(nbytes: int, device: int, pinned: bool) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
 
 
-def exit_timer(seconds: float, code: int):
-    """A native thread that ends the process with `code` unless the returned timer's
-    cancel() comes within `seconds`; it needs no GIL (pccl.runtime.teardown times MPI's
-    finalize with it)."""
-    return _native.ExitTimer(seconds, code)
+def exit_timer(seconds: float, code: int, message: str):
+    """A native thread that ends the process with `code`, saying `message` on stderr,
+    unless the returned timer's cancel() comes within `seconds`; it needs no GIL
+    (pccl.runtime.teardown times MPI's finalize with it)."""
+    return _native.ExitTimer(seconds, code, message)
 
 
 class MpiCppExecutor:

@@ -45,7 +45,8 @@ def exit_within(seconds: float, code: int = 1) -> None:
         from pccl.executors.mpi_cpp import exit_timer
 
         exit_if_finalize_hangs()
-        _deadline = exit_timer(seconds, code)
+        _deadline = exit_timer(seconds, code, f"pccl: this process failed, and {seconds:g} s later its exit still "
+                                              "waits (for peers that wait for it): exiting without it")
     else:
         _deadline = threading.Timer(seconds, os._exit, (code,))
         _deadline.daemon = True
@@ -66,6 +67,7 @@ def _bounded_finalize() -> None:
         if not MPI.Is_finalized():
             sys.stdout.flush()
             sys.stderr.flush()
-            timer = exit_timer(FINALIZE_LIMIT, 1)
+            timer = exit_timer(FINALIZE_LIMIT, 1, "pccl: MPI_Finalize still waits for a peer after a failed "
+                                                  "collective (a peer is gone): exiting without it")
             MPI.Finalize()   # mpi4py's own exit hook then finds MPI finalized and does nothing
             timer.cancel()
