@@ -34,10 +34,14 @@ class RecordingTransport:
     """The transport of rank `rank` of a world shaped as `topology`: no executor, group or
     MPI communicator, no call times out; every call it is given to run is recorded in
     `calls` as (collective, algorithm, bytes, predicted seconds). The profile is given, so
-    nothing is agreed (trust_native: decide as a communicator with no profile chosen)."""
+    nothing is agreed (trust_native: decide as a communicator with no profile chosen).
+    `kind`: the transport it stands for ("mpi", "gloo", "nccl"), which decides where plans
+    can run: a torch.distributed transport's children cannot build plan levels."""
 
     def __init__(self, topology: Topology, profile: Profile, rank: int = 0, trust_native: bool = False,
-                 root: Optional[tuple[Topology, tuple]] = None):
+                 root: Optional[tuple[Topology, tuple]] = None, kind: str = "mpi"):
+        transport_kinds.devices_of(kind)   # a known transport, or ValueError
+        self.kind = kind
         self.rank, self.size = rank, topology.size
         self.name = self.backend = self.executor = "dry-run"
         self.timeout = float("inf")
@@ -58,9 +62,11 @@ class RecordingTransport:
         return DEVICES
 
     def plans_buildable(self, level_transports: dict[str, str]) -> bool:
-        """Its plan levels are never built, so auto weighs the plans wherever the topology
-        has them (as on a real world over all ranks)."""
-        return True
+        """Its plan levels are never built; auto weighs the plans where the transport it
+        stands for could build them: over MPI anywhere, over torch.distributed (gloo, NCCL)
+        on the world alone, as Transport.plans_buildable decides (the engine's group and
+        inter-group lanes run flat schedules there)."""
+        return not transport_kinds.uses_torch(self.kind) or self.root is None
 
     def levels_made_at_once(self, level_transports: dict[str, str]) -> bool:
         return False   # never made: its plans are predicted, not run
@@ -101,7 +107,7 @@ class RecordingTransport:
         world, parents = self.root if self.root is not None else (topology, (tuple(range(self.size)),))
         partition = tuple(tuple(parent[i] for i in g) for parent in parents for g in groups)
         return RecordingTransport(topology.restrict(members), profile, members.index(self.rank), trust_native,
-                                  (world, partition))
+                                  (world, partition), self.kind if transport == self.name else transport)
 
     def close(self, groups: bool = True) -> None:
         pass
@@ -111,16 +117,18 @@ class DryRunCommunicator(Communicator):
     """A Communicator over a RecordingTransport (`carrier`: its calls and predictions),
     made by Communicator's constructor; its splits are Communicators over the group's."""
 
-    def __init__(self, topology: Topology, profile: Profile, rank: int = 0, *, trust_native: bool = False):
+    def __init__(self, topology: Topology, profile: Profile, rank: int = 0, *, trust_native: bool = False,
+                 transport: str = "mpi"):
         """Rank `rank` of a world shaped as `topology`, predicting with `profile`;
-        trust_native: decide as a communicator with no profile chosen does (Tuner)."""
+        trust_native: decide as a communicator with no profile chosen does (Tuner);
+        transport: the one it stands for (where plans can run: RecordingTransport)."""
         if not isinstance(topology, Topology):
             raise TypeError(f"topology must be a pccl.Topology, got {type(topology).__name__}")
         if not isinstance(profile, Profile):
             raise TypeError(f"profile must be a pccl.tuning.profiles.Profile, got {type(profile).__name__}")
         if not (isinstance(rank, int) and 0 <= rank < topology.size):
             raise ValueError(f"rank must be in 0..{topology.size - 1}, got {rank!r}")
-        super().__init__(RecordingTransport(topology, profile, rank, trust_native))
+        super().__init__(RecordingTransport(topology, profile, rank, trust_native, kind=transport))
 
     def __repr__(self) -> str:
         return f"DryRunCommunicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"

@@ -107,6 +107,7 @@ class Cluster:
     headroom: float = 0.1        # of the memory, kept free (allocator fragmentation, library buffers)
     peak_flops: Optional[float] = None   # per rank, for MFU
     shared_cores: bool = False   # computation and communication share the cores (CPU ranks)
+    transport: str = "mpi"       # the ranks' ("mpi", "gloo", "nccl"): over torch.distributed, lanes run no plans
 
     def __post_init__(self) -> None:
         if not (isinstance(self.memory, int) and self.memory > 0):
@@ -316,7 +317,8 @@ def make_plan(job: Job, cluster: Cluster, *, objective: str = "throughput", stra
     for c in evaluated:
         if c.fits or predict_all:
             c.step = predict_step(model, topology, cluster.profile, job.workload, cluster.rate, cluster.shared_cores,
-                                  flops=flops, strategy=c.strategy, group_size=c.group, algorithm=c.algorithm,
+                                  flops=flops, transport=cluster.transport, strategy=c.strategy, group_size=c.group,
+                                  algorithm=c.algorithm,
                                   precision=job.precision, reduce_dtype=job.reduce, prefetch=job.prefetch,
                                   prefetch_bytes=job.prefetch_bytes, min_shard_numel=job.min_shard_numel,
                                   activation_checkpointing=job.checkpointing)
@@ -385,7 +387,8 @@ def plan_for(model: torch.nn.Module, comm, config: EngineConfig, workload: Optio
     profile = comm.selector.profile
     rate = ComputeRate.on(profile, flops, source + " (the slowest rank's)")
     cluster = Cluster(comm.topology, profile, memory, rate, config.auto.headroom,
-                      peak * 1e12 if peak else None, shared_cores=device.type == "cpu")
+                      peak * 1e12 if peak else None, shared_cores=device.type == "cpu",
+                      transport=getattr(comm.carrier, "kind", comm.backend))   # a dry run's: the one it stands for
     groups = None if config.group_size is None else [config.group_size]
     return make_plan(job, cluster, objective=config.auto.objective, groups=groups, algorithms=(config.algorithm,))
 

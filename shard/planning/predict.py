@@ -239,12 +239,14 @@ class ComputeRate:
 
 
 def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, micro: Workload,
-                 rate: ComputeRate, shared_cores: bool = False, flops: Optional[dict] = None, **settings) -> dict:
+                 rate: ComputeRate, shared_cores: bool = False, flops: Optional[dict] = None, transport: str = "mpi",
+                 **settings) -> dict:
     """The predicted step of `model` (meta device) on `topology`: replay() of its trace
     (shared_cores as there), plus tokens/s over all ranks, the collectives the step ran,
     and the model-state bytes. The trace is taken of the model's skeleton (shard/planning/skeleton.py:
     the same trace, without the model's computation); `flops`: unit_flops of the model for
-    `micro`, where the caller has them already."""
+    `micro`, where the caller has them already; `transport`: the ranks' (over gloo or NCCL
+    the engine's group lanes run no plans: DryRunCommunicator)."""
     from shard.engine.units import split_units
     from shard.planning.skeleton import Skeleton
 
@@ -253,8 +255,8 @@ def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, m
     if flops is None:
         flops = unit_flops(model, [u.name for u in split_units(model, settings.get("units"))], micro)
     skeleton = Skeleton(model, settings.pop("units", None))
-    trace, engine = trace_many(skeleton, DryRunCommunicator(topology, profile), micro, units=skeleton.units,
-                               **settings)
+    trace, engine = trace_many(skeleton, DryRunCommunicator(topology, profile, transport=transport), micro,
+                               units=skeleton.units, **settings)
     update = rate.update_s_per_element * engine.master.numel()
 
     def compute_seconds(kind: str, unit: Optional[str]) -> float:

@@ -109,3 +109,18 @@ def test_a_dry_run_makes_no_mpi_or_torch_distributed_call(monkeypatch):
         assert calls[0][1] == c.selector.resolve("all_gather", "auto", 4 * n, "meta")
         c.close()
     assert not dist.is_initialized()
+
+
+def test_over_torch_distributed_a_dry_runs_children_weigh_no_plans_as_a_real_ones():
+    """A gloo or NCCL communicator's children cannot build plan levels (torch.distributed
+    groups are made from the world), so their auto runs flat schedules: the engine's group
+    and inter-group lanes do. The dry run weighed the plans there and predicted HO-Ring
+    where NCCL ran recursive doubling."""
+    groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    for kind, children_plan in (("mpi", True), ("gloo", False), ("nccl", False)):
+        comm = DryRunCommunicator(Topology.regular(8, 2), profiles.load("frontier"), transport=kind)
+        child = comm.split(groups)
+        assert comm.selector.plans_buildable and child.selector.plans_buildable == children_plan, kind
+        assert child.selector.tuner.with_plans == children_plan
+    with pytest.raises(ValueError):
+        DryRunCommunicator(Topology.regular(8, 2), profiles.load("frontier"), transport="carrier-pigeon")

@@ -148,6 +148,21 @@ def test_dry_run_communicator_checks_like_a_real_one_and_records_what_it_would_r
         DryRunCommunicator(Topology.regular(4, 2), HAND, rank=4)
 
 
+def test_over_nccl_the_engines_group_lanes_are_predicted_without_plans():
+    """Groups of 4 over 2 nodes of 2: over MPI the group lanes run HO-Ring, over NCCL (whose
+    children cannot build plan levels) NCCL's own collective, as the engine runs them."""
+    from shard.planning.predict import predict_step
+
+    profile = profiles.load("frontier")
+    with torch.device("meta"):
+        model = GPT(GPTConfig.preset("gpt_125m"))
+    rate = ComputeRate.on(profile, 1e14, "assumed")
+    runs = {t: predict_step(model, Topology.regular(8, 2), profile, Workload(1024, 1, 1), rate, transport=t,
+                            strategy="paro-iig", group_size=4)["algorithms"] for t in ("mpi", "nccl")}
+    assert "group all_gather: HORing()" in runs["mpi"]
+    assert "group all_gather: native" in runs["nccl"] and not any("HORing" in a for a in runs["nccl"])
+
+
 def test_unit_flops_add_up_to_the_gpt_closed_form():
     cfg = GPTConfig.preset("tiny", context=64)
     with torch.device("meta"):
