@@ -22,9 +22,17 @@ from pccl.core.topology import Topology
 from pccl.runtime import transport_kinds
 from pccl.runtime.choice import Choice
 from pccl.tuning.profiles import Profile
-from pccl.tuning.selection import Tuner, shared_tuner
+from pccl.tuning.selection import Tuner, compression_problem, shared_tuner
 from pccl.tuning.self_calibration import DEVICES as MEASURED
 from pccl.tuning.self_calibration import SelfCalibration, measures
+
+
+def refuse_compression(algorithm, collective: str, compression) -> None:
+    """ValueError where `algorithm` cannot run `collective` as `compression` asks (a codec
+    silently dropped ran the call exact; selection.compression_problem)."""
+    problem = compression_problem(algorithm, collective, compression) if compression else ""
+    if problem:
+        raise ValueError(problem)
 
 
 def uncompressed(compression) -> bool:
@@ -131,6 +139,7 @@ class Selector:
                 raise ValueError(f"'native_nonblocking' is MPI's nonblocking collective; transport "
                                  f"{self.transport!r} has none: use 'native'")
             if algorithm != "auto":
+                refuse_compression(algorithm, collective, compression)
                 return algorithm
             tuner = self.tuner_for(device)
             name = tuner.choose_for(collective, nbytes, dtype, compression) if compression else \
@@ -138,21 +147,8 @@ class Selector:
             spec = plans.NAMED.get(name, name)
             if isinstance(spec, str):
                 return spec
-        elif compression and not plans.compresses_consistently(spec, collective):
-            raise ValueError(f"a compressed {collective.replace('_', '-')} cannot run HO-Ring: its concurrent phases "
-                             "move each block both exactly and encoded, so ranks would end with different values; "
-                             "use 'hierarchical' or a flat schedule")
-        if compression and hasattr(spec, "algorithm_for"):
-            # a level whose phases are the transport's own collective has no schedule to
-            # encode in: refused here, before the plan's other levels have moved anything
-            levels = compression if isinstance(compression, dict) else {"inter": compression}
-            parts = ("reduce_scatter", "all_gather") if collective == "all_reduce" else (collective,)
-            native = [lv for lv in ("intra", "inter")
-                      if levels.get(lv) and any(spec.algorithm_for(lv, part) in NATIVES for part in parts)]
-            if native:
-                raise ValueError(f"compression on the {' and '.join(native)} level of {spec!r}, whose phases there run "
-                                 "the transport's own collective, which pccl cannot encode: give that level a "
-                                 "schedule (Hierarchical(intra='ring')) or compress another level")
+        # refused here, before a plan's other levels have moved anything
+        refuse_compression(spec, collective, compression)
         transport_kinds.check_level_devices(device, self.level_transports, self.plan_devices)
         return spec
 

@@ -48,7 +48,7 @@ import torch
 
 from pccl import plans, vocabulary
 from pccl.algorithms import NATIVES, algorithms_for
-from pccl.compression.codecs import codec
+from pccl.compression.codecs import codec, per_level
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.dtypes import reduction_class
 from pccl.core.topology import Topology
@@ -79,11 +79,42 @@ def forced(collective: str) -> Optional[str]:
     return None
 
 
-def compresses(algorithm, collective: str) -> bool:
-    """Whether `algorithm` (a name or plan spec) can run `collective` compressed, every
-    rank ending alike: not the transport's own collective, not HO-Ring's all-gather or
-    all-reduce (plans.compresses_consistently)."""
-    return algorithm not in NATIVES and plans.compresses_consistently(plans.spec_of(algorithm), collective)
+def compresses(algorithm, collective: str, compression="int8") -> bool:
+    """Whether `algorithm` (a name or plan spec) can run `collective` compressed as
+    `compression` asks (compression_problem)."""
+    return not compression_problem(algorithm, collective, compression)
+
+
+def compression_problem(algorithm, collective: str, compression) -> str:
+    """Why `algorithm` (a name or plan spec) cannot run `collective` compressed with
+    `compression` (a codec, or one per level as the collectives take it: "flat" for a flat
+    schedule, "intra"/"inter" for a plan's levels), or "": the transport's own collective
+    has nothing to encode in, nor a plan level whose phases run it; a codec must name a
+    level the algorithm has (one codec is the flat schedule's and a plan's inter level's);
+    HO-Ring's all-gather and all-reduce would leave ranks with different values
+    (plans.compresses_consistently)."""
+    if algorithm in NATIVES:
+        return f"{algorithm!r} is the transport's own collective, which pccl cannot encode"
+    spec = plans.spec_of(algorithm)
+    levels = set(per_level(compression))
+    if spec is None:
+        return "" if "flat" in levels else (f"{algorithm!r} is a flat schedule and the compression names plan levels "
+                                            f"only ({sorted(levels)}): give one codec, or name 'flat'")
+    if not levels & {"intra", "inter"}:
+        return f"{spec!r} is a plan and the compression names none of its levels: name 'intra' or 'inter'"
+    if not plans.compresses_consistently(spec, collective):
+        return (f"a compressed {collective.replace('_', '-')} cannot run HO-Ring: its concurrent phases move each "
+                "block both exactly and encoded, so ranks would end with different values; use 'hierarchical' or a "
+                "flat schedule")
+    if hasattr(spec, "algorithm_for"):
+        parts = ("reduce_scatter", "all_gather") if collective == "all_reduce" else (collective,)
+        native = [lv for lv in ("intra", "inter")
+                  if lv in levels and any(spec.algorithm_for(lv, part) in NATIVES for part in parts)]
+        if native:
+            return (f"compression on the {' and '.join(native)} level of {spec!r}, whose phases there run the "
+                    "transport's own collective, which pccl cannot encode: give that level a schedule "
+                    "(Hierarchical(intra='ring')) or compress another level")
+    return ""
 
 
 def bucket(nbytes: int) -> int:
@@ -141,9 +172,10 @@ class Tuner:
             self._decisions[key] = decide(2 ** (key[-1] / BUCKETS_PER_DOUBLING) if nbytes > 0 else 0)
         return self._decisions[key]
 
-    def compressible(self, collective: str) -> tuple:
-        """The candidates that run `collective` compressed with every rank ending alike."""
-        return tuple(n for n in self.candidates(collective) if compresses(n, collective))
+    def compressible(self, collective: str, compression="int8") -> tuple:
+        """The candidates that run `collective` compressed as `compression` asks, with every
+        rank ending alike."""
+        return tuple(n for n in self.candidates(collective) if compresses(n, collective, compression))
 
     def measured(self, collective: str, dtype: torch.dtype = torch.float32) -> bool:
         """Whether the decisions for `collective` of `dtype` rest on a measurement of this
@@ -179,7 +211,7 @@ class Tuner:
         codecs = [None] + [c for c in AUTO_CODECS if c in known and dtype in codec(c).dtypes]
         return {(c, name): cost_model.predict(collective, plans.NAMED.get(name, name), self.topology, self.profile,
                                               nbytes, compression=c, dtype=dtype)
-                for name in names for c in codecs if c is None or compresses(name, collective)}
+                for name in names for c in codecs if c is None or compresses(name, collective, c)}
 
     def choose_compressed(self, collective: str, nbytes: int, dtype: torch.dtype,
                           algorithm: str = "auto") -> tuple[Optional[str], str]:
@@ -202,17 +234,23 @@ class Tuner:
         with the codec (uncompressed where the profile lacks the codec's speed); the
         environment's forcing applies as for name()."""
         name = self._forced(collective)
-        if name is not None and compresses(name, collective):
+        if name is not None and compresses(name, collective, compression):
             return name
+        candidates = self.compressible(collective, compression)
+        if not candidates:
+            raise ValueError(f"no algorithm auto weighs for {collective} on {self.topology.describe()} takes "
+                             f"compression {compression!r}: a flat schedule takes one codec (or 'flat'), a plan "
+                             "'inter', and 'intra' only a plan with a schedule there, named as the algorithm "
+                             "(pccl.Hierarchical(intra='ring'))")
 
         def fastest(edge):
             def predict(n, **coded):
                 return cost_model.predict(collective, plans.NAMED.get(n, n), self.topology, self.profile, edge,
                                           **coded)
             try:
-                times = {n: predict(n, compression=compression, dtype=dtype) for n in self.compressible(collective)}
+                times = {n: predict(n, compression=compression, dtype=dtype) for n in candidates}
             except ValueError:   # no speed for the codec in the profile
-                times = {n: predict(n) for n in self.compressible(collective)}
+                times = {n: predict(n) for n in candidates}
             return min(times, key=times.get)
         return self._decided(("coded", collective, dtype, cost_model.coded_levels(compression)), nbytes, fastest)
 

@@ -10,7 +10,7 @@ from pccl.core.topology import Topology
 from pccl.runtime.dry_run import DryRunCommunicator
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.profiles import CodecRate, Link, Profile
-from pccl.tuning.selection import GAIN_FOR_LOSS, Tuner
+from pccl.tuning.selection import GAIN_FOR_LOSS, Tuner, compression_problem
 
 MB = 1 << 20
 INT8 = CodecRate(encode=2e9, decode=8e9, call=1e-6)
@@ -130,3 +130,28 @@ def test_a_compressed_calls_auto_is_the_fastest_predicted_with_its_codec(monkeyp
     assert comm.selector.resolve("all_reduce", "auto", 4 * MB, compression="int8") == plans.NAMED.get(chosen, chosen)
     monkeypatch.setenv("PCCL_ALGO", "ring")
     assert Tuner(topo, prof).choose_for("all_gather", MB, torch.float32, "int8") == "ring"
+
+
+def test_a_codec_for_a_level_the_algorithm_lacks_is_refused_and_auto_takes_only_what_runs_it():
+    """compression={"inter": ...} on a flat ring ran it exact, silently; {"flat": ...} on a
+    plan likewise; and auto with {"intra": ...} chose Hierarchical, whose intra level runs
+    MPI's own collective, then refused it (from 64 KiB on)."""
+    from pccl.compression.codecs import codec
+
+    comm = DryRunCommunicator(Topology.regular(8, 4), profiles.load("emulated-1gbit"))
+    inter, flat, intra = ({level: codec("bf16")} for level in ("inter", "flat", "intra"))
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        with pytest.raises(ValueError, match="'ring' is a flat schedule and the compression names plan levels only"):
+            comm.selector.resolve(collective, "ring", 16 * MB, "cpu", inter)
+        with pytest.raises(ValueError, match="is a plan and the compression names none of its levels"):
+            comm.selector.resolve(collective, plans.Hierarchical(), 16 * MB, "cpu", flat)
+        assert comm.selector.resolve(collective, "ring", 16 * MB, "cpu", flat) == "ring"
+        for size in (16, 64 << 10, 16 * MB):   # auto: only what carries the codec where it is asked for, or
+            for levels in (intra, inter):      # a clear refusal where nothing it weighs does
+                try:
+                    chosen = comm.selector.resolve(collective, "auto", size, "cpu", levels)
+                except ValueError as e:
+                    assert "no algorithm auto weighs" in str(e) and levels is intra, e
+                    continue
+                assert compression_problem(chosen, collective, levels) == "", (collective, size, chosen)
+        assert comm.selector.resolve(collective, plans.Hierarchical(intra="ring"), MB, "cpu", intra).intra == "ring"
