@@ -84,7 +84,8 @@ def parse(argv=None) -> argparse.Namespace:
     for field in ("width", "layers", "heads", "vocab"):
         ap.add_argument(f"--{field}", type=at_least(1), default=None, help=f"the preset's {field}, overridden")
     ap.add_argument("--steps", type=at_least(2), default=10, help="steps, warm-up included")
-    ap.add_argument("--warmup", type=at_least(0), default=None, help="steps left out of the timing (default: a third)")
+    ap.add_argument("--warmup", type=at_least(0), default=None,
+                    help="steps left out of the timing (default: a third, at least the first)")
     ap.add_argument("--batch", type=at_least(1), default=4, help="sequences per rank and micro-batch")
     ap.add_argument("--micro", type=at_least(1), default=1, help="micro-batches per step (gradient accumulation)")
     ap.add_argument("--seq", type=at_least(1), default=128)
@@ -220,7 +221,7 @@ def worker(args: argparse.Namespace) -> dict:
     device = device_of(args)
     run.set_up(model, world, args)
     gpu = device.type == "cuda"
-    warmup = args.warmup if args.warmup is not None else args.steps // 3
+    warmup = args.warmup if args.warmup is not None else default_warmup(args.steps)
     batches, rates = rank_batches(args, rank, p), learning_rates(args)
     times, losses = [], []
     for s in range(args.steps):
@@ -337,14 +338,21 @@ def launch(args: argparse.Namespace, name: str) -> dict:
     return json.loads(rows[-1])
 
 
+def default_warmup(steps: int) -> int:
+    """The steps left out of the timing unless --warmup says: a third, and at least the
+    first (it calibrates, compiles and allocates: --steps 2 timed it)."""
+    return max(1, steps // 3)
+
+
 def median_launch(args: argparse.Namespace, name: str) -> dict:
-    """The run launched args.launches times: the row of the median launch by tokens/s, with
-    every launch's tokens/s in "launches_tokens_per_s"."""
+    """The run launched args.launches times: the row of the median launch by tokens/s (of
+    an even count, the lower middle one: a row is one launch's, never the fastest of two),
+    with every launch's tokens/s in "launches_tokens_per_s"."""
     rows = [launch(args, name) for _ in range(max(1, args.launches))]
     if "not_run" in rows[0]:
         return rows[0]
     rows.sort(key=lambda r: r["tokens_per_s"])
-    return dict(rows[len(rows) // 2], launches_tokens_per_s=[r["tokens_per_s"] for r in rows])
+    return dict(rows[(len(rows) - 1) // 2], launches_tokens_per_s=[r["tokens_per_s"] for r in rows])
 
 
 def compared(rows: list[dict]) -> list[dict]:
@@ -455,6 +463,15 @@ def main(argv=None) -> None:
     names = [n for n in args.runs.split(",") if n]
     for name in names:
         parse_run(name)   # a bad name fails here, before anything launches
+    if args.ranks_per_node and args.ranks % args.ranks_per_node:
+        refuse("shard-compare", f"--ranks-per-node {args.ranks_per_node} does not divide --ranks {args.ranks}")
+    if args.predict:
+        from pccl.tuning import profiles
+
+        try:   # before the launches, not after them
+            profiles.load(args.predict)
+        except ValueError as e:
+            refuse("shard-compare", f"--predict {args.predict}: {e}")
     if args.device == "cuda":
         import torch
 

@@ -245,12 +245,7 @@ class DeepSpeedRun(TorchRun):
         deepspeed.init_distributed(dist_backend="gloo")
         # DeepSpeed steps this optimizer itself (ZeRO-3 wraps it): the rate is set on it
         self.client = torch.optim.AdamW(model.parameters(), betas=BETAS, eps=EPS, weight_decay=0.0)
-        self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.client, config={
-            "train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": args.micro,
-            # DeepSpeed 0.19.8 clips the global gradient norm at 1.0 unless told otherwise
-            # (runtime/constants.py, GRADIENT_CLIPPING_DEFAULT); the other runs do not clip
-            "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0,
-            "steps_per_print": 1 << 30})
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.client, config=deepspeed_config(args))
         self.rank = rank
 
     def step(self, micro_batches, lr: float):
@@ -264,6 +259,21 @@ class DeepSpeedRun(TorchRun):
         with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters())):
             full = {k: v.detach().clone() for k, v in self.engine.module.state_dict().items()}
         return full if self.rank == 0 else None
+
+
+def deepspeed_config(args) -> dict:
+    """DeepSpeed ZeRO-3 as the other runs train: the comparison's batch, no clipping
+    (DeepSpeed 0.19.8 clips at 1.0 unless told: runtime/constants.py,
+    GRADIENT_CLIPPING_DEFAULT), bf16 where --precision bf16 (without its section DeepSpeed
+    trained in fp32 under a bf16 label), and every parameter sharded from the engine's
+    min_shard_numel on (DeepSpeed's default keeps parameters under 1e5 elements whole on
+    every rank: 26 of the tiny model's 27)."""
+    from shard.engine.units import MIN_SHARD_NUMEL
+
+    return {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": args.micro,
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": MIN_SHARD_NUMEL},
+            "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0, "steps_per_print": 1 << 30,
+            **({"bf16": {"enabled": True}} if args.precision == "bf16" else {})}
 
 
 class EngineRun(Run):
@@ -341,15 +351,18 @@ def parse_run(name: str) -> Run:
     codecs = [e for e in extras if e != "compile"]
     if len(codecs) > 1:
         refuse("shard-compare", f"run {name!r} names two codecs; expected STRATEGY-COMM[+CODEC][+compile]")
-    if codecs:
-        from pccl.compression.codecs import codec
-
-        codec(codecs[0])
     strategy, _, comm = run.rpartition("-")
     if comm not in COMMS or not strategy:
         refuse("shard-compare", f"unknown run {run!r}; expected one of {tuple(PLAIN)} or "
                                 f"STRATEGY-COMM[+CODEC][+compile] with COMM one of {tuple(COMMS)}")
-    Strategy.parse(strategy)
+    try:   # an unknown codec or strategy: one line, not a traceback
+        if codecs:
+            from pccl.compression.codecs import codec
+
+            codec(codecs[0])
+        Strategy.parse(strategy)
+    except ValueError as e:
+        refuse("shard-compare", f"run {name!r}: {e}")
     return EngineRun(strategy, comm, codecs[0] if codecs else None, compiled)
 
 
