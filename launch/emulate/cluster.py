@@ -115,8 +115,10 @@ def _alive(pid: int) -> bool:
 
 
 def _owner(name: str, prefix: str) -> Optional[int]:
-    """The pid in a name `<prefix>-<pid>-...`, or None when it is not one of ours."""
-    m = re.match(re.escape(prefix) + r"-(\d+)-", name)
+    """The pid in a name a Cluster of `prefix` makes (`<prefix>-<pid>-<serial>-` and n<i>,
+    br or g<j>), or None when it is not one: another prefix's that starts alike
+    (pccl-emu-... under the prefix pccl), or a name someone chose."""
+    m = re.fullmatch(re.escape(prefix) + r"-(\d+)-\d+-(n\d+|br|g\d+)", name)
     return int(m.group(1)) if m else None
 
 
@@ -153,7 +155,7 @@ def remove_stale(prefix: str = PREFIX) -> list:
     names = set(namespaces(prefix))
     if ETC_NETNS.is_dir():
         names |= {p.name for p in ETC_NETNS.glob(prefix + "-*")}
-    stale = sorted(n for n in names if (pid := _owner(n, prefix)) is None or not _alive(pid))
+    stale = sorted(n for n in names if (pid := _owner(n, prefix)) is not None and not _alive(pid))
     for ns in stale:
         _remove_namespace(ns)
     return stale
@@ -173,7 +175,7 @@ class EmulatedCluster:
     """``with EmulatedCluster(2, ranks_per_node=4, rate="1gbit") as c: c.launch([...])``.
 
     Builds the namespaces on entry and removes everything on exit, on an exception, and
-    on SIGINT/SIGTERM (turned into exceptions while the cluster is up)."""
+    on SIGINT/SIGTERM/SIGHUP (turned into exceptions while the cluster is up)."""
 
     def __init__(self, nodes: int, ranks_per_node: int = 1, rate: str = "1gbit", prefix: str = PREFIX,
                  groups: int = 1, uplink_rate: Optional[str] = None):
@@ -270,7 +272,8 @@ class EmulatedCluster:
         def stop(signum, frame):
             raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGHUP too: a closed terminal or ssh session left the namespaces and the job running
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._handlers[sig] = signal.signal(sig, stop)
 
     def _restore_signals(self) -> None:

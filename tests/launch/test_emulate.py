@@ -153,7 +153,8 @@ def test_job_exit_code_and_cleanup(namespaces):
 
 
 @pytest.mark.mpi
-def test_sigterm_tears_down(namespaces):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])   # HUP: a closed terminal left it all running
+def test_a_signal_tears_down(namespaces, sig):
     proc = subprocess.Popen([sys.executable, str(RUN), "--nodes", "2", "--ranks-per-node", "2", "--", "sleep", "60"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=job_env())
     name = f"{emu.PREFIX}-{proc.pid}"
@@ -161,7 +162,7 @@ def test_sigterm_tears_down(namespaces):
     while len(emu.namespaces(name)) < 3 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     time.sleep(1)  # the job has started
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "interrupted" in err
@@ -169,13 +170,24 @@ def test_sigterm_tears_down(namespaces):
 
 
 def test_stale_runs_are_removed(namespaces):
+    """Only a name of ours whose run's process is gone: a namespace someone named with our
+    prefix, or another prefix's that starts alike (pccl-emu-... under pccl), was deleted
+    too, a live run's among them."""
     dead = next(pid for pid in range(4_000_000, 3_000_000, -1) if not emu._alive(pid))
     stale = f"{emu.PREFIX}-{dead}-0-n0"
-    subprocess.run(["ip", "netns", "add", stale], check=True)
+    others = [f"{emu.PREFIX}-mine", f"{emu.PREFIX}-{os.getpid()}-7-n0"]   # someone's; a live run's
+    for name in (stale, *others):
+        subprocess.run(["ip", "netns", "add", name], check=True)
     (emu.ETC_NETNS / stale).mkdir(parents=True, exist_ok=True)
     (emu.ETC_NETNS / stale / "hosts").write_text("127.0.0.1 localhost\n")
-    with emu.EmulatedCluster(1) as c:
-        assert stale not in emu.namespaces() and not (emu.ETC_NETNS / stale).exists()
-        ran = c.run(["hostname"], capture=True)
-        assert ran.stdout.strip() == "node0"
-    assert ours(c.name) == []
+    try:
+        assert emu.remove_stale("pccl") == []   # another prefix: pccl-emu-... is none of its runs
+        with emu.EmulatedCluster(1) as c:
+            assert stale not in emu.namespaces() and not (emu.ETC_NETNS / stale).exists()
+            assert all(name in emu.namespaces() for name in others)
+            ran = c.run(["hostname"], capture=True)
+            assert ran.stdout.strip() == "node0"
+        assert ours(c.name) == []
+    finally:
+        for name in others:
+            subprocess.run(["ip", "netns", "del", name], check=False)
