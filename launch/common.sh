@@ -69,12 +69,21 @@ slurm_overrides() {
 # stopped by Ctrl-C or a TERM (the user's, or the scheduler's at the time limit), and exit
 # status 2, shard-train's for a setting it refuses, which would fail the same way again.
 run_restarting() {
-    local attempt status stopped=0
+    local attempt status stopped=0 child=
     (( RESTARTS > 0 )) || exec "${cmd[@]}"
-    trap 'stopped=1' INT TERM
+    # the run in the background, waited for: a trap runs only once the foreground command
+    # ends, so a TERM to this script waited for the whole run; now it is passed on at once
+    trap 'stopped=1; [[ -n $child ]] && kill -TERM "$child" 2>/dev/null' INT TERM
     for (( attempt = 0; ; attempt++ )); do
         status=0
-        "${cmd[@]}" || status=$?
+        "${cmd[@]}" &
+        child=$!
+        wait "$child" || status=$?
+        if (( stopped )); then   # the signal ended the wait: the run's own status
+            status=0
+            wait "$child" || status=$?
+        fi
+        child=
         (( status == 0 )) && exit 0
         if (( stopped )); then
             echo "$NAME: stopped by a signal (exit $status); not restarting" >&2
@@ -128,4 +137,5 @@ load_modules() {
 DRY_RUN=${DRY_RUN:-0}
 [[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1, got '$DRY_RUN'"
 RESTARTS=${RESTARTS:-0}
-[[ $RESTARTS =~ ^[0-9]+$ ]] || die "RESTARTS must be an integer >= 0, got '$RESTARTS'"
+# no leading zero: bash reads 010 as octal 8, and 08 not at all
+[[ $RESTARTS =~ ^(0|[1-9][0-9]*)$ ]] || die "RESTARTS must be an integer >= 0, got '$RESTARTS'"

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -370,6 +372,7 @@ def test_local_defaults_and_overrides():
     ({"PYTHON": "/nonexistent/python"}, "PYTHON"),
     ({"RESTARTS": "-1"}, "RESTARTS must be an integer >= 0, got '-1'"),
     ({"RESTARTS": "two"}, "RESTARTS must be an integer >= 0"),
+    ({"RESTARTS": "010"}, "RESTARTS must be an integer >= 0, got '010'"),   # bash read it as octal 8
 ])
 def test_local_errors(env, message):
     fail(run("local.sh", **env), "local.sh: error", message)
@@ -424,3 +427,27 @@ def test_local_restarts_a_failed_run_with_resume_auto(tmp_path):
                         f'echo $(( $(cat {calls}) + 1 )) > {calls}\n{stop}\n')
         proc = run("local.sh", dry=False, MPIEXEC=str(fake), RESTARTS="3")
         assert (proc.returncode, calls.read_text().strip()) == (status, "1") and said in proc.stderr, proc.stderr
+
+
+def test_a_term_stops_a_restarting_run_at_once(tmp_path):
+    """With RESTARTS > 0 a TERM to local.sh (a scheduler's at the time limit) waited for the
+    whole run to end: bash runs a trap only once the foreground command is done. It is now
+    passed on to the run, and nothing is relaunched."""
+    calls, fake = tmp_path / "calls", tmp_path / "mpiexec"
+    calls.write_text("0")
+    fake.write_text(f'#!/bin/bash\n[[ $1 == --version ]] && {{ echo "fake MPI"; exit 0; }}\n'
+                    f'echo $(( $(cat {calls}) + 1 )) > {calls}\ntrap "exit 143" TERM\n'
+                    f'for i in $(seq 300); do sleep 0.1; done\n')
+    fake.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(SCRUB)}
+    proc = subprocess.Popen(["bash", str(LAUNCH / "local.sh"), "train.out_dir=runs/term"], cwd=ROOT, text=True,
+                            env={**base, "PYTHON": sys.executable, "MPIEXEC": str(fake), "RESTARTS": "2"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while calls.read_text().strip() != "1" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - started < 5 and proc.returncode == 143, (proc.returncode, err)
+    assert "stopped by a signal (exit 143); not restarting" in err and calls.read_text().strip() == "1"
