@@ -47,6 +47,26 @@ def check_choices(overrides: list[str]) -> None:
                 raise ConfigError(f"{group}={one}: no such option; expected one of {options[group]}")
 
 
+def check_overrides(argv: list[str]) -> None:
+    """A run's overrides composed as Hydra will compose them (a key no group has, a
+    malformed value): ConfigError in one line, so the run exits 2 as for any refused
+    setting, where Hydra's own error exits 1 and a RESTARTS loop relaunched it. A
+    command line with Hydra's flags (-m's sweep, --cfg job, ...) is left to Hydra: their
+    syntax is its own."""
+    if any(a.startswith("-") for a in argv):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = [a for a in argv if not a.startswith(("hydra.", "hydra/", "+hydra"))]
+    try:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(" ".join(str(e).split())) from None
+
+
 def check(resolved: dict) -> GPTConfig:
     """Check every key of a resolved shard-train configuration (a plain dict, as
     OmegaConf.to_container(cfg, resolve=True) gives); ConfigError names the first bad one.

@@ -897,6 +897,7 @@ def main() -> None:
             raise
     try:
         preflight.check_choices(sys.argv[1:])
+        preflight.check_overrides(sys.argv[1:])
     except ConfigError as e:
         raise refused(e) from None
     hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name="config")(task)()

@@ -200,6 +200,17 @@ def test_a_bad_setting_on_the_command_line_is_one_line_and_exit_status_2(tmp_pat
     assert unknown.stderr.startswith("shard-train: strategy=zero9: no such option; expected one of ['auto', 'ddp'")
 
 
+def test_a_key_no_group_has_is_refused_as_a_setting_is():
+    """Hydra's own error for it exited 1, so a RESTARTS loop relaunched a typo."""
+    with pytest.raises(preflight.ConfigError, match="Could not override 'train.nosuchkey'"):
+        preflight.check_overrides(["train.nosuchkey=1"])
+    with pytest.raises(preflight.ConfigError, match="no viable alternative at input"):
+        preflight.check_overrides(["train.steps=[1,"])
+    preflight.check_overrides(["train.steps=3", "hydra.run.dir=x"])
+    for flags in (["-m", "train.steps=1,2"], ["--cfg", "job"]):   # Hydra's own syntax: Hydra's to check
+        preflight.check_overrides(flags)
+
+
 def test_a_multiruns_sweep_over_a_groups_options_is_checked_option_by_option():
     preflight.check_choices(["model=tiny,llama_tiny", "strategy=zero3,paro-iig", "model=glob(*)"])
     with pytest.raises(preflight.ConfigError, match="model=gpt_9000: no such option"):
