@@ -206,8 +206,10 @@ class Communicator:
         MPI.COMM_WORLD's, as they are when pccl brings torch.distributed up through MPI or the
         launcher numbers both alike."""
         groups = [list(g) for g in groups]
-        if sorted(r for g in groups for r in g) != list(range(self.size)):
-            raise ValueError(f"groups must hold each rank 0..{self.size - 1} exactly once, got {groups}")
+        plain = all(g and all(type(r) is int for r in g) for g in groups)   # (not 1.0, True, numpy's integers)
+        if not plain or sorted(r for g in groups for r in g) != list(range(self.size)):
+            raise ValueError(f"groups must be non-empty lists of int ranks holding each rank 0..{self.size - 1} "
+                             f"exactly once, got {groups}")
         transport = transport or self.backend
         # An interruptible communicator finds a dead peer before MPI_Comm_split, which blocks for good.
         child = self.carrier.split(groups, transport, self.barrier if self.interruptible else None)
@@ -367,10 +369,10 @@ class Communicator:
                   async_op: bool = False) -> Optional[Work]:
         """Rank `root`'s `tensor` on every rank, in place (the others' values are
         overwritten); every rank passes a tensor of the same dtype and size."""
+        validation.check_root(root, self.size)   # first: 1.0 and True hash as 1 in the call cache
         key, call = self._cached(("broadcast", algorithm, root), tensor)
         if call is None:
             validation.check_tensor("tensor", tensor, self.devices)
-            validation.check_root(root, self.size)
             form = self.selector.native_form("broadcast", algorithm)
             fn = self.carrier.broadcasts(root, form)
             nbytes, dtype = tensor.numel() * tensor.element_size(), str(tensor.dtype).removeprefix("torch.")

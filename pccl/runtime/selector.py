@@ -147,6 +147,11 @@ class Selector:
             spec = plans.NAMED.get(name, name)
             if isinstance(spec, str):
                 return spec
+        if not self.plans_buildable:   # said when called, not at an async call's wait()
+            levels = "/".join(sorted(set(self.level_transports.values())))
+            raise ValueError(f"{spec!r} cannot run here: plan levels over {levels} are torch.distributed groups, "
+                             "which only a communicator over all ranks can make; run the plan on the world's "
+                             "communicator, or a flat algorithm here")
         # refused here, before a plan's other levels have moved anything
         refuse_compression(spec, collective, compression)
         transport_kinds.check_level_devices(device, self.level_transports, self.plan_devices)

@@ -161,3 +161,16 @@ def test_the_own_native_of_an_interruptible_mpi_communicator_is_the_one_that_tim
     assert c.selector.own_native == "native_nonblocking" and c.split([[0]]).selector.own_native == "native_nonblocking"
     assert c.selector.tuner.candidates("all_gather").count("native_nonblocking") == 1
     assert pccl.Communicator(MPI.COMM_SELF).selector.own_native == "native"
+
+
+def test_split_groups_and_broadcast_roots_are_plain_integers(comm):
+    """An empty group or float ranks were accepted over MPI (gloo raised pybind's TypeError);
+    a broadcast root of 1.0 or True passed once the call cache held root 1 (they hash alike)."""
+    for groups in ([[0], []], [[0.0]], [[True]]):
+        with pytest.raises(ValueError, match="groups must be non-empty lists of int ranks"):
+            comm.split(groups)
+    t = torch.ones(4)
+    comm.broadcast(t, root=0)
+    for root in (0.0, False):
+        with pytest.raises(ValueError, match="root"):
+            comm.broadcast(t, root=root)
