@@ -201,6 +201,7 @@ train: build
 	NPROC=$(TRAIN_RANKS) PYTHON=$(PY) launch/local.sh $(TRAIN)
 
 bench: build
+	@case "$(RANKS)" in ''|*[!0-9]*|0*) echo "make bench: RANKS must be a positive integer, got '$(RANKS)'" >&2; exit 2;; esac
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/pccl-bench -b 4K -e 4M -f 16 -n 10 -w 3
 
 # Optional: DeepSpeed, for shard-compare's deepspeed-zero3 run (its CPU accelerator on

@@ -58,3 +58,12 @@ def test_a_venv_refuses_another_mpi_or_torch_than_it_was_set_up_with(tmp_path):
         assert refused.returncode != 0 and f"was set up with MPI=mpich TORCH=torch==2.13.0 and cannot take " \
             f"{asked}" in refused.stderr, refused.stderr
     assert make().returncode == 0 and make("MPI=mpich", "TORCH=torch==2.13.0").returncode == 0
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_bench_refuses_ranks_that_are_not_a_count():
+    """RANKS=abc (or 0) ran one rank: Hydra's mpiexec reads -n abc as 1."""
+    for bad in ("abc", "0", "-2"):
+        run = subprocess.run(["make", "-s", "-C", str(ROOT), "bench", f"RANKS={bad}"], capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode != 0 and f"RANKS must be a positive integer, got '{bad}'" in run.stderr, run.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -25,6 +26,16 @@ def positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
 
 
@@ -47,13 +58,17 @@ def main(argv=None) -> int:
     ap.add_argument("--uplink-rate", type=rate, default=None,
                     help="each group's uplink to the core, each direction (default: --rate)")
     ap.add_argument("--counters", metavar="PATH", help="write the per-node byte counts as JSON")
-    ap.add_argument("--timeout", type=float, help="seconds before the job is killed")
+    ap.add_argument("--timeout", type=positive_seconds, help="seconds before the job is killed")
     ap.add_argument("--prefix", default=PREFIX, help=f"name prefix of namespaces and files (default {PREFIX})")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("no command given; put it after --")
+    if args.counters and not (Path(args.counters).resolve().parent.is_dir() and
+                              os.access(Path(args.counters).resolve().parent, os.W_OK)):
+        ap.error(f"--counters {args.counters}: its directory is not a writable one (checked before the job, whose "
+                 "counts it would lose)")
 
     try:
         with EmulatedCluster(args.nodes, args.ranks_per_node, args.rate, args.prefix, args.groups,

@@ -39,6 +39,7 @@ from pccl.analysis import traffic
 from pccl.core.topology import Topology
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.profiles import Network
+from runkit.args import at_least, fraction
 from runkit.sizes import parse_size, size_label
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,31 +203,52 @@ def with_network(profile_path: Path, args) -> Path:
 
 def shape_arg(text: str) -> list[tuple[int, int]]:
     try:
-        return [tuple(int(x) for x in s.split("x")) for s in text.split(",")]
+        shapes = [tuple(int(x) for x in s.split("x")) for s in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"shapes look like 2x4,4x2; got {text!r}") from None
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"shapes look like 2x4,4x2 (nodes x ranks per node, each >= 1); got {text!r}")
+    return shapes
+
+
+def rate_arg(text: str) -> str:
+    try:
+        rate_bits(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def size_arg(text: str) -> str:
+    try:
+        parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "emulated")
     ap.add_argument("--shapes", type=shape_arg, default=[(2, 4), (4, 2)])
-    ap.add_argument("--rate", default="1gbit")
-    ap.add_argument("--launches", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=3, help="timed calls per row")
-    ap.add_argument("--min-size", default="1M")
-    ap.add_argument("--max-size", default="64M")
+    ap.add_argument("--rate", type=rate_arg, default="1gbit")
+    ap.add_argument("--launches", type=at_least(1), default=3)
+    ap.add_argument("--iters", type=at_least(1), default=3, help="timed calls per row")
+    ap.add_argument("--min-size", type=size_arg, default="1M")
+    ap.add_argument("--max-size", type=size_arg, default="64M")
     ap.add_argument("--profile", type=Path, default=None, help="skip calibration and predict with this profile")
-    ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--groups", type=int, default=1, help="network groups of consecutive nodes (two tiers)")
-    ap.add_argument("--uplink-rate", default=None, help="each group's uplink to the core (default --rate)")
+    ap.add_argument("--timeout", type=fraction(0.0, 1e9, low_open=True), default=1800)
+    ap.add_argument("--groups", type=at_least(1), default=1, help="network groups of consecutive nodes (two tiers)")
+    ap.add_argument("--uplink-rate", type=rate_arg, default=None,
+                    help="each group's uplink to the core (default --rate)")
     ap.add_argument("--algorithms", default=None, help="pccl-bench --algorithms (default: all; include auto)")
     ap.add_argument("--report-only", action="store_true",
                     help="no launches: predict again for the launches saved in --out (after a model change)")
     args = ap.parse_args(argv)
-    parse_size(args.min_size), parse_size(args.max_size)
     if args.groups > 1 and len({n for n, _ in args.shapes}) > 1:   # one derived network tier for all shapes
         ap.error(f"--groups takes shapes of one node count, got {args.shapes}")
+    if args.shapes[0][0] % args.groups:
+        ap.error(f"--groups {args.groups} must divide the shapes' {args.shapes[0][0]} nodes")
     args.out.mkdir(parents=True, exist_ok=True)
     profile_path = args.profile
     if args.report_only:
