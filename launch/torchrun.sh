@@ -81,6 +81,7 @@ fi
 
 if [[ -n ${TORCHRUN:-} ]]; then
     read -r -a torchrun <<< "$TORCHRUN"
+    command -v "${torchrun[0]}" > /dev/null || die "TORCHRUN '${torchrun[0]}' not found"
 else
     PYTHON_PATH=$(command -v "$PYTHON") || die "PYTHON '$PYTHON' not found"
     if [[ -x $(dirname "$PYTHON_PATH")/torchrun ]]; then

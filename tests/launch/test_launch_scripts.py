@@ -238,6 +238,9 @@ def test_sbatch_jobs_resume_after_a_requeue_and_restart_srun(script, tmp_path):
     assert (o["train.out_dir"], o["train.resume"]) == ("mine", "false")
     fail(run(script, "train.resume=true", SLURM_NNODES="2", RESTARTS="1"), "RESTARTS sets train.resume=auto")
     fail(run(script, SLURM_NNODES="2", RESTARTS="x"), "RESTARTS must be an integer >= 0")
+    # more nodes than the job has (srun -N 8 of 4), a REPO without pccl (a traceback, or a silent fallback)
+    fail(run(script, NNODES="8", SLURM_NNODES="4"), "NNODES=8 exceeds the job's 4 node(s)")
+    fail(run(script, SLURM_NNODES="2", REPO="/nonexistent"), "REPO=/nonexistent holds no pccl checkout")
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     calls.write_text("0")
@@ -451,3 +454,7 @@ def test_a_term_stops_a_restarting_run_at_once(tmp_path):
     _, err = proc.communicate(timeout=30)
     assert time.monotonic() - started < 5 and proc.returncode == 143, (proc.returncode, err)
     assert "stopped by a signal (exit 143); not restarting" in err and calls.read_text().strip() == "1"
+
+
+def test_a_torchrun_that_is_not_there_is_named():
+    fail(run("torchrun.sh", TORCHRUN="/nonexistent", NPROC_PER_NODE="2"), "TORCHRUN '/nonexistent' not found")
