@@ -98,6 +98,10 @@ def check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be at least 0, got {args.warmup}")
+    from pccl import vocabulary
+
+    for collective in ("all_gather", "reduce_scatter"):   # the engine's two (a bad name failed after launches)
+        vocabulary.check(collective, args.algorithm)
     try:
         args.prefetch = [int(p) for p in args.prefetch.split(",")] if args.prefetch is not None else None
     except ValueError:

@@ -112,6 +112,8 @@ def test_strategies_that_gather_parameters_run_once_per_prefetch_value():
     (["--steps", "0"], "--steps must be at least 1"),
     (["--width", "129"], "width 129 must be divisible by heads 2 (the model has width // 64 heads"),
     (["--strategy", "zero3", "--prefetch", "0,1"], "one --prefetch value per worker"),
+    (["--algorithm", "bogus"], "unknown algorithm 'bogus'"),   # (it failed after the compute-only launch)
+    (["--algorithm", "bruck"], "bruck"),   # an all-gather alone: the engine reduce-scatters too
 ])
 def test_bad_input_is_refused_before_anything_launches(argv, message, capsys):
     with pytest.raises(SystemExit) as exit:
