@@ -36,6 +36,19 @@ def fraction(low: float = 0.0, high: float = 1.0, low_open: bool = False) -> Cal
     return parse
 
 
+def checked(check: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse type: the text as given, once `check(text)` took it; its ValueError's
+    message where not (a rate, a size: what the tool passes on as text)."""
+    def parse(text: str) -> str:
+        try:
+            check(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+    parse.__name__ = getattr(check, "__name__", "value")
+    return parse
+
+
 class UsageError(SystemExit):
     """Bad input to a command, the user's mistake and not the program's, found before
     anything runs: exit status 2, as argparse's errors have; its text is the one line

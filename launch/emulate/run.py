@@ -21,30 +21,9 @@ from pathlib import Path
 # Run as a script: its folder is on sys.path, so the sibling module `cluster` imports as is.
 from cluster import PREFIX, EmulatedCluster, EmulationError, delta, rate_bits
 
+from runkit.args import at_least, checked, fraction
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
-def rate(text: str) -> str:
-    try:
-        rate_bits(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
+positive, rate = at_least(1), checked(rate_bits)
 
 
 def main(argv=None) -> int:
@@ -58,7 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--uplink-rate", type=rate, default=None,
                     help="each group's uplink to the core, each direction (default: --rate)")
     ap.add_argument("--counters", metavar="PATH", help="write the per-node byte counts as JSON")
-    ap.add_argument("--timeout", type=positive_seconds, help="seconds before the job is killed")
+    ap.add_argument("--timeout", type=fraction(0.0, 1e9, low_open=True), help="seconds before the job is killed")
     ap.add_argument("--prefix", default=PREFIX, help=f"name prefix of namespaces and files (default {PREFIX})")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)

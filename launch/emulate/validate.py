@@ -39,7 +39,7 @@ from pccl.analysis import traffic
 from pccl.core.topology import Topology
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.profiles import Network
-from runkit.args import at_least, fraction
+from runkit.args import at_least, checked, fraction
 from runkit.sizes import parse_size, size_label
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,35 +211,19 @@ def shape_arg(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def rate_arg(text: str) -> str:
-    try:
-        rate_bits(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
-def size_arg(text: str) -> str:
-    try:
-        parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "emulated")
     ap.add_argument("--shapes", type=shape_arg, default=[(2, 4), (4, 2)])
-    ap.add_argument("--rate", type=rate_arg, default="1gbit")
+    ap.add_argument("--rate", type=checked(rate_bits), default="1gbit")
     ap.add_argument("--launches", type=at_least(1), default=3)
     ap.add_argument("--iters", type=at_least(1), default=3, help="timed calls per row")
-    ap.add_argument("--min-size", type=size_arg, default="1M")
-    ap.add_argument("--max-size", type=size_arg, default="64M")
+    ap.add_argument("--min-size", type=checked(parse_size), default="1M")
+    ap.add_argument("--max-size", type=checked(parse_size), default="64M")
     ap.add_argument("--profile", type=Path, default=None, help="skip calibration and predict with this profile")
     ap.add_argument("--timeout", type=fraction(0.0, 1e9, low_open=True), default=1800)
     ap.add_argument("--groups", type=at_least(1), default=1, help="network groups of consecutive nodes (two tiers)")
-    ap.add_argument("--uplink-rate", type=rate_arg, default=None,
+    ap.add_argument("--uplink-rate", type=checked(rate_bits), default=None,
                     help="each group's uplink to the core (default --rate)")
     ap.add_argument("--algorithms", default=None, help="pccl-bench --algorithms (default: all; include auto)")
     ap.add_argument("--report-only", action="store_true",

@@ -75,10 +75,10 @@ def test_arguments():
         emu.EmulatedCluster(4, groups=2, uplink_rate="slow")
     assert emu.burst_bytes("1gbit") >= 64 * 1024 + 1500
     for args, message in ((["--rate", "fast", "--", "true"], "rate must be"),
-                          (["--nodes", "0", "--", "true"], "must be >= 1"), ([], "no command"),
+                          (["--nodes", "0", "--", "true"], "expected an integer >= 1"), ([], "no command"),
                           # (a traceback after the job, its counts lost; a job killed at once)
                           (["--counters", "/nonexistent/x.json", "--", "true"], "its directory is not a writable"),
-                          (["--timeout", "0", "--", "true"], "must be a positive number of seconds")):
+                          (["--timeout", "0", "--", "true"], "expected a number above 0")):
         proc = subprocess.run([sys.executable, str(RUN), *args], capture_output=True, text=True, timeout=30)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     validate = RUN.parent / "validate.py"   # tracebacks, or an empty report with exit 0 (--launches 0)
