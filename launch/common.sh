@@ -69,19 +69,21 @@ slurm_overrides() {
 # stopped by Ctrl-C or a TERM (the user's, or the scheduler's at the time limit), and exit
 # status 2, shard-train's for a setting it refuses, which would fail the same way again.
 run_restarting() {
-    local attempt status stopped=0 child=
+    local attempt status again stopped=0 child=
     (( RESTARTS > 0 )) || exec "${cmd[@]}"
     # the run in the background, waited for: a trap runs only once the foreground command
     # ends, so a TERM to this script waited for the whole run; now it is passed on at once
-    trap 'stopped=1; [[ -n $child ]] && kill -TERM "$child" 2>/dev/null' INT TERM
+    # (|| true: the run may be gone already, and errexit would end this script on kill's status)
+    trap 'stopped=1; [[ -z $child ]] || kill -TERM "$child" 2>/dev/null || true' INT TERM
     for (( attempt = 0; ; attempt++ )); do
         status=0
         "${cmd[@]}" &
         child=$!
         wait "$child" || status=$?
-        if (( stopped )); then   # the signal ended the wait: the run's own status
-            status=0
-            wait "$child" || status=$?
+        if (( stopped )); then   # the signal may have ended the wait first: the run's own status, where
+            again=0               # bash still has it (not for a run it reaped already: 127, or -1)
+            wait "$child" 2> /dev/null || again=$?
+            (( again == 127 || again < 0 || again > 255 )) || status=$again
         fi
         child=
         (( status == 0 )) && exit 0
