@@ -102,10 +102,14 @@ class Batches:
 
 
 def eval_batches(tokens: np.ndarray, seq_len: int, micro_batch: int, rank: int, world: int,
-                 count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`count` fixed (x, y) micro-batches of this rank: windows in order, micro-batch b of rank r
-    being windows [(b * world + r) * micro_batch, + micro_batch), wrapping around a small split
-    (then ranks may share windows)."""
+                 count: int) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
+    """This rank's part of the validation set: `count` fixed micro-batches, the same set
+    whatever the world size, so validation losses compare across runs on any number of ranks.
+    Micro-batch b is windows [b * micro_batch, + micro_batch) in order, wrapping around a
+    small split; rank r takes micro-batches r, r + world, ... Every rank gets
+    ceil(count / world) entries (x, y, counted), since a sharded model's forward is collective
+    and the ranks must run as many: a rank short of one repeats its first micro-batch (or
+    the set's first) with counted False, to be left out of the sum."""
     _check_tokens(tokens)
     _positive(seq_len=seq_len, micro_batch=micro_batch, count=count)
     _check_rank(rank, world)
@@ -113,5 +117,9 @@ def eval_batches(tokens: np.ndarray, seq_len: int, micro_batch: int, rank: int, 
     if windows == 0:
         raise ValueError(f"the evaluation split has {len(tokens)} tokens, fewer than one window of seq_len + 1 = "
                          f"{seq_len + 1}: hold out more data (val_fraction) or use a smaller seq_len")
-    positions = [(b * world + rank) * micro_batch + i for b in range(count) for i in range(micro_batch)]
-    return _pairs(tokens, np.array(positions) % windows, seq_len, micro_batch)
+    mine = list(range(rank, count, world))
+    filler = mine[0] if mine else 0
+    batches = mine + [filler] * (-(-count // world) - len(mine))
+    positions = [b * micro_batch + i for b in batches for i in range(micro_batch)]
+    pairs = _pairs(tokens, np.array(positions) % windows, seq_len, micro_batch)
+    return [(x, y, i < len(mine)) for i, (x, y) in enumerate(pairs)]

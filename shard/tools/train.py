@@ -123,12 +123,6 @@ def _communicator(c, device: torch.device) -> pccl.Communicator:
     return comm
 
 
-def _mean(comm: pccl.Communicator, device: torch.device, values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    comm.all_reduce(t, op="avg")
-    return t.tolist()
-
-
 def _gather(comm: pccl.Communicator, device: torch.device, values: list[float]) -> list[list[float]]:
     """Every rank's `values`, row by rank: one small all-gather however many scalars (the
     logged interval's loss, memory and waits), where a reduction per scalar would be one
@@ -296,12 +290,14 @@ def _restart_interval(engine: Engine, device: torch.device) -> float:
 
 
 def evaluate(engine: Engine, batches: list, device: torch.device) -> float:
+    """The summed loss of this rank's counted validation micro-batches (eval_batches'): every
+    entry runs, since the forward is collective."""
     total = 0.0
     with torch.no_grad():
-        for x, y in batches:
-            x, y = x.to(device), y.to(device)
-            total += engine(x, targets=y).item()
-    return total / len(batches)
+        for x, y, counted in batches:
+            loss = engine(x.to(device), targets=y.to(device)).item()
+            total += loss if counted else 0.0
+    return total
 
 
 @dataclass
@@ -771,9 +767,11 @@ def find_straggler(r: Run, report: dict, longest: list[float], exposed: list[flo
 
 
 def validate(r: Run) -> float:
-    """The held-out loss, averaged over ranks."""
-    loss, = _mean(r.comm, r.device, [evaluate(r.engine, r.held_out, r.device)])
-    return loss
+    """The held-out loss: the mean over the validation set's micro-batches, which the ranks
+    share out (the same set on any number of ranks)."""
+    total = torch.tensor([evaluate(r.engine, r.held_out, r.device)], dtype=torch.float64, device=r.device)
+    r.comm.all_reduce(total, op="sum")
+    return total.item() / r.cfg.train.eval_batches
 
 
 def save_checkpoint(r: Run, losses: list) -> None:

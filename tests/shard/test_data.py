@@ -480,23 +480,30 @@ def test_batches_refuse_a_corpus_smaller_than_a_global_batch():
 
 # --- evaluation batches -----------------------------------------------------------------------
 
-def test_eval_batches_are_fixed_and_rank_disjoint():
-    seq_len = 4
+def test_eval_batches_are_one_set_shared_out_whatever_the_world_size():
+    # the validation set is the first count micro-batches of windows, in order, on any number
+    # of ranks: every rank runs as many forwards (a sharded forward is collective), the ones
+    # past its share repeated and not counted
+    seq_len, micro_batch, count = 4, 3, 5
     tokens = np.arange(40 * seq_len + 1, dtype=np.int64)
-    per_rank = []
-    for r in range(2):
-        a = eval_batches(tokens, seq_len, micro_batch=3, rank=r, world=2, count=4)
-        b = eval_batches(tokens, seq_len, micro_batch=3, rank=r, world=2, count=4)
-        assert len(a) == 4 and all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
-        assert all(torch.equal(y[:, :-1], x[:, 1:]) and x.shape == (3, 4) for x, y in a)
-        per_rank.append([w for x, _ in a for w in (x[:, 0] // seq_len).tolist()])
-    assert not set(per_rank[0]) & set(per_rank[1])
-    assert sorted(per_rank[0] + per_rank[1]) == list(range(24)), "the first windows, in order"
+    expected = list(range(count * micro_batch))
+    for world in (1, 2, 3, 4, 7):
+        counted, lengths = [], set()
+        for r in range(world):
+            a = eval_batches(tokens, seq_len, micro_batch=micro_batch, rank=r, world=world, count=count)
+            b = eval_batches(tokens, seq_len, micro_batch=micro_batch, rank=r, world=world, count=count)
+            assert all(torch.equal(x1, x2) and torch.equal(y1, y2) and c1 == c2
+                       for (x1, y1, c1), (x2, y2, c2) in zip(a, b)), "fixed"
+            assert all(torch.equal(y[:, :-1], x[:, 1:]) and x.shape == (3, 4) for x, y, _ in a)
+            lengths.add(len(a))
+            counted += [w for x, _, c in a if c for w in (x[:, 0] // seq_len).tolist()]
+        assert lengths == {-(-count // world)}, f"world {world}: every rank runs as many forwards"
+        assert sorted(counted) == expected, f"world {world}: the first windows, each once"
 
 
 def test_eval_batches_wrap_around_a_small_split(data):
     small = eval_batches(np.arange(11), seq_len=4, micro_batch=3, rank=0, world=1, count=2)
-    assert [x[:, 0].tolist() for x, _ in small] == [[0, 4, 0], [4, 0, 4]]
+    assert [x[:, 0].tolist() for x, _, _ in small] == [[0, 4, 0], [4, 0, 4]]
     real = eval_batches(data.val, seq_len=64, micro_batch=2, rank=1, world=2, count=2)
     assert real[0][0].shape == (2, 64)
     with pytest.raises(ValueError, match="fewer than one window"):

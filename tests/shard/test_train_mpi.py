@@ -107,12 +107,18 @@ def test_default_global_batch_grows_with_the_world(tmp_path_factory, cache):
 
 def test_strategies_and_world_sizes_follow_one_trajectory(tmp_path_factory, cache):
     """The same global batch of the same data (the batch split differs with the world),
-    so the losses differ only by summation order."""
-    reference = [r["loss"] for r in train(tmp_path_factory, cache, "ddp-4", 4, "ddp")[1]]
+    so the losses differ only by summation order; and so do the validation losses, of one
+    validation set on any number of ranks (its 2 micro-batches shared out: on 4 ranks, two
+    run theirs uncounted)."""
+    records = train(tmp_path_factory, cache, "ddp-4", 4, "ddp")[1]
+    reference = [r["loss"] for r in records]
+    validation = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(validation) == 2
     for key, ranks, strategy in [("zero3-4", 4, "zero3"), ("paro-iig-4", 4, "paro-iig"), ("zero3-2", 2, "zero3"),
-                                 ("paro-iig-2", 2, "paro-iig")]:
-        losses = [r["loss"] for r in train(tmp_path_factory, cache, key, ranks, strategy)[1]]
-        assert losses == pytest.approx(reference, rel=1e-4), key
+                                 ("paro-iig-2", 2, "paro-iig"), ("zero3-1", 1, "zero3")]:
+        records = train(tmp_path_factory, cache, key, ranks, strategy)[1]
+        assert [r["loss"] for r in records] == pytest.approx(reference, rel=1e-4), key
+        assert [r["val_loss"] for r in records if "val_loss" in r] == pytest.approx(validation, rel=1e-4), key
 
 
 def test_strategy_auto_trains_with_the_plans_choice_on_the_same_trajectory(tmp_path_factory, cache):
