@@ -6,6 +6,8 @@ Peak dense TFLOP/s per device (one rank), from the vendors' data sheets:
   A100 SXM    312 bf16/fp16, 156 tf32, 19.5 fp32
   H100 SXM    989 bf16/fp16, 495 tf32, 67 fp32   (H100 PCIe: 756, 378, 51)
   H200        989 bf16/fp16, 495 tf32, 67 fp32   (same GH100 compute as H100 SXM)
+  H100 NVL, H200 NVL  835.5 bf16/fp16, 417.5 tf32, 60 fp32   (the PCIe cards at 400 and 600 W:
+              half the sheets' 1,671 and 835 "with sparsity")
 On CPUs there is no peak to compare with: MFU is not meaningful and reported as null.
 """
 from __future__ import annotations
@@ -28,12 +30,15 @@ PEAK_TFLOPS = {
     "H100 SXM": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},
     "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
     "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0},
+    "H100 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    "H200 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
 }
 
 # The device each built-in machine profile describes, and its memory per rank (HBM per GCD
 # or GPU, from the same data sheets; Perlmutter's GPU nodes are mostly the 40 GB A100).
 PROFILE_DEVICES = {"frontier": "MI250X GCD", "perlmutter": "A100", "dgx-h100": "H100 SXM"}
-DEVICE_MEMORY_GIB = {"MI250X GCD": 64, "A100": 40, "H100 SXM": 80, "H100 PCIe": 80, "H200": 141}
+DEVICE_MEMORY_GIB = {"MI250X GCD": 64, "A100": 40, "H100 SXM": 80, "H100 PCIe": 80, "H200": 141,
+                     "H100 NVL": 94, "H200 NVL": 141}
 
 
 def device_kind(name: str) -> Optional[str]:
@@ -41,10 +46,11 @@ def device_kind(name: str) -> Optional[str]:
     upper = name.upper()
     if "MI250X" in upper:
         return "MI250X GCD"
+    nvl = " NVL" if "NVL" in upper.split() else ""
     if "H200" in upper:
-        return "H200"
+        return "H200" + nvl
     if "H100" in upper:
-        return "H100 PCIe" if "PCIE" in upper else "H100 SXM"
+        return "H100" + nvl if nvl else "H100 PCIe" if "PCIE" in upper else "H100 SXM"
     if "A100" in upper:
         return "A100"
     return None

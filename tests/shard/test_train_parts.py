@@ -48,6 +48,9 @@ def test_peak_table_and_device_names():
     assert device_kind("NVIDIA H100 80GB HBM3") == "H100 SXM"
     assert device_kind("NVIDIA H100 PCIe") == "H100 PCIe"
     assert device_kind("NVIDIA H200") == "H200"
+    # the PCIe cards with NVLink bridges run lower clocks: 835.5 dense bf16, not 989
+    assert device_kind("NVIDIA H100 NVL") == "H100 NVL" and device_kind("NVIDIA H200 NVL") == "H200 NVL"
+    assert PEAK_TFLOPS["H200 NVL"]["bf16"] * 2 == pytest.approx(1671.0)   # the sheet's "with sparsity"
     assert device_kind("NVIDIA A100-SXM4-80GB") == "A100"
     assert device_kind("AMD Instinct MI250X") == "MI250X GCD"
     assert device_kind("Tesla T4") is None
