@@ -69,7 +69,9 @@ def tokenize_corpus(patterns: list[str], tokenizer_path, out, field: str = "text
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty: give a new directory")
     tok = tokenizer.load(tokenizer_path)
-    pieces = readers.pieces(patterns)
+    found = readers.files(patterns)
+    readers.check_field(found, field)
+    pieces = readers.pieces_of(found)
     if any(p.kind == "tokens" for p in pieces):
         raise readers.CorpusError("the corpus is already tokenized (a token directory among data.paths)")
     tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"

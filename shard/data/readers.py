@@ -301,6 +301,31 @@ def _paragraphs(path: str, start: int, keep) -> Iterator[tuple[int, str]]:
             yield index, "".join(lines).strip()
 
 
+def _has_column(path, names: list, field: str) -> None:
+    if field not in names:
+        raise CorpusError(f"{path}: no column {field!r} (columns: {names}); set data.field")
+
+
+def check_field(found: list, field: str) -> None:
+    """Every file of `found` (files() of some patterns) holds `field`: its columns (parquet,
+    datasets on disk) or its first record (JSON lines), so that a file without it stops
+    the run at the start, not when the streams reach it. A Hub dataset's shards are not
+    opened here (the network)."""
+    for path in found:
+        kind = kind_of(path)
+        if kind == "jsonl":
+            try:
+                next(_json_lines(str(path), field, 0, lambda i: True), None)
+            except (EOFError, OSError, UnicodeDecodeError, zlib.error) as e:
+                raise CorpusError(f"{path} cannot be read: {type(e).__name__}: {e}") from None
+        elif kind == "parquet":
+            import pyarrow.parquet as pq
+
+            _has_column(path, pq.read_schema(path).names, field)
+        elif kind == "arrow":
+            _has_column(path, _arrow(str(path)).column_names, field)
+
+
 def _rows(piece: Piece, field: str, start: int, keep) -> Iterator[tuple[int, str]]:
     first, end = piece.rows
     start = max(start, first)
@@ -308,8 +333,7 @@ def _rows(piece: Piece, field: str, start: int, keep) -> Iterator[tuple[int, str
         import pyarrow.parquet as pq
 
         f = pq.ParquetFile(piece.path)
-        if field not in f.schema_arrow.names:
-            raise CorpusError(f"{piece.path}: no column {field!r} (columns: {f.schema_arrow.names}); set data.field")
+        _has_column(piece.path, f.schema_arrow.names, field)
         index = first
         for batch in f.iter_batches(batch_size=BATCH_ROWS, row_groups=[piece.group], columns=[field]):
             if index + batch.num_rows > start:   # batches wholly before `start` are not converted
@@ -319,8 +343,7 @@ def _rows(piece: Piece, field: str, start: int, keep) -> Iterator[tuple[int, str
             index += batch.num_rows
     else:
         ds = _arrow(piece.path)
-        if field not in ds.column_names:
-            raise CorpusError(f"{piece.path}: no column {field!r} (columns: {ds.column_names}); set data.field")
+        _has_column(piece.path, ds.column_names, field)
         ds = ds.select_columns([field])
         for a in range(start, end, BATCH_ROWS):
             for i, text in enumerate(ds[a:min(a + BATCH_ROWS, end)][field], a):

@@ -164,6 +164,8 @@ class StreamingBatches:
         self.tokenizer = tokenizer.load(corpus.tokenizer)
         self.files = [readers.files(list(s)) for s in corpus.sources]   # globbed (a Hub dataset: listed) once
         self.identity = [readers.identity(found) for found in self.files]
+        for found in self.files:
+            readers.check_field(found, corpus.field)
         self._check_token_directories()
         self._given = streams
         self._feeds: Optional[Feeds] = None

@@ -12,6 +12,7 @@ import pytest
 
 from shard.data import readers, synthetic_documents, tokenizer
 from shard.data.feed import FeedSpec, order
+from shard.data.pretokenize import tokenize_corpus
 from shard.data.stream import Corpus, StreamingBatches
 from tests.shard.published_tokenizers import byte_bpe
 
@@ -305,6 +306,26 @@ def test_a_file_validation_holds_out_whole_leaves_the_others_to_train_on_for_goo
             b.next_step()
 
 
+def test_a_file_without_the_field_stops_the_run_at_the_start_not_when_reached(tmp_path, tok_path):
+    """A corpus whose later files name their text otherwise (a mixture of exports): every
+    file's columns, or first record, are checked when the batches are made, before a step."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS[:20]))
+    (tmp_path / "z.jsonl").write_text("".join(json.dumps({"content": t}) + "\n" for t in DOCS[20:40]))
+    pq.write_table(pa.table({"content": DOCS[40:60]}), tmp_path / "z.parquet")
+    for late, message in (("z.jsonl", "z.jsonl: line 1 has no field 'text'.*content"),
+                          ("z.parquet", "z.parquet: no column 'text'.*content")):
+        c = Corpus(((str(tmp_path / "a.jsonl"), str(tmp_path / late)),), (1.0,), "text", tok_path, 2)
+        with pytest.raises(readers.CorpusError, match=message):
+            StreamingBatches(c, 32, 1, 1, 0, 1, 0, streams=1, workers=0)
+        out = tmp_path / f"tokens-{late}"
+        with pytest.raises(readers.CorpusError, match=message):
+            tokenize_corpus([str(tmp_path / "a.jsonl"), str(tmp_path / late)], tok_path, out)
+        assert not out.exists() and not list(tmp_path.glob(".tmp-*")), "nothing written"
+
+
 def test_a_worker_that_fails_says_why(tmp_path, tok_path):
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS[:20]) + "{broken\n")
     c = Corpus(((str(tmp_path / "a.jsonl"),),), (1.0,), "text", tok_path, 2)
@@ -320,7 +341,6 @@ def test_a_worker_that_fails_says_why(tmp_path, tok_path):
 def test_a_corpus_tokenized_once_streams_the_same_rows_as_its_text(corpus_dir, tok_path, tmp_path, workers):
     """shard-data prepare's token shards (any number of workers) streamed in place of the
     text: the same rows, the same held-out documents, exactly."""
-    from shard.data.pretokenize import tokenize_corpus
     from shard.tools.data import main as shard_data
 
     out = tmp_path / "tokens"
