@@ -24,14 +24,14 @@ using num::Num;
 // their bits), which also tells NaN (above Inf's pattern) and Inf (equal to it) apart from
 // finite values. The second multiplies by 1 / scale, clamps, rounds to nearest even.
 template <typename T>
-PCCL_MULTIVERSION void encode_group(int8_t* __restrict q, float* scale_out, const T* __restrict x, int64_t len) {
+PCCL_MULTIVERSION void encode_group(int8_t* __restrict q, char* scale_out, const T* __restrict x, int64_t len) {
   uint32_t top = 0;
   for (int64_t i = 0; i < len; ++i) {
     const uint32_t bits = num::as_bits(Num<T>::load(x[i])) & 0x7fffffffu;
     top = bits > top ? bits : top;
   }
   const float scale = top >= 0x7f800000u ? NAN : num::as_float(top) / 127.0f;
-  *scale_out = scale;
+  std::memcpy(scale_out, &scale, 4);
   if (!(scale >= 1e-36f)) {   // zero, NaN, or subnormal values (1 / scale would overflow): rare
     for (int64_t i = 0; i < len; ++i)
       // clamped as below: x / scale can round past 127 where the scale itself is subnormal
@@ -49,20 +49,24 @@ PCCL_MULTIVERSION void encode_group(int8_t* __restrict q, float* scale_out, cons
 }
 
 template <typename T>
-void encode(int8_t* q, float* scales, const T* x, int64_t n) {
+void encode(int8_t* q, char* scales, const T* x, int64_t n) {
   for (int64_t g = 0; g * kGroup < n; ++g) {
     const int64_t start = g * kGroup;
-    encode_group(q + start, scales + g, x + start, std::min(kGroup, n - start));
+    encode_group(q + start, scales + 4 * g, x + start, std::min(kGroup, n - start));
   }
 }
 
 template <typename T>
-void decode(T* x, const int8_t* q, const float* scales, int64_t n, int op) {
+void decode(T* x, const int8_t* q, const char* scales, int64_t n, int op) {
   for (int64_t g = 0; g * kGroup < n; ++g) {
     const int64_t start = g * kGroup, len = std::min(kGroup, n - start);
-    const float scale = scales[g];
+    float scale;
+    std::memcpy(&scale, scales + 4 * g, 4);
     for (int64_t i = 0; i < len; ++i) {
-      const float v = static_cast<float>(q[start + i]) * scale;
+      // the decoded value in T, whether stored or reduced: both partners of an exchange
+      // then combine the same two T values (store(a) + v would not commute with the
+      // partner's store(v) + a in fp16 and bf16, and the ranks' results would differ)
+      const float v = Num<T>::load(Num<T>::store(static_cast<float>(q[start + i]) * scale));
       T& out = x[start + i];
       if (op < 0) {
         out = Num<T>::store(v);
@@ -95,7 +99,7 @@ void by_dtype(DType dtype, F f) {
 
 void int8_encode(void* dst, const void* src, int64_t n, DType dtype) {
   auto* bytes = static_cast<char*>(dst);
-  auto* scales = reinterpret_cast<float*>(bytes);
+  char* scales = bytes;   // not float*: an encoding packed after another may start at any byte
   auto* q = reinterpret_cast<int8_t*>(bytes + 4 * ((n + kGroup - 1) / kGroup));
   by_dtype(dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
@@ -105,7 +109,7 @@ void int8_encode(void* dst, const void* src, int64_t n, DType dtype) {
 
 void int8_decode(void* dst, const void* src, int64_t n, DType dtype, int op) {
   const auto* bytes = static_cast<const char*>(src);
-  const auto* scales = reinterpret_cast<const float*>(bytes);
+  const char* scales = bytes;
   const auto* q = reinterpret_cast<const int8_t*>(bytes + 4 * ((n + kGroup - 1) / kGroup));
   by_dtype(dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;

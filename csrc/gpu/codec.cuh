@@ -15,7 +15,6 @@ __global__ void __launch_bounds__(kCodecGroup) int8_encode_kernel(char* out, con
   __shared__ uint32_t top[kCodecGroup];
   __shared__ float scale;
   const int64_t groups = (n + kCodecGroup - 1) / kCodecGroup;
-  float* scales = reinterpret_cast<float*>(out);
   int8_t* q = reinterpret_cast<int8_t*>(out + 4 * groups);
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {   // uniform over the block
     const int64_t i = g * kCodecGroup + threadIdx.x;
@@ -32,7 +31,7 @@ __global__ void __launch_bounds__(kCodecGroup) int8_encode_kernel(char* out, con
       float largest;
       memcpy(&largest, &top[0], 4);
       scale = top[0] >= 0x7f800000u ? NAN : largest / 127.0f;
-      scales[g] = scale;
+      memcpy(out + 4 * g, &scale, 4);   // byte stores: an encoding may start at any byte (unpadded in a message)
     }
     __syncthreads();
     if (i < n) {
@@ -61,7 +60,7 @@ template <typename T>
 struct Int8Decode {
   static constexpr int kWidth = 16 / sizeof(T);
   T* x;
-  const float* scales;
+  const char* scales;   // bytes, not floats: an encoding packed after another starts at any byte
   const int8_t* q;
   int op;
   std::array<Span, 2> spans() const { return {{{x, sizeof(T)}, {q, 1}}}; }
@@ -72,11 +71,14 @@ struct Int8Decode {
     // A vector (N <= 16 values) may straddle two groups: the head shifts vectors off group
     // boundaries. Elements from `next` on take the second group's scale.
     const int64_t group = i / kCodecGroup, next = (group + 1) * kCodecGroup - i;
-    const float first_scale = scales[group], second_scale = scales[(i + N - 1) / kCodecGroup];
+    float first_scale, second_scale;
+    memcpy(&first_scale, scales + 4 * group, 4);
+    memcpy(&second_scale, scales + 4 * ((i + N - 1) / kCodecGroup), 4);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const float v = static_cast<float>(c.v[j]) * (j < next ? first_scale : second_scale);
-      y.v[j] = Num<T>::store(op < 0 ? v : decoded(op, Num<T>::load(y.v[j]), v));
+      // the decoded value in T, whether stored or reduced, as on the CPU (quantize.cpp)
+      const T d = Num<T>::store(static_cast<float>(c.v[j]) * (j < next ? first_scale : second_scale));
+      y.v[j] = op < 0 ? d : Num<T>::store(decoded(op, Num<T>::load(y.v[j]), Num<T>::load(d)));
     }
     store_vec<N>(x + i, y);
   }

@@ -260,7 +260,7 @@ void decode(int codec, void* dst, const void* src, int64_t n, DType dtype, int o
         using T = std::remove_pointer_t<decltype(type)>;
         const auto* in = static_cast<const char*>(src);
         const int64_t groups = (n + kCodecGroup - 1) / kCodecGroup;
-        const Int8Decode<T> f{static_cast<T*>(dst), reinterpret_cast<const float*>(in),
+        const Int8Decode<T> f{static_cast<T*>(dst), in,
                               reinterpret_cast<const int8_t*>(in + 4 * groups), op};
         launch<Int8Decode<T>::kWidth>(f, n, stream, "decode kernel launch");
       },

@@ -106,17 +106,41 @@ def test_int8_on_16_bit_payloads_and_decode_and_reduce(dtype):
     c.encode(x, encoded)
     acc = torch.ones(1000, dtype=dtype)
     c.decode(encoded, acc, "sum")
-    assert torch.equal(acc, (torch.ones(1000) + exact).to(dtype))
+    decoded = exact.to(dtype).float()   # reduced as the payload's dtype holds it
+    assert torch.equal(acc, (torch.ones(1000) + decoded).to(dtype))
     for op, fn in (("max", torch.maximum), ("min", torch.minimum)):
         acc = torch.zeros(1000, dtype=dtype)
         c.decode(encoded, acc, op)
-        assert torch.equal(acc, fn(torch.zeros(1000), exact).to(dtype))
+        assert torch.equal(acc, fn(torch.zeros(1000), decoded).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_int8_decode_and_sum_commutes_between_exchange_partners(dtype):
+    """Recursive doubling's partners each hold their own block as the decoding of the
+    encoding they sent, and add the other's: a + decode(b) on one, b + decode(a) on the
+    other. The decoded value is rounded to the payload's dtype before the sum, so both
+    add the same two values and all-reduce ends identical on every rank (in fp16 and bf16
+    a sum of the unrounded float differed in a tenth of the elements)."""
+    n, c = 1000, codec("int8")
+    g = torch.Generator().manual_seed(3)
+    a, b = ((torch.randn(n, generator=g) * 3).to(dtype) for _ in range(2))
+    encoded = {}
+    for name, x in (("a", a), ("b", b)):
+        encoded[name] = torch.empty(c.encoded_nbytes(n, dtype), dtype=torch.uint8)
+        c.encode(x, encoded[name])
+    ends = []
+    for mine, theirs in (("a", "b"), ("b", "a")):
+        acc = torch.empty(n, dtype=dtype)
+        c.decode(encoded[mine], acc)           # the block replaced by its own encoding's decoding
+        c.decode(encoded[theirs], acc, "sum")  # the partner's decoded and added
+        ends.append(acc)
+    assert torch.equal(ends[0], ends[1]), f"{(ends[0] != ends[1]).sum()} of {n} elements differ between partners"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_int8_decode_and_sum_rounds_the_product_then_the_sum(dtype):
-    """Decode-and-sum is float32(q * scale), then the sum rounded to the accumulator: what
-    every device computes. A fused multiply-add rounds once and differs in some of these
+    """Decode-and-sum is float32(q * scale) in the accumulator's dtype, then the sum rounded
+    to it: what every device computes. A fused multiply-add rounds once and differs in some of these
     elements (emulated here in float64, where q * scale is exact), so a kernel built with
     contraction (nvcc's default, GCC's on aarch64) fails; the GPU build's PTX is checked for
     it in tests/pccl/test_gpu.py."""
@@ -132,7 +156,8 @@ def test_int8_decode_and_sum_rounds_the_product_then_the_sum(dtype):
     scale = np.repeat(encoded[:4 * groups].numpy().view(np.float32), GROUP)[:n]
     q = encoded[4 * groups:].numpy().view(np.int8)
     a = start.float().numpy()
-    twice = torch.from_numpy((q.astype(np.float32) * scale) + a).to(dtype)
+    decoded = torch.from_numpy(q.astype(np.float32) * scale).to(dtype).float().numpy()
+    twice = torch.from_numpy(decoded + a).to(dtype)
     fused = torch.from_numpy((q.astype(np.float64) * scale + a).astype(np.float32)).to(dtype)
     assert not torch.equal(fused, twice), "the data no longer tells one rounding from two"
     assert torch.equal(acc, twice), f"{(acc != twice).sum()} of {n} elements rounded otherwise"

@@ -266,9 +266,12 @@ def test_gpu_codecs_encode_as_the_cpu_does(name, dtype, n):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n", [7, 300, 1000, (1 << 16) + 5])
 def test_gpu_codecs_at_element_offsets(name, dtype, n):
-    """Values at element offsets 1, 3 and 4, and an encoding 4 bytes into its buffer: the
-    kernels' scalar heads and narrower vectors. At offset 4 a 2-byte type's 8-value
-    vectors straddle int8 groups (the group count is odd for n = 300 and (1 << 16) + 5)."""
+    """Values at element offsets 1, 3 and 4, and an encoding 4, 1 or 3 bytes into its buffer:
+    the kernels' scalar heads and narrower vectors. At offset 4 a 2-byte type's 8-value
+    vectors straddle int8 groups (the group count is odd for n = 300 and (1 << 16) + 5). An
+    encoding packed after another in a message (a schedule's run of blocks) starts at any
+    byte: int8's scales are read and written a byte at a time, where a float load would
+    stop the kernel with a misaligned address."""
     from pccl.compression.codecs import codec
 
     c = codec(name)
@@ -276,7 +279,7 @@ def test_gpu_codecs_at_element_offsets(name, dtype, n):
         pytest.skip(f"{name} takes {c.dtypes}")
     size = c.encoded_nbytes(n, dtype)
     x_buf = (torch.randn(n + PAD, generator=torch.Generator().manual_seed(n)) * 10).to(dtype)
-    for at, enc_at in [(1, 0), (3, 0), (4, 0), (4, 4)]:
+    for at, enc_at in [(1, 0), (3, 0), (4, 0), (4, 4), (0, 1), (4, 3)]:
         x = x_buf[at:at + n]
         cpu = torch.empty(size, dtype=torch.uint8)
         c.encode(x, cpu)

@@ -13,7 +13,8 @@ The references, per case:
   all-reduce       the block's encodings (counted by the symbolic verifier) is of a partial
                    sum of at most p values, so of magnitude <= p, and loses at most the
                    codec's unit of it (int8 1/254, bf16 2^-9, fp16 2^-11, zfp:R 2^-(R-5));
-                   all-reduce results identical on every rank (per message: not)
+                   all-reduce results identical on every rank (per message: not), in fp16
+                   and bf16 payloads too
 The C++ executor runs the native codecs itself: its results equal the Python executor's
 bit for bit, sum and avg (same plan, same kernels, same order of reductions, the same
 division; checked at one size), and avg is the sum divided by p, exactly.
@@ -121,6 +122,27 @@ def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool, tw
     return problems
 
 
+def sixteen_bit_all_reduces(comms: dict, twin) -> list[str]:
+    """int8 on fp16 and bf16 payloads: every all-reduce algorithm ends identical on every
+    rank (exchange partners add the same two values in the payload's dtype), and the C++
+    executor's result is the Python executor's."""
+    problems = []
+    for executor in [e for e in comms if e != "plans"]:
+        for algorithm in GENERATORS["all_reduce"]:
+            for dtype in (torch.float16, torch.bfloat16):
+                case = f"16-bit/{executor}/{algorithm}/{dtype}"
+                out = (data(rank, case, 37 * p + 3) * 3).to(dtype).to(DEVICE)
+                mine = out.clone()
+                comms[executor].all_reduce(out, algorithm=algorithm, compression="int8")
+                if not same_everywhere(out.cpu().view(torch.int16)):
+                    problems.append(f"{case}: all-reduce results differ between ranks")
+                if executor == "cpp":
+                    twin.all_reduce(mine, algorithm=algorithm, compression="int8")
+                    if not torch.equal(out, mine):
+                        problems.append(f"{case}: the C++ and Python executors disagree")
+    return problems
+
+
 def main() -> None:
     report: dict[str, list[str]] = {}
     if GPU:
@@ -147,6 +169,7 @@ def main() -> None:
         except Exception:  # noqa: BLE001
             problems.append(traceback.format_exc())
         report[key] = problems
+    report["_16_bit_payloads"] = sixteen_bit_all_reduces(comms, twin)
     if GPU:
         if rank == 0:
             Path(sys.argv[-1]).write_text(json.dumps(report, indent=1))
