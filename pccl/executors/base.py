@@ -34,9 +34,11 @@ class ScheduleExecutor(ABC):
 
     @staticmethod
     def _cached(cache: dict, like: torch.Tensor, numel: int) -> torch.Tensor:
-        buf = cache.get(like.dtype)
+        # by device too: one executor may carry a device map's CPU and GPU tensors
+        key = (like.dtype, like.device)
+        buf = cache.get(key)
         if buf is None or buf.numel() < numel:
-            buf = cache[like.dtype] = torch.empty(numel, dtype=like.dtype, device=like.device)
+            buf = cache[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
         return buf[:numel]
 
     def execute(self, sched: Schedule, buf: torch.Tensor, offsets: list[int], op: str | None,

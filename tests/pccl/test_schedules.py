@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from pccl.algorithms import GENERATORS, schedule
 from pccl.analysis.verify import ScheduleError, simulate, verify, verify_schedules
@@ -274,3 +275,30 @@ def test_bad_world_sizes_are_refused():
         schedule("all_gather", "ring", 0, 0)
     with pytest.raises(ValueError, match="rank < size"):
         schedule("all_gather", "ring", 4, 4)
+
+
+def test_a_schedule_executor_keeps_each_devices_buffers_on_that_device():
+    """One executor carries both devices of a device map ("cpu:gloo,cuda:nccl"): its cached
+    scratch and work buffers are per device, so a GPU call after a CPU one of the same dtype
+    receives into and reduces in device memory ("meta" stands in for the GPU)."""
+    from pccl.executors.base import ScheduleExecutor
+
+    class Recorded(ScheduleExecutor):
+        rank, size = 0, 4
+
+        def __init__(self):
+            super().__init__()
+            self.devices = set()
+
+        def exchange(self, sends, recvs, step):
+            self.devices |= {t.device.type for _, t in sends + recvs}
+
+    executor = Recorded()
+    executor.all_reduce(schedule("all_reduce", "ring", 4, 0), torch.zeros(4000), "sum")
+    executor.reduce_scatter(schedule("reduce_scatter", "ring", 4, 0), torch.zeros(1000), torch.zeros(4000), "sum")
+    executor.devices.clear()
+    gpu = torch.device("meta")
+    executor.all_reduce(schedule("all_reduce", "ring", 4, 0), torch.zeros(400, device=gpu), "sum")
+    executor.reduce_scatter(schedule("reduce_scatter", "ring", 4, 0), torch.zeros(100, device=gpu),
+                            torch.zeros(400, device=gpu), "sum")
+    assert executor.devices == {"meta"}, f"the device calls moved {executor.devices} tensors"
