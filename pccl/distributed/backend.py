@@ -42,7 +42,7 @@ from pccl.core.dtypes import DTYPES
 from pccl.core.errors import CollectiveTimeout
 from pccl.core.topology import Topology
 from pccl.runtime import transport_kinds
-from pccl.runtime.communicator import Communicator
+from pccl.runtime.communicator import Communicator, on_callers_stream
 from pccl.runtime.rendezvous import mpi_world
 
 ReduceOp = dist.ReduceOp
@@ -126,11 +126,17 @@ class Completion:
     """A torch Work that completes when all of pccl's `works` have (no thread waits: each
     work calls back from pccl's worker thread as it finishes), after `finish` (copies out
     of staging buffers), handing back `result`; pccl's timeouts surface as torch's
-    DistBackendError, other errors as they are."""
+    DistBackendError, other errors as they are. With GPU tensors, `finish` runs on the
+    stream current for the caller when the call was made, as the collective did: the worker
+    thread's own current stream is another, ordered neither after the collective nor
+    before the caller's next kernels."""
 
     def __init__(self, works, result, finish=None):
         self.future = torch.futures.Future()
         works = [w for w in works if w is not None]   # None: a call that ran on the caller's thread
+        like = first_tensor(result)
+        if finish is not None and like is not None:
+            finish = on_callers_stream(finish, like)
         self._result, self._finish = result, finish
         self._pending, self._error, self._lock = len(works), None, threading.Lock()
         if not works:
@@ -162,6 +168,17 @@ class Completion:
 
     def work(self) -> "FutureWork":
         return FutureWork(self.future)
+
+
+def first_tensor(result) -> Optional[torch.Tensor]:
+    """The first tensor in a collective's result (a tensor, or lists of them)."""
+    if isinstance(result, torch.Tensor):
+        return result
+    for item in result if isinstance(result, (list, tuple)) else ():
+        found = first_tensor(item)
+        if found is not None:
+            return found
+    return None
 
 
 class FutureWork(dist.Work):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -182,6 +183,37 @@ def test_a_pccl_timeout_reaches_the_waiter_as_torchs_error_after_every_work():
         raise CollectiveTimeout("rank 0 timed out")
     with pytest.raises(dist.DistBackendError, match="rank 0 timed out"):
         on_pccl(times_out)
+
+
+def test_copies_out_after_a_gpu_collective_run_on_the_callers_stream(monkeypatch):
+    """A list all-gather's copy-out (or a non-contiguous output's copy-back) runs when the
+    last work finishes, on pccl's worker thread, whose current stream is not the caller's:
+    it must run on the stream the caller had when it made the call, as the collective
+    does (on CPU, a stand-in that records which tensor's stream each finish is bound to,
+    at the call, on the caller's thread)."""
+    from pccl.distributed import backend
+
+    bound = []
+
+    def on_callers_stream(fn, like):
+        bound.append((like, threading.current_thread()))
+        return fn
+    monkeypatch.setattr(backend, "on_callers_stream", on_callers_stream)
+
+    class Work:
+        def add_done_callback(self, fn):
+            self.done = fn
+
+    outputs = [[torch.empty(2), torch.empty(2)]]
+    work, copied = Work(), []
+    completion = backend.Completion([work], outputs, finish=lambda: copied.append(True))
+    assert len(bound) == 1 and bound[0][0] is outputs[0][0] and bound[0][1] is threading.current_thread()
+    worker = threading.Thread(target=work.done, args=(None,))
+    worker.start()
+    worker.join()
+    assert copied == [True] and completion.work().wait()
+    backend.Completion([Work()], [torch.empty(1)])   # nothing to finish: nothing bound
+    assert len(bound) == 1
 
 
 @pytest.mark.gpu
