@@ -82,7 +82,7 @@ class Codec(ABC):
 
     def round_trip(self, x: torch.Tensor) -> torch.Tensor:
         """What a receiver decodes of `x`: decode(encode(x))."""
-        encoded = torch.empty(self.encoded_nbytes(x.numel(), x.dtype), dtype=torch.uint8)
+        encoded = torch.empty(self.encoded_nbytes(x.numel(), x.dtype), dtype=torch.uint8, device=x.device)
         self.encode(x, encoded)
         out = torch.empty_like(x)
         self.decode(encoded, out)
@@ -114,22 +114,41 @@ class NativeCodec(Codec):
                              f"GPU=hip)")
         return torch.cuda.current_stream(t.device).cuda_stream
 
+    def _checked(self, values: torch.Tensor, encoding: torch.Tensor) -> None:
+        """The kernels take raw pointers: values and their encoding must be contiguous, on
+        one device, the encoding uint8 of exactly encoded_nbytes (else memory past them
+        would be read or written)."""
+        self.check(values.dtype)
+        size = self.encoded_nbytes(values.numel(), values.dtype)
+        if values.device != encoding.device:
+            raise CodecError(f"codec {self.name}: values on {values.device} and their encoding on "
+                             f"{encoding.device}: both must be on one device")
+        if not (values.is_contiguous() and encoding.is_contiguous()) or encoding.dtype != torch.uint8 \
+                or encoding.numel() != size:
+            raise CodecError(f"codec {self.name}: {values.numel()} {values.dtype} values take a contiguous uint8 "
+                             f"encoding of {size} bytes, got {encoding.dtype} of {encoding.numel()}"
+                             f"{'' if encoding.is_contiguous() and values.is_contiguous() else ', not contiguous'}")
+
     def encode(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        self._checked(src, dst)
         stream = self._stream(src)
         if stream is None:
             self._native.encode(self.native, dst.data_ptr(), src.data_ptr(), src.numel(), dtype_code(src.dtype))
         else:
-            self._native.gpu_encode(self.native, dst.data_ptr(), src.data_ptr(), src.numel(), dtype_code(src.dtype),
-                                    stream)
+            with torch.cuda.device(src.device):   # the kernel launches on the current device
+                self._native.gpu_encode(self.native, dst.data_ptr(), src.data_ptr(), src.numel(),
+                                        dtype_code(src.dtype), stream)
 
     def decode(self, src: torch.Tensor, dst: torch.Tensor, op: Optional[str] = None) -> None:
+        self._checked(dst, src)
         args = (self.native, dst.data_ptr(), src.data_ptr(), dst.numel(), dtype_code(dst.dtype),
                 -1 if op is None else OPS[op])
         stream = self._stream(dst)
         if stream is None:
             self._native.decode(*args)
         else:
-            self._native.gpu_decode(*args, stream)
+            with torch.cuda.device(dst.device):
+                self._native.gpu_decode(*args, stream)
 
 
 class Int8(NativeCodec):

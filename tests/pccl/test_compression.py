@@ -179,6 +179,25 @@ def test_casts_match_torch_and_their_bounds(name, wire, relative):
         c.check(torch.bfloat16)
 
 
+@pytest.mark.parametrize("name", ["int8", "bf16"])
+def test_native_kernels_refuse_an_encoding_they_would_overrun(name):
+    """The native kernels take raw pointers: a short, long, strided or foreign-device
+    encoding, or strided values, is refused by name before a byte is touched ("meta"
+    stands in for another device)."""
+    c, x = codec(name), torch.randn(300)
+    size = c.encoded_nbytes(300, torch.float32)
+    for bad, why in ((torch.empty(size - 1, dtype=torch.uint8), f"encoding of {size} bytes, got torch.uint8 of "
+                                                                 f"{size - 1}"),
+                     (torch.empty(size, dtype=torch.int16), "got torch.int16"),
+                     (torch.empty(2 * size, dtype=torch.uint8)[::2], "not contiguous"),
+                     (torch.empty(size, dtype=torch.uint8, device="meta"), "both must be on one device")):
+        for call in (lambda: c.encode(x, bad), lambda: c.decode(bad, x), lambda: c.decode(bad, x, "sum")):
+            with pytest.raises(CodecError, match=why):
+                call()
+    with pytest.raises(CodecError, match="not contiguous"):
+        c.encode(torch.randn(600)[::2], torch.empty(size, dtype=torch.uint8))
+
+
 @pytest.mark.parametrize("rate", [8, 16])
 @pytest.mark.parametrize("n", [1, 3, 4, 1000, 1001])
 def test_zfp_matches_zfpys_round_trip_and_size(rate, n):
