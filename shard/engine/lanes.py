@@ -95,6 +95,15 @@ class Handle:
         self._waited = False
 
     def wait(self) -> None:
+        self._wait(settle=False)
+
+    def settle(self) -> None:
+        """wait(), and on a GPU also block the CPU until the task's device work is done,
+        so that the memory it used is free again (the engine bounds the gradient buffers
+        in flight so, where the CPU would otherwise queue every unit's ahead of the link)."""
+        self._wait(settle=True)
+
+    def _wait(self, settle: bool) -> None:
         if self._waited:
             return
         if self._traced is not None:
@@ -103,6 +112,8 @@ class Handle:
         if self._work is not None:
             self._work.wait()
         if self._side is not None:
+            if settle:
+                self._done[0].synchronize()
             self._side.wait(self._done[0])
         seconds = time.perf_counter() - start
         (self._ledger.add_exposed if self._sent[0] else self._ledger.add_other)(seconds, self._what)

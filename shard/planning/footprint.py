@@ -35,8 +35,9 @@ Held while a micro-batch runs forward and backward, at two moments:
                  buffer alive after its forward (Engine._pack): the backward gathers again
     reducing     gradients on their way to their shards: the root's, held for the whole
                  backward, and the largest unit's autograd .grad in the compute dtype, and
-                 where gradients are reduced per micro-batch, its flat copy in the reduce
-                 dtype that the reduction reads
+                 where gradients are reduced per micro-batch, the flat copies in the reduce
+                 dtype that the reductions read: the engine lets REDUCING_AT_ONCE exist
+                 (the one being reduced, the next one queued), counted as the largest
     workspace    the collective layer's landing buffer: at most one gradient buffer of the
                  largest unit reduced per micro-batch (a schedule receives at most its
                  whole input before reducing); none where the transport's own collective
@@ -61,6 +62,7 @@ import torch
 
 from shard.engine.adamw import OPTIMIZER_BYTES
 from shard.engine.config import PRECISIONS
+from shard.engine.engine import REDUCING_AT_ONCE
 from shard.engine.flat import FlatParams
 from shard.engine.strategy import REPLICATED, Strategy
 from shard.engine.units import MIN_SHARD_NUMEL, split_units
@@ -190,26 +192,33 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
     root_numel = sum(full(u) for u in sizes if u.name == ROOT)
     # units whose gradients are reduced per micro-batch (a G scope that splits them)
     reduced = [u for u in sizes if scoped(u).grads.shards(world, group) > 1]
-    largest_reduced = max((full(u) for u in reduced if u.name != ROOT), default=0)
+    in_flight = sum(sorted(full(u) for u in reduced if u.name != ROOT)[-REDUCING_AT_ONCE:])
     per_step = [full(u) // scoped(u).grads.shards(world, group) for u in sizes
                 if not _direct(scoped(u), world, group)]
     parts = {**state,
              "activations": activations,
              "loss": _loss_bytes(cfg, tokens, ce),
              "gathered": root + ahead,
-             "reducing": root_numel * ce + largest * ce + largest_reduced * re,
+             "reducing": root_numel * ce + largest * ce + in_flight * re,
              "workspace": max((full(u) for u in reduced), default=0) * re if landing_buffers else 0}
     # gradients exist from a unit's first reduction in a step to the update: with several
     # micro-batches from the first one's backward on, all of them; with one, they arrive unit
     # by unit as the backward frees the blocks' activations
     one = micro_batches == 1
 
-    transients = recompute + parts["gathered"] + parts["reducing"] + parts["workspace"]
+    # each unit's backward at two moments: as it starts (its activations all there, its
+    # recomputation made, the reductions before it in flight) and as it ends (its
+    # activations freed, its .grad made and copied into its flat buffer)
+    held_through = parts["gathered"] + root_numel * ce + in_flight * re + parts["workspace"]
     backward, arrived, freed = 0, 0, 0
     for u in reversed([u for u in sizes if u.name != ROOT]):
+        own = block_bytes(cfg, tokens, ce, checkpointing) if u.name.startswith("blocks.") else 0
+        kept = activations - head_bytes(cfg, tokens, ce) - freed
+        starts = kept + recompute + held_through + arrived
         arrived += _gradient_bytes(full(u), scoped(u), world, group, reduce_dtype) if one else 0
-        backward = max(backward, activations - head_bytes(cfg, tokens, ce) - freed + transients + arrived)
-        freed += block_bytes(cfg, tokens, ce, checkpointing) if u.name.startswith("blocks.") else 0
+        ends = kept - own + held_through + full(u) * ce + arrived
+        backward = max(backward, starts, ends)
+        freed += own
     moments = {
         "loss": activations + parts["loss"] + root,
         "unit backward": backward,

@@ -13,12 +13,16 @@ pytestmark = pytest.mark.mpi
 
 def test_zero3_holds_no_more_than_fsdp2_and_the_memory_model_is_within_10_percent(tmp_path):
     """(Measured here, GPT width 256, 4 layers, micro-batch 2 x 128: 36.3 MB per rank
-    against FSDP2's 43.2 MB; the model predicts 38.3 MB.)"""
+    against FSDP2's 43.2 MB, 38.9 MB behind a slow link; the model predicts 39.3 MB.)"""
     out = tmp_path / "memory.json"
     run = mpiexec(2, "-m tests.shard.workers.run_memory", str(out), timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["reductions"] == ["native"]   # MPI's own reduce-scatter: the model without landing buffers
-    for engine, fsdp2 in zip(report["engine"], report["fsdp2"]):
+    for engine, fsdp2, slow_link in zip(report["engine"], report["fsdp2"], report["slow_link"]):
         assert engine <= fsdp2, report
         assert 0.9 <= report["predicted"] / engine <= 1.1, report
+        # lanes on threads behind a slow link: the backward runs ahead, and before the engine
+        # bounded the buffers in flight every unit's gradient buffer waited in the queue
+        # (measured 0.92 then; 1.01 with the bound)
+        assert 0.95 <= report["predicted"] / slow_link <= 1.1, report

@@ -8,13 +8,16 @@ The same GPT, bf16 compute and fp32 gradient reduction, fused AdamW, one micro-b
 step; the second step is measured (optimizer state exists), by a census of the bytes of
 every storage torch allocates on the training loop's thread and frees (the engine's
 lanes run their collectives on that thread, as they do over NCCL; FSDP2's run there on
-CPU). Rank 0 writes {"engine": [peak per rank], "fsdp2": [...], "predicted": bytes}.
+CPU); and the engine with its lanes on their threads and a slow link, where the gradient
+buffers are made on that thread and wait for the lane. Rank 0 writes {"engine": [peak per
+rank], "slow_link": [...], "fsdp2": [...], "predicted": bytes}.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -36,6 +39,7 @@ os.environ["PCCL_SELF_CALIBRATION"] = "0"
 world = MPI.COMM_WORLD
 CFG = GPTConfig(vocab=512, context=128, width=256, layers=4, heads=4)
 MICRO_BATCH, SEQ = 2, 128
+SLOW_LINK_S = 0.2   # each backward reduction's delay in slow_link_step
 
 
 def tokens() -> torch.Tensor:
@@ -73,6 +77,34 @@ def engine_step():
     return step
 
 
+def slow_link_step():
+    """The engine as a run has it, lanes on their threads, its reductions slowed as by a
+    slow link: the backward runs ahead, and no more gradient buffers may wait than the
+    model counts."""
+    from shard.engine import lanes
+
+    comm = pccl.init()
+    model = GPT(CFG)
+    engine = Engine(model, comm, strategy="zero3", precision="bf16")
+    optimizer = ShardedAdamW(engine)
+    reduce_scatter = engine.reductions.reduce_scatter
+
+    def slowly(stage, *args, **kwargs):
+        if stage == "backward":
+            time.sleep(SLOW_LINK_S)
+        return reduce_scatter(stage, *args, **kwargs)
+    engine.reductions.reduce_scatter = slowly
+    assert isinstance(engine.reductions, lanes.Lane) and not engine.reductions.inline
+    ENGINES.append(engine)
+    batch = tokens()
+    del model
+
+    def step():
+        engine.backward(next_token_loss(engine, batch))
+        optimizer.step()
+    return step
+
+
 def fsdp2_step():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -96,6 +128,7 @@ def fsdp2_step():
 def main() -> None:
     pccl.distributed.init_process_group("gloo")
     engine = peak(engine_step)
+    slow_link = peak(slow_link_step)
     fsdp2 = peak(fsdp2_step)
     with torch.device("meta"):
         sizes = unit_sizes(GPT(CFG))
@@ -103,8 +136,10 @@ def main() -> None:
     native = {call[-1] for call in ENGINES[0].reductions.log} == {"native"}
     predicted = footprint(CFG, sizes, Strategy.parse("zero3"), world.size, world.size, micro_batch=MICRO_BATCH,
                           seq_len=SEQ, precision="bf16", landing_buffers=not native).peak
-    ENGINES[0].close()
-    report = {"engine": world.gather(engine), "fsdp2": world.gather(fsdp2), "predicted": predicted,
+    for e in ENGINES:
+        e.close()
+    report = {"engine": world.gather(engine), "slow_link": world.gather(slow_link), "fsdp2": world.gather(fsdp2),
+              "predicted": predicted,
               "reductions": sorted({str(call[-1]) for call in ENGINES[0].reductions.log})}
     dist.destroy_process_group()
     if world.rank == 0:
