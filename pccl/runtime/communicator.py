@@ -317,7 +317,8 @@ class Communicator:
         every rank's output is the same decoding."""
         if self.call_check:
             self.call_check.agree("all_gather", algorithm, None, input)
-        key, call = self._cached(("all_gather", algorithm) if uncompressed(compression) else None, output, input)
+        key, call = self._cached(("all_gather", algorithm, compression) if uncompressed(compression) else None, output,
+                                 input)
         if call is None:
             validation.check_blocks(output, input, "output", self.size, self.devices)
             codecs, resolved = self._codecs(compression, output, "all_gather", algorithm)
@@ -334,7 +335,7 @@ class Communicator:
         compression: as all_gather's; partial sums are encoded at each step."""
         if self.call_check:
             self.call_check.agree("reduce_scatter", algorithm, op, input)
-        head = ("reduce_scatter", algorithm, op) if uncompressed(compression) else None
+        head = ("reduce_scatter", algorithm, op, compression) if uncompressed(compression) else None
         key, call = self._cached(head, output, input)
         if call is None:
             validation.check_blocks(output, input, "input", self.size, self.devices)
@@ -352,7 +353,8 @@ class Communicator:
         """Reduce `tensor` over all ranks, in place. compression: as all_gather's."""
         if self.call_check:
             self.call_check.agree("all_reduce", algorithm, op, tensor)
-        key, call = self._cached(("all_reduce", algorithm, op) if uncompressed(compression) else None, tensor)
+        key, call = self._cached(("all_reduce", algorithm, op, compression) if uncompressed(compression) else None,
+                                 tensor)
         if call is None:
             validation.check_tensor("tensor", tensor, self.devices)
             op_code(op, tensor.dtype)

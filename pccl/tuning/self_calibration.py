@@ -409,14 +409,16 @@ def swept_sizes(entry: dict) -> list[int]:
 def calls(comm, collective: str, count: int, dtype: torch.dtype, device: str = "cpu"):
     """call(name): `collective` of `count` elements in all of `device` buffers, with
     algorithm `name`."""
+    # exact whatever the communicator's default codec (PCCL_COMPRESSION): the candidates
+    # include the transport's own collectives, which cannot encode
     if collective == "all_reduce":
         tensor = torch.ones(count, dtype=dtype, device=device)
-        return lambda name: comm.all_reduce(tensor, algorithm=name)
+        return lambda name: comm.all_reduce(tensor, algorithm=name, compression="none")
     full = torch.ones(count, dtype=dtype, device=device)
     block = torch.ones(count // comm.size, dtype=dtype, device=device)
     if collective == "all_gather":
-        return lambda name: comm.all_gather(full, block, algorithm=name)
-    return lambda name: comm.reduce_scatter(block, full, algorithm=name)
+        return lambda name: comm.all_gather(full, block, algorithm=name, compression="none")
+    return lambda name: comm.reduce_scatter(block, full, algorithm=name, compression="none")
 
 
 class SelfCalibration:

@@ -13,6 +13,14 @@ def run_ok(ranks, scenario, timeout=300):
     assert run.returncode == 0 and f"OK {scenario}" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
 
 
+def test_a_default_codec_leaves_exact_calls_and_self_calibration_exact(tmp_path, monkeypatch):
+    monkeypatch.setenv("PCCL_COMPRESSION", "int8")
+    monkeypatch.setenv("PCCL_CACHE_DIR", str(tmp_path))   # cold: the first call calibrates
+    monkeypatch.delenv("PCCL_SELF_CALIBRATION", raising=False)
+    monkeypatch.delenv("PCCL_PROFILE", raising=False)
+    run_ok(2, "default_codec")
+
+
 def test_async_returns_before_the_transfer_ends_and_keeps_issue_order():
     run_ok(3, "async")
 

@@ -296,6 +296,30 @@ def scenario_large() -> None:
     assert out.numel() > 2**31
 
 
+def scenario_default_codec() -> None:
+    """PCCL_COMPRESSION=int8 (set by the test), a cold calibration cache, self-calibration
+    on: an integer all-reduce and an exact (compression="none") float call measure the
+    candidates (the transport's own among them, which cannot encode) and run exact; a call
+    that takes the default is compressed, whichever of the two a same-shape call made first."""
+    comm = pccl.init(timeout=60)
+    assert comm.default_compression == "int8"
+    counts = torch.ones(4, dtype=torch.int32)
+    comm.all_reduce(counts)
+    assert counts.tolist() == [p] * 4, counts
+    values = torch.linspace(-1, 1, 1000) * (rank + 1)
+    exact = sum(torch.linspace(-1, 1, 1000) * (r + 1) for r in range(p))
+    for order in (("none", None), (None, "none")):
+        for compression in order:
+            x = values.clone()
+            comm.all_reduce(x, algorithm="ring", compression=compression)
+            error = (x - exact).abs().max().item()
+            if compression == "none":
+                assert error < 1e-5, f"{order}: the exact call was compressed (error {error})"
+            else:
+                assert error > 1e-4, f"{order}: the default codec was dropped (error {error})"
+        comm._calls.clear()
+
+
 # Scenarios about leaving the job: ranks must exit at their own pace, unsynchronized
 # (mpiexec's exit status tells whether every rank left cleanly).
 NO_FINAL_BARRIER = {"gloo_levels"}
