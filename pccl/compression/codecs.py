@@ -13,12 +13,17 @@ Bounds, per value x of a block (the tests hold each codec to its own):
   int8    block-wise absmax quantization (ZeRO++), one fp32 scale per 128 values:
           |decoded - x| <= absmax(its group of 128) / 254, plus the payload dtype's
           rounding when decoded into fp16/bf16. A group holding NaN or Inf decodes as NaN
-          (the non-finite value stays visible). fp32, fp16 and bf16 payloads; 3.9x smaller
-          than fp32 (1.9x than 16-bit).
-  bf16    a cast of fp32 payloads, round to nearest even: relative error <= 2^-8; NaN and
-          Inf kept; 16-bit payloads are refused (the cast would be lossless and useless).
+          (the non-finite value stays visible). Two edges: a group whose absmax is fp32's
+          largest finite value decodes it as Inf (127 x the rounded-up scale overflows),
+          and in a group of subnormals (absmax below about 1e-36) the scale itself rounds,
+          so the error is up to the smallest subnormal, 1.4e-45, not absmax / 254. fp32,
+          fp16 and bf16 payloads; 3.9x smaller than fp32 (1.9x than 16-bit).
+  bf16    a cast of fp32 payloads, round to nearest even: relative error <= 2^-8 for
+          |x| < 3.3961e38, and Inf above (bf16's largest finite value rounds up there); NaN
+          and Inf kept; 16-bit payloads are refused (the cast would be lossless and useless).
   fp16    a cast of fp32 payloads: relative error <= 2^-11 for |x| in [2^-14, 65504],
-          absolute <= 2^-25 below; |x| > 65504 becomes Inf; NaN kept.
+          absolute <= 2^-25 below; |x| >= 65520 becomes Inf (65504 < |x| < 65520 rounds to
+          65504, as torch's cast does); NaN kept.
   zfp:R   ZFP's fixed-rate mode (the OSU paper's codec) through zfpy, R bits per value
           (3..32: below 3 zfp writes more than the fixed size, and zfpy corrupts its heap):
           blocks of 4 values coded together; fixed rate trades accuracy for a fixed size,
@@ -63,7 +68,8 @@ class Codec(ABC):
         """Raise CodecError unless this codec takes `dtype` payloads."""
         if dtype not in self.dtypes:
             why = "integer data is never compressed lossily" if not dtype.is_floating_point else \
-                f"{self.name} would not make {dtype} data smaller" if isinstance(self, Cast) else "not supported"
+                f"{self.name} would not make {dtype} data smaller" if isinstance(self, Cast) and dtype.itemsize <= 2 \
+                else "not supported"
             raise CodecError(f"codec {self.name!r} takes {tuple(str(d) for d in self.dtypes)} payloads, got {dtype}: "
                              f"{why}")
 

@@ -175,8 +175,13 @@ def test_casts_match_torch_and_their_bounds(name, wire, relative):
     decoded = c.round_trip(special)
     assert decoded[0].isnan() and decoded[1] == float("inf") and decoded[2] == -float("inf")
     assert decoded[3] == (float("inf") if name == "fp16" else special[3].to(wire).float())   # fp16 overflows
-    with pytest.raises(CodecError, match="takes"):
+    with pytest.raises(CodecError, match="takes.*would not make torch.bfloat16 data smaller"):
         c.check(torch.bfloat16)
+    with pytest.raises(CodecError, match="got torch.float64: not supported"):   # it would make fp64 smaller
+        c.check(torch.float64)
+    edge = torch.tensor([65519.0, 65520.0, 3.3961e38, 3.3962e38])   # the docstring's overflow thresholds
+    assert c.round_trip(edge).isinf().tolist() == ([False, True, True, True] if name == "fp16" else
+                                                   [False, False, False, True])
 
 
 @pytest.mark.parametrize("name", ["int8", "bf16"])
