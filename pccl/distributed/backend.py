@@ -134,6 +134,7 @@ class Completion:
     def __init__(self, works, result, finish=None):
         self.future = torch.futures.Future()
         works = [w for w in works if w is not None]   # None: a call that ran on the caller's thread
+        self._works = works
         like = first_tensor(result)
         if finish is not None and like is not None:
             finish = on_callers_stream(finish, like)
@@ -167,7 +168,7 @@ class Completion:
             self.future.set_exception(error)
 
     def work(self) -> "FutureWork":
-        return FutureWork(self.future)
+        return FutureWork(self.future, self._works)
 
 
 def first_tensor(result) -> Optional[torch.Tensor]:
@@ -185,14 +186,18 @@ class FutureWork(dist.Work):
     """torch's Work over a future. (torch's own _create_work_from_future returns a Work
     whose wait() reports success even when the future failed: a timeout would be lost.)"""
 
-    def __init__(self, future: torch.futures.Future):
+    def __init__(self, future: torch.futures.Future, works=()):
         super().__init__()
-        self._future = future
+        self._future, self._works = future, works   # works: pccl's, to refuse a wait that would never end
 
     def wait(self, timeout=None) -> bool:
         """Until the collective completes (raising its error), or `timeout` (a timedelta or
         seconds; zero or None: the collective's own) has passed: then DistBackendError, as
-        gloo's Work raises."""
+        gloo's Work raises. A wait in a callback on pccl's worker thread (a future's then())
+        for work still queued there raises RuntimeError: it would never end."""
+        if not self._future.done():
+            for w in self._works:
+                getattr(w, "refuse_waiting_here", lambda: None)()
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else (timeout or 0)
         if seconds > 0:
             deadline = time.monotonic() + seconds

@@ -272,7 +272,8 @@ class Communicator:
     def _issue(self, call: Call, async_op: bool, *buffers: torch.Tensor) -> Optional[Work]:
         """Run `call` on the (flat) buffers after what is queued: at once on this thread
         where it is synchronous and nothing is queued."""
-        if not async_op and self._queue.idle() and not buffers[0].is_cuda:   # the common case, without closures
+        if not async_op and self._queue.idle() and not buffers[0].is_cuda and not self._queue.on_worker():
+            # the common case, without closures
             try:
                 return call.fn(*buffers)
             except CollectiveTimeout as e:

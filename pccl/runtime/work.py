@@ -10,20 +10,37 @@ order across all communicators, which worker threads racing each other would not
 """
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Optional
+
+
+def refuse_on(worker: Optional[threading.Thread], what: str) -> None:
+    """RuntimeError where this thread is `worker`, a communicator's worker thread (a Work's
+    done-callback runs there): `what` would wait for work only that thread can run, forever."""
+    if worker is not None and threading.current_thread() is worker:
+        raise RuntimeError(f"pccl: {what} on the communicator's worker thread (in a Work's done-callback) would "
+                           "wait for that thread itself: do it from the thread that issued the calls, or issue "
+                           "the collective async (async_op=True)")
 
 
 class Work:
     """Handle of an async collective: wait() blocks until done and re-raises its error."""
 
-    def __init__(self, future: Future):
-        self._future = future
+    def __init__(self, future: Future, queue: Optional["SerialQueue"] = None):
+        self._future, self._queue = future, queue
+
+    def refuse_waiting_here(self) -> None:
+        """RuntimeError where waiting for it on this thread would never end: it is queued
+        behind this very thread (a done-callback's)."""
+        if self._queue is not None and not self._future.done():
+            refuse_on(self._queue.worker, "waiting for a collective queued")
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Until the collective completes (re-raising its error), or `timeout` seconds: then
         TimeoutError, and the collective goes on (wait again). Not a CollectiveTimeout: the
         peers are not known to be missing, the caller only stopped waiting."""
+        self.refuse_waiting_here()
         # wait(), not result(timeout): that raises a TimeoutError, as a CollectiveTimeout is one
         if not wait([self._future], timeout).done:
             raise TimeoutError(f"pccl: the collective did not complete within {timeout:g} s; it is still "
@@ -44,12 +61,20 @@ class SerialQueue:
         self._name = name
         self._pool: Optional[ThreadPoolExecutor] = None
         self._last: Optional[Future] = None
+        self.worker: Optional[threading.Thread] = None   # the pool's one thread, once started
 
     def _submit(self, fn: Callable[[], None]) -> Future:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name, initializer=self._started)
         self._last = self._pool.submit(fn)
         return self._last
+
+    def _started(self) -> None:
+        self.worker = threading.current_thread()
+
+    def on_worker(self) -> bool:
+        """Whether this is the queue's worker thread (where done-callbacks run)."""
+        return self.worker is not None and threading.current_thread() is self.worker
 
     def idle(self) -> bool:
         """Whether nothing queued is still running: a synchronous call may run at once."""
@@ -61,6 +86,7 @@ class SerialQueue:
         back for the last call, which a wait on that call's future does not promise."""
         if self._pool is None or self._last is None:
             return
+        refuse_on(self.worker, "draining the queue")
         try:   # (a done future may still be calling back)
             wait([self._submit(lambda: None)])
         except RuntimeError:   # the pool no longer takes work (the interpreter is exiting)
@@ -72,11 +98,13 @@ class SerialQueue:
         pccl.executors.streams.StreamWork)."""
         if enqueued is not None:
             if self._last is not None:
+                refuse_on(self.worker, "a collective")
                 self._last.result()   # threaded work queued before it comes first
             fn()
             return enqueued() if async_op else None
         if async_op:
-            return Work(self._submit(fn))
+            return Work(self._submit(fn), self)
+        refuse_on(self.worker, "a blocking collective")
         if not self.idle():
             self._submit(fn).result()
         else:
@@ -85,5 +113,6 @@ class SerialQueue:
 
     def close(self) -> None:
         if self._pool is not None:
+            refuse_on(self.worker, "closing the communicator")
             self._pool.shutdown(wait=True)
             self._pool = None

@@ -6,6 +6,7 @@ Prints "OK <scenario>" on rank 0 when every check passed; raises otherwise.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import torch
@@ -294,6 +295,44 @@ def scenario_large() -> None:
         block = out[r * n:(r + 1) * n]
         assert block.min().item() == block.max().item() == r + 1, f"block {r} wrong"   # no 1 GiB mask
     assert out.numel() > 2**31
+
+
+def scenario_callback() -> None:
+    """A blocking call from a Work's done-callback (on the worker thread) would wait for
+    that thread itself, forever, when more work is queued behind it: refused, and the
+    communicator goes on (on every executor)."""
+    for name, kwargs in EXECUTORS.items():
+        comm = pccl.init(timeout=30, **kwargs)
+        for blocking in ("all_reduce", "barrier", "drain", "wait"):
+            a, b, c = torch.ones(4), torch.ones(4), torch.ones(4)
+            errors = []
+            later = []
+
+            def callback(error, blocking=blocking, b=b):
+                try:
+                    if blocking == "all_reduce":
+                        comm.all_reduce(b)
+                    elif blocking == "wait":
+                        later[0].wait()
+                    else:
+                        getattr(comm, blocking)()
+                except RuntimeError as e:
+                    errors.append(str(e))
+            gate = threading.Event()   # holds the queue, so the callback runs on the worker, not at once here
+            comm._queue.run(gate.wait, async_op=True)
+            work = comm.all_reduce(a, async_op=True)
+            later.append(comm.all_reduce(c, async_op=True))
+            work.add_done_callback(callback)
+            gate.set()
+            work.wait()
+            later[0].wait()
+            comm.drain()
+            assert len(errors) == 1 and "done-callback" in errors[0], (name, blocking, errors)
+            assert a.tolist() == c.tolist() == [p] * 4, (name, blocking, a, c)
+        x = torch.ones(3)
+        comm.all_reduce(x)
+        assert x.tolist() == [p] * 3, (name, x)
+        comm.close()
 
 
 def scenario_default_codec() -> None:
