@@ -271,7 +271,14 @@ class Communicator:
 
     def _issue(self, call: Call, async_op: bool, *buffers: torch.Tensor) -> Optional[Work]:
         """Run `call` on the (flat) buffers after what is queued: at once on this thread
-        where it is synchronous and nothing is queued."""
+        where it is synchronous and nothing is queued. One thread issues at a time."""
+        self._queue.enter(call.what)
+        try:
+            return self._issue_now(call, async_op, *buffers)
+        finally:
+            self._queue.leave()
+
+    def _issue_now(self, call: Call, async_op: bool, *buffers: torch.Tensor) -> Optional[Work]:
         if not async_op and self._queue.idle() and not buffers[0].is_cuda and not self._queue.on_worker():
             # the common case, without closures
             try:
@@ -398,7 +405,11 @@ class Communicator:
         """Return once every rank has called it, after this rank's queued collectives."""
         form = self.selector.native_form("barrier", algorithm)
         what = lambda: f"{self.label}barrier ({form})"  # noqa: E731
-        self._queue.run(naming_failures(self.carrier.barriers(form), what), async_op=False)
+        self._queue.enter(what)
+        try:
+            self._queue.run(naming_failures(self.carrier.barriers(form), what), async_op=False)
+        finally:
+            self._queue.leave()
 
 
 def broadcast_pickled(obj, rank: int, root: int, device: torch.device,

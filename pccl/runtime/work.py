@@ -62,6 +62,7 @@ class SerialQueue:
         self._pool: Optional[ThreadPoolExecutor] = None
         self._last: Optional[Future] = None
         self.worker: Optional[threading.Thread] = None   # the pool's one thread, once started
+        self._issuer, self._issuing, self._issuers = None, 0, threading.Lock()
 
     def _submit(self, fn: Callable[[], None]) -> Future:
         if self._pool is None:
@@ -71,6 +72,25 @@ class SerialQueue:
 
     def _started(self) -> None:
         self.worker = threading.current_thread()
+
+    def enter(self, what: Callable[[], str]) -> None:
+        """A call starts issuing on this thread (leave() when it returns). RuntimeError where
+        another thread is issuing one at this moment: the ranks' threads would interleave
+        their calls in different orders, and the ranks exchange each other's data or wait
+        forever (measured: a fifth of two threads' all-reduces came out wrong, silently)."""
+        me = threading.get_ident()
+        with self._issuers:
+            if self._issuing and self._issuer != me:
+                raise RuntimeError(f"pccl: {what()} issued from a second thread while another thread's call is in "
+                                   "progress on the same communicator: every rank must issue a communicator's "
+                                   "calls in one order, which two threads do not keep; give each thread its own "
+                                   "communicator (comm.split)")
+            self._issuer = me
+            self._issuing += 1
+
+    def leave(self) -> None:
+        with self._issuers:
+            self._issuing -= 1
 
     def on_worker(self) -> bool:
         """Whether this is the queue's worker thread (where done-callbacks run)."""

@@ -17,6 +17,10 @@ def test_a_blocking_call_from_a_done_callback_is_refused_not_a_hang():
     run_ok(2, "callback", timeout=240)
 
 
+def test_a_call_from_a_second_thread_while_one_is_in_progress_is_refused():
+    run_ok(2, "threads", timeout=240)
+
+
 def test_a_default_codec_leaves_exact_calls_and_self_calibration_exact(tmp_path, monkeypatch):
     monkeypatch.setenv("PCCL_COMPRESSION", "int8")
     monkeypatch.setenv("PCCL_CACHE_DIR", str(tmp_path))   # cold: the first call calibrates

@@ -300,7 +300,8 @@ def scenario_large() -> None:
 def scenario_callback() -> None:
     """A blocking call from a Work's done-callback (on the worker thread) would wait for
     that thread itself, forever, when more work is queued behind it: refused, and the
-    communicator goes on (on every executor)."""
+    communicator goes on (on every executor). Ring, not auto: auto's first call measures,
+    and the measurement waits for the queue the gate holds."""
     for name, kwargs in EXECUTORS.items():
         comm = pccl.init(timeout=30, **kwargs)
         for blocking in ("all_reduce", "barrier", "drain", "wait"):
@@ -311,7 +312,7 @@ def scenario_callback() -> None:
             def callback(error, blocking=blocking, b=b):
                 try:
                     if blocking == "all_reduce":
-                        comm.all_reduce(b)
+                        comm.all_reduce(b, algorithm="ring")
                     elif blocking == "wait":
                         later[0].wait()
                     else:
@@ -320,8 +321,8 @@ def scenario_callback() -> None:
                     errors.append(str(e))
             gate = threading.Event()   # holds the queue, so the callback runs on the worker, not at once here
             comm._queue.run(gate.wait, async_op=True)
-            work = comm.all_reduce(a, async_op=True)
-            later.append(comm.all_reduce(c, async_op=True))
+            work = comm.all_reduce(a, algorithm="ring", async_op=True)
+            later.append(comm.all_reduce(c, algorithm="ring", async_op=True))
             work.add_done_callback(callback)
             gate.set()
             work.wait()
@@ -330,8 +331,35 @@ def scenario_callback() -> None:
             assert len(errors) == 1 and "done-callback" in errors[0], (name, blocking, errors)
             assert a.tolist() == c.tolist() == [p] * 4, (name, blocking, a, c)
         x = torch.ones(3)
-        comm.all_reduce(x)
+        comm.all_reduce(x, algorithm="ring")
         assert x.tolist() == [p] * 3, (name, x)
+        comm.close()
+
+
+def scenario_threads() -> None:
+    """A call from a second thread while another thread's call is in progress on the same
+    communicator is refused on that rank (the ranks' threads would interleave in different
+    orders); the call in progress completes, and the communicator goes on."""
+    for name, kwargs in EXECUTORS.items():
+        comm = pccl.init(timeout=30, **kwargs)
+        x = torch.ones(4)
+        if rank == 0:
+            first = threading.Thread(target=comm.all_reduce, args=(x,))
+            first.start()   # in progress until rank 1 joins it
+            time.sleep(0.5)
+            try:
+                comm.all_reduce(torch.ones(4))
+                raise AssertionError(f"{name}: a second thread's call ran")
+            except RuntimeError as e:
+                assert "second thread" in str(e), (name, e)
+            first.join()
+        else:
+            time.sleep(1.5)
+            comm.all_reduce(x)
+        assert x.tolist() == [p] * 4, (name, x)
+        y = torch.ones(3)
+        comm.all_reduce(y)
+        assert y.tolist() == [p] * 3, (name, y)
         comm.close()
 
 
