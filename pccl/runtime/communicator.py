@@ -205,6 +205,8 @@ class Communicator:
         torch.distributed requires). Mixed transports assume torch.distributed's ranks are
         MPI.COMM_WORLD's, as they are when pccl brings torch.distributed up through MPI or the
         launcher numbers both alike."""
+        if self._queue.closed:
+            raise RuntimeError("pccl: split of a communicator that was closed: make a new one")
         groups = [list(g) for g in groups]
         plain = all(g and all(type(r) is int for r in g) for g in groups)   # (not 1.0, True, numpy's integers)
         if not plain or sorted(r for g in groups for r in g) != list(range(self.size)):

@@ -63,6 +63,7 @@ class SerialQueue:
         self._last: Optional[Future] = None
         self.worker: Optional[threading.Thread] = None   # the pool's one thread, once started
         self._issuer, self._issuing, self._issuers = None, 0, threading.Lock()
+        self.closed = False   # by close(): its communicator takes no more calls
 
     def _submit(self, fn: Callable[[], None]) -> Future:
         if self._pool is None:
@@ -78,6 +79,8 @@ class SerialQueue:
         another thread is issuing one at this moment: the ranks' threads would interleave
         their calls in different orders, and the ranks exchange each other's data or wait
         forever (measured: a fifth of two threads' all-reduces came out wrong, silently)."""
+        if self.closed:
+            raise RuntimeError(f"pccl: {what()} on a communicator that was closed: make a new one")
         me = threading.get_ident()
         with self._issuers:
             if self._issuing and self._issuer != me:
@@ -132,6 +135,7 @@ class SerialQueue:
         return None
 
     def close(self) -> None:
+        self.closed = True
         if self._pool is not None:
             refuse_on(self.worker, "closing the communicator")
             self._pool.shutdown(wait=True)

@@ -21,6 +21,10 @@ def test_a_call_from_a_second_thread_while_one_is_in_progress_is_refused():
     run_ok(2, "threads", timeout=240)
 
 
+def test_a_closed_communicator_refuses_every_call_by_name():
+    run_ok(2, "closed", timeout=240)
+
+
 def test_a_default_codec_leaves_exact_calls_and_self_calibration_exact(tmp_path, monkeypatch):
     monkeypatch.setenv("PCCL_COMPRESSION", "int8")
     monkeypatch.setenv("PCCL_CACHE_DIR", str(tmp_path))   # cold: the first call calibrates

@@ -363,6 +363,32 @@ def scenario_threads() -> None:
         comm.close()
 
 
+def scenario_closed() -> None:
+    """close() finishes the work in flight; every later call on the communicator raises
+    naming the closing, the same on every transport (an MPI one silently started a new
+    worker, a gloo one raised torch's "not registered"), and its parent goes on."""
+    for name, kwargs in EXECUTORS.items():
+        parent = pccl.init(timeout=30, **kwargs)
+        comm = parent.split([list(range(p))])
+        x = torch.ones(1 << 16)
+        work = comm.all_reduce(x, algorithm="ring", async_op=True)
+        comm.close()
+        assert work.is_completed() and x[0].item() == p, (name, x[0])
+        for what, call in (("all_reduce", lambda: comm.all_reduce(torch.ones(4), algorithm="ring")),
+                           ("async", lambda: comm.all_reduce(torch.ones(4), algorithm="ring", async_op=True)),
+                           ("barrier", comm.barrier), ("broadcast", lambda: comm.broadcast(torch.ones(2))),
+                           ("split", lambda: comm.split([list(range(p))]))):
+            try:
+                call()
+                raise AssertionError(f"{name}: {what} after close ran")
+            except RuntimeError as e:
+                assert "closed" in str(e), (name, what, e)
+        y = torch.ones(3)
+        parent.all_reduce(y, algorithm="ring")
+        assert y.tolist() == [p] * 3, (name, y)
+        parent.close()
+
+
 def scenario_default_codec() -> None:
     """PCCL_COMPRESSION=int8 (set by the test), a cold calibration cache, self-calibration
     on: an integer all-reduce and an exact (compression="none") float call measure the
