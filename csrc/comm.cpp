@@ -85,6 +85,32 @@ void MpiComm::check(int err, const char* what) {
   throw std::runtime_error(std::string("pccl: ") + what + " failed: " + std::string(msg, len));
 }
 
+void MpiComm::failed_requests(int err) {
+  // A message longer than its receive is the usual cause: the ranks called the collective
+  // with different sizes or dtypes. Name it, and the peer, rather than MPI's "see the
+  // MPI_ERROR field" of MPI_ERR_IN_STATUS.
+  if (err == MPI_ERR_IN_STATUS) {
+    for (size_t i = 0; i < statuses_.size(); ++i) {
+      const int e = statuses_[i].MPI_ERROR;
+      if (e == MPI_SUCCESS || e == MPI_ERR_PENDING) continue;
+      int cls = 0;
+      MPI_Error_class(e, &cls);
+      const int peer = req_peers_[i];
+      const std::string who = "rank " + std::to_string(peer) +
+                              (world_ranks_[peer] == peer ? "" : " (world rank " + std::to_string(world_ranks_[peer]) + ")");
+      if (cls == MPI_ERR_TRUNCATE) {
+        broken_ = true;
+        throw std::runtime_error("pccl: a message from " + who +
+                                 " was longer than its receive (MPI_ERR_TRUNCATE): the ranks called this collective "
+                                 "with different sizes or dtypes (PCCL_CHECK_CALLS=1 names the difference on every rank, "
+                                 "before anything is sent)");
+      }
+      check(e, req_sends_[i] ? "a send (MPI_Testall)" : "a receive (MPI_Testall)");
+    }
+  }
+  check(err, "MPI_Testall");
+}
+
 void MpiComm::check_usable() const {
   if (broken_)
     throw std::runtime_error(
@@ -169,9 +195,11 @@ std::string MpiComm::timed_out(const std::string& what) {
 // Polls the step's messages, so that a missing peer becomes a Timeout naming them.
 void MpiComm::wait_all(int64_t step) {
   if (reqs_.empty()) return;
+  statuses_.resize(reqs_.size());
   const bool done = poll([this] {
     int all = 0;
-    check(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &all, MPI_STATUSES_IGNORE), "MPI_Testall");
+    const int err = MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &all, statuses_.data());
+    if (err != MPI_SUCCESS) failed_requests(err);
     return all != 0;
   });
   if (!done) {

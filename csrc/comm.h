@@ -134,7 +134,9 @@ class MpiComm {
   std::vector<int> req_peers_;   // the peer of each request
   std::vector<char> req_sends_;  // whether each request is a send
   std::vector<int> world_ranks_;  // MPI_COMM_WORLD's rank of each rank, for messages
+  std::vector<MPI_Status> statuses_;  // of the step's requests: which one failed, and why
   std::string waited_peers() const;
+  void failed_requests(int err);  // throws naming the failed message, and marks the communicator broken
   // A receive to finish after the step: reduce it into place, or, staged, copy it to the device.
   struct Pending { int64_t first, count; char* dst; const char* a; char* landing; bool reduce; };
   std::vector<Pending> pending_;

@@ -33,19 +33,29 @@ class MpiPythonExecutor(ScheduleExecutor):
         self.world_ranks = MPI.Group.Translate_ranks(self.comm.Get_group(), list(range(self.size)),
                                                      MPI.COMM_WORLD.Get_group())
 
-    def _done(self, reqs) -> bool:
+    def _done(self, reqs, peers: list[int]) -> bool:
         """Testall; an MPI error (a message longer than its receive: ranks passed other
         sizes) leaves the communicator's messages unknown, so it is broken from then on, as
-        the C++ executor's is, instead of matching the next call's messages with these."""
+        the C++ executor's is, instead of matching the next call's messages with these. The
+        error names the message that failed, as the C++ executor's does."""
+        statuses = [MPI.Status() for _ in reqs]
         try:
-            return MPI.Request.Testall(reqs)
-        except MPI.Exception:
+            return MPI.Request.Testall(reqs, statuses)
+        except MPI.Exception as e:
             for r in reqs:
                 if r != MPI.REQUEST_NULL:
                     r.Cancel()
                     r.Free()
             self.broken = True
-            raise
+            failed = [(peer, s.Get_error()) for peer, s in zip(peers, statuses)
+                      if s.Get_error() not in (MPI.SUCCESS, MPI.ERR_PENDING)]
+            truncated = [peer for peer, error in failed if MPI.Get_error_class(error) == MPI.ERR_TRUNCATE]
+            if truncated:
+                raise RuntimeError(f"pccl: a message from {rank_name(truncated[0], self.world_ranks)} was longer than "
+                                   "its receive (MPI_ERR_TRUNCATE): the ranks called this collective with different "
+                                   "sizes or dtypes (PCCL_CHECK_CALLS=1 names the difference on every rank, before "
+                                   "anything is sent)") from None
+            raise RuntimeError(f"pccl: MPI_Testall failed: {e.Get_error_string()}") from None
 
     def exchange(self, sends, recvs, step):
         if self.broken:
@@ -58,7 +68,7 @@ class MpiPythonExecutor(ScheduleExecutor):
         # Poll, so a missing peer times out; yield between polls for SPIN (MPI moves bytes
         # between ranks of a node only while they poll), then nap (a straggler: leave the
         # core to computing threads), as csrc/comm.cpp's poll.
-        while not self._done(reqs):
+        while not self._done(reqs, [peer for peer, _ in recvs] + [peer for peer, _ in sends]):
             now = time.monotonic()
             if now > deadline:
                 directions = [(p, False) for p, _ in recvs] + [(p, True) for p, _ in sends]

@@ -224,7 +224,8 @@ class Transport:
             if codecs:
                 raise ValueError(f"compression runs inside pccl's schedules; {algorithm!r} is the transport's own "
                                  "collective: choose a schedule, a plan or auto")
-            return partial(_run_native, collective, self.native, op, algorithm == "native_nonblocking")
+            return self._unless_broken(partial(_run_native, collective, self.native, op,
+                                               algorithm == "native_nonblocking"))
         sched = schedule(collective, algorithm, self.size, self.rank)
         codec = codecs.get("flat")
         runner = self._compressing(codec) if codec is not None else self.runner
@@ -245,11 +246,25 @@ class Transport:
 
     def broadcasts(self, root: int, form: str) -> Callable[[torch.Tensor], None]:
         fn = partial(self.native.native_broadcast, root=root)
-        return partial(fn, polled=True) if form == "native_nonblocking" else fn
+        return self._unless_broken(partial(fn, polled=True) if form == "native_nonblocking" else fn)
 
     def barriers(self, form: str) -> Callable[[], None]:
-        return partial(self.native.native_barrier, polled=True) if form == "native_nonblocking" \
-            else self.native.native_barrier
+        return self._unless_broken(partial(self.native.native_barrier, polled=True) if form == "native_nonblocking"
+                                   else self.native.native_barrier)
+
+    def _unless_broken(self, fn: Callable) -> Callable:
+        """fn, refused once a Python executor of this transport broke (a timeout, an MPI
+        error): the C++ executor that runs MPI's own collectives keeps its own state, and
+        the communicator is unusable as a whole, as on every other executor."""
+        if self.runner is self.native and self.name == "mpi":
+            return fn
+
+        def checked(*args, **kwargs):
+            if getattr(self.runner, "broken", False) or getattr(self._compressed, "broken", False):
+                raise RuntimeError("pccl: an earlier collective on this communicator timed out or failed and its "
+                                   "message state is unknown; create a new communicator")
+            return fn(*args, **kwargs)
+        return checked
 
     def split(self, groups: list[list[int]], transport: str,
               barrier: Optional[Callable[[], None]] = None) -> "Transport":

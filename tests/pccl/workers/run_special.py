@@ -122,16 +122,20 @@ def scenario_misuse() -> None:
         raise AssertionError("gloo split out of rank order: accepted")
     except ValueError as e:
         assert "in ascending order" in str(e), e
-    comm = pccl.init(timeout=3, executor="python")
-    try:   # rank 0 receives 3 elements into 2 (MPI_ERR_TRUNCATE); rank 1 receives 2 of 3 and waits
-        comm.all_reduce(torch.ones(4 if rank == 0 else 6), algorithm="ring")
-    except Exception:
-        pass
-    try:
-        comm.all_reduce(torch.ones(6), algorithm="ring")
-        raise AssertionError("python executor: a call after a failed one returned")
-    except (RuntimeError, pccl.CollectiveTimeout) as e:
-        assert "earlier collective" in str(e) or "timed out" in str(e), e
+    for executor in ("python", "cpp"):
+        comm = pccl.init(timeout=3, executor=executor)
+        try:   # rank 0 receives 3 elements into 2 (MPI_ERR_TRUNCATE); rank 1 receives 2 of 3 and waits
+            comm.all_reduce(torch.ones(4 if rank == 0 else 6), algorithm="ring")
+            raise AssertionError(f"{executor} executor: other sizes on the ranks ran")
+        except (RuntimeError, pccl.CollectiveTimeout) as e:   # named, not MPI's "see the MPI_ERROR field"
+            expected = "a message from rank 1 was longer than its receive" if rank == 0 else "timed out"
+            assert expected in str(e) and "PCCL_CHECK_CALLS" in str(e) or rank == 1, (executor, e)
+            assert expected in str(e), (executor, e)
+        try:
+            comm.all_reduce(torch.ones(6), algorithm="ring")
+            raise AssertionError(f"{executor} executor: a call after a failed one returned")
+        except (RuntimeError, pccl.CollectiveTimeout) as e:
+            assert "earlier collective" in str(e) or "timed out" in str(e), e
 
 
 def scenario_layouts() -> None:
@@ -159,11 +163,16 @@ def scenario_timeout() -> None:
                 took = time.perf_counter() - t0
                 assert 1.4 < took < 10, f"{name}: timed out after {took:.1f} s, expected ~1.5 s"
                 assert "timed out" in str(e)
-            try:   # the communicator is broken from then on, on every executor, and says so at once
-                comm.all_gather(torch.empty(4 * p), torch.ones(4), algorithm="ring")
-                raise AssertionError(f"{name}: a call after a timeout returned")
-            except RuntimeError as e:
-                assert "earlier collective on this communicator timed out" in str(e), f"{name}: {e}"
+            # the communicator is broken from then on, on every executor and for every call
+            # (the Python executor's barrier, broadcast and MPI's own collective ran), and says so at once
+            for what, call in (("ring", lambda: comm.all_gather(torch.empty(4 * p), torch.ones(4), algorithm="ring")),
+                               ("barrier", comm.barrier), ("broadcast", lambda: comm.broadcast(torch.ones(2))),
+                               ("native", lambda: comm.all_reduce(torch.ones(2), algorithm="native"))):
+                try:
+                    call()
+                    raise AssertionError(f"{name}: a {what} call after a timeout returned")
+                except RuntimeError as e:
+                    assert "earlier collective on this communicator timed out" in str(e), f"{name} {what}: {e}"
         world.Barrier()
     # On a sub-communicator (a plan's level) the rank that times out names its world rank
     for name in ("cpp", "python"):
