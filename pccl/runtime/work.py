@@ -10,7 +10,9 @@ order across all communicators, which worker threads racing each other would not
 """
 from __future__ import annotations
 
+import sys
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Optional
 
@@ -28,7 +30,14 @@ class Work:
     """Handle of an async collective: wait() blocks until done and re-raises its error."""
 
     def __init__(self, future: Future, queue: Optional["SerialQueue"] = None):
-        self._future, self._queue = future, queue
+        self._future, self._queue, self._seen = future, queue, False
+        # a failure nobody will see (the handle dropped unwaited) is reported, not lost
+        mine = weakref.ref(self)
+        future.add_done_callback(lambda f: mine() is None and _unseen(f))
+
+    def __del__(self) -> None:
+        if not self._seen and self._future.done():
+            _unseen(self._future)
 
     def refuse_waiting_here(self) -> None:
         """RuntimeError where waiting for it on this thread would never end: it is queued
@@ -41,6 +50,7 @@ class Work:
         TimeoutError, and the collective goes on (wait again). Not a CollectiveTimeout: the
         peers are not known to be missing, the caller only stopped waiting."""
         self.refuse_waiting_here()
+        self._seen = True
         # wait(), not result(timeout): that raises a TimeoutError, as a CollectiveTimeout is one
         if not wait([self._future], timeout).done:
             raise TimeoutError(f"pccl: the collective did not complete within {timeout:g} s; it is still "
@@ -53,7 +63,18 @@ class Work:
 
     def add_done_callback(self, fn: Callable[[Optional[BaseException]], None]) -> None:
         """Call fn(error or None) when done: on the worker thread, or now if already done."""
+        self._seen = True   # the callback is handed the error
         self._future.add_done_callback(lambda f: fn(f.exception()))
+
+
+def _unseen(future: Future) -> None:
+    """An async collective failed, and its Work was dropped without a wait: say so on
+    stderr, or the error (a timeout, a lost peer) would vanish and the run end as if fine."""
+    error = future.exception()
+    if error is not None:
+        sys.stderr.write(f"pccl: an async collective failed and its Work was dropped without wait(): "
+                         f"{type(error).__name__}: {error}\n")
+        sys.stderr.flush()
 
 
 class SerialQueue:

@@ -25,6 +25,13 @@ def test_a_closed_communicator_refuses_every_call_by_name():
     run_ok(2, "closed", timeout=240)
 
 
+def test_a_failure_of_a_dropped_async_call_is_reported_not_lost():
+    run = mpiexec(2, "-m tests.pccl.workers.run_special", "dropped", timeout=120)
+    assert run.returncode == 0 and "OK dropped" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "pccl: an async collective failed and its Work was dropped without wait(): CollectiveTimeout: " \
+           "pccl: rank 0 timed out" in run.stderr, run.stderr[-3000:]
+
+
 def test_a_default_codec_leaves_exact_calls_and_self_calibration_exact(tmp_path, monkeypatch):
     monkeypatch.setenv("PCCL_COMPRESSION", "int8")
     monkeypatch.setenv("PCCL_CACHE_DIR", str(tmp_path))   # cold: the first call calibrates

@@ -398,6 +398,16 @@ def scenario_closed() -> None:
         parent.close()
 
 
+def scenario_dropped() -> None:
+    """An async collective that fails after its Work was dropped unwaited (rank 1 never
+    makes it) is reported on stderr (the test reads it), not lost."""
+    comm = pccl.init(timeout=1.5, executor="python")
+    if rank == 0:
+        comm.all_reduce(torch.ones(8), algorithm="ring", async_op=True)   # the handle is dropped at once
+        time.sleep(4)   # past the timeout: the failure happens with no Work left to hold it
+    world.Barrier()
+
+
 def scenario_default_codec() -> None:
     """PCCL_COMPRESSION=int8 (set by the test), a cold calibration cache, self-calibration
     on: an integer all-reduce and an exact (compression="none") float call measure the
