@@ -263,7 +263,7 @@ class Communicator:
     def _prepare(self, collective: str, algorithm, like: torch.Tensor, codecs: dict, op: str = "sum") -> Call:
         """What runs a validated call: the selector's choice, run by the transport."""
         with self.call_check.paused() if self.call_check else nullcontext():   # a calibration's calls
-            choice = self.selector.choose(collective, algorithm, like, codecs)
+            choice = self.selector.choose(collective, algorithm, like, codecs, op)
         fn = self.carrier.runs(choice, op, codecs, self._plan_executor)
         algorithm, nbytes = choice.algorithm, choice.nbytes
         dtype = str(like.dtype).removeprefix("torch.")   # not `like`: a kept call must not keep its buffers

@@ -22,7 +22,7 @@ from pccl.core.topology import Topology
 from pccl.runtime import transport_kinds
 from pccl.runtime.choice import Choice
 from pccl.tuning.profiles import Profile
-from pccl.tuning.selection import Tuner, compression_problem, shared_tuner
+from pccl.tuning.selection import Tuner, compression_problem, forced, shared_tuner
 from pccl.tuning.self_calibration import DEVICES as MEASURED
 from pccl.tuning.self_calibration import SelfCalibration, measures
 
@@ -123,7 +123,7 @@ class Selector:
         return self._device_calibrations[device]
 
     def resolve(self, collective: str, algorithm, nbytes: int, device: str = "cpu", compression=None,
-                dtype: torch.dtype = torch.float32):
+                dtype: torch.dtype = torch.float32, op: Optional[str] = None):
         """What `algorithm` runs for `nbytes` (the full buffer) of `device` tensors: a flat
         algorithm's name, a native one, or a plan spec; "auto" resolved as a call would resolve
         it, among what can take the device (it never communicates: a self-calibration is
@@ -132,7 +132,10 @@ class Selector:
         the collectives take it; `dtype` the payload's): auto takes the fastest candidate
         predicted with it (Tuner.choose_for), and HO-Ring's all-gather and all-reduce, whose
         concurrent phases move a block both exactly and encoded so that ranks would end with
-        different values, are refused (plans.compresses_consistently)."""
+        different values, are refused (plans.compresses_consistently). For floating-point
+        max and min (`op`), auto takes the fastest flat schedule: the transport's own
+        collective, or a plan level running it, need not keep a NaN (gloo's and MPI's
+        do not), where pccl's kernels keep it from either side."""
         spec = plans.spec_of(algorithm)
         if spec is None:
             vocabulary.check(collective, algorithm)
@@ -145,6 +148,9 @@ class Selector:
             tuner = self.tuner_for(device)
             name = tuner.choose_for(collective, nbytes, dtype, compression) if compression else \
                 tuner.name(collective, nbytes, dtype)
+            if op in ("max", "min") and dtype.is_floating_point and (name in NATIVES or name in plans.NAMED) \
+                    and not compression and forced(collective) is None:   # PCCL_ALGO: as the user forced it
+                name = tuner.fastest_schedule(collective, nbytes, dtype)
             spec = plans.NAMED.get(name, name)
             if isinstance(spec, str):
                 return spec
@@ -171,14 +177,14 @@ class Selector:
         if algorithm == "auto" and not compression and self.self_calibration is not None and device in MEASURED:
             self.calibration_for(device).ensure(collective, dtype, nbytes)
 
-    def choose(self, collective: str, algorithm, like: torch.Tensor, codecs=None) -> Choice:
+    def choose(self, collective: str, algorithm, like: torch.Tensor, codecs=None, op: Optional[str] = None) -> Choice:
         """What a call of `collective` on the full buffer `like` runs, decided once: auto
         measured where this is its first call at that size (collective, as the call itself
         would be), then resolved; `codecs`: the call's ({level: codec}, or one codec), or
-        None."""
+        None; `op` the reduction's."""
         nbytes = like.numel() * like.element_size()
         self.measure_auto(collective, algorithm, like.dtype, like.device.type, codecs, nbytes)
-        resolved = self.resolve(collective, algorithm, nbytes, like.device.type, codecs, like.dtype)
+        resolved = self.resolve(collective, algorithm, nbytes, like.device.type, codecs, like.dtype, op)
         codec = codecs.get("flat") if isinstance(codecs, dict) else codecs
         return Choice(collective, resolved, like.numel(), like.dtype, self.topology, self.rank, codec)
 

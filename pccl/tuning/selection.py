@@ -153,6 +153,13 @@ class Tuner:
             return names
         return names + tuple(n for n in PLAN_NAMES if n != "three_level" or three_level.applies(self.topology))
 
+    def fastest_schedule(self, collective: str, nbytes: int, dtype: torch.dtype = torch.float32) -> str:
+        """The flat schedule predicted fastest: pccl's own kernels all the way, where the
+        transport's collective (or a plan level running it) would apply the library's own
+        rules (floating-point max and min: a NaN kept from either side)."""
+        return min(algorithms_for(collective), key=lambda name: cost_model.predict(
+            collective, name, self.topology, self.profile, nbytes, dtype=dtype))
+
     def predictions(self, collective: str, nbytes, dtype: torch.dtype = torch.float32) -> dict:
         """Predicted seconds of every candidate, by name, for `nbytes` (a number or an
         array) of `dtype` values."""

@@ -24,3 +24,30 @@ def test_a_choice_knows_its_algorithm_and_what_each_peer_receives():
     coded = comm.choose("all_gather", "ring", torch.empty(4096), int8)
     ratio = int8.encoded_nbytes(4096, torch.float32) / (4096 * 4)
     assert dict(coded.sent()) == {2: round(3 * 4096 * ratio)}
+
+
+def test_auto_runs_floating_max_and_min_on_pccls_schedules_which_keep_a_nan(monkeypatch):
+    """The transport's own collective (gloo's, MPI_MAX) may drop a NaN from some ranks, and
+    a plan's level may run it: for floating-point max and min auto takes the fastest flat
+    schedule instead (pccl's kernels keep a NaN from either side); sums, integers, a name
+    asked for and PCCL_ALGO keep their choice."""
+    from pccl.algorithms import NATIVES, algorithms_for
+
+    comm = DryRunCommunicator(Topology.regular(8, 4), profiles.load("frontier"), rank=1)
+    tuner = comm.selector.tuner_for("cpu")
+    sizes = [1 << k for k in range(4, 30, 2)]
+    for collective in ("all_reduce", "reduce_scatter"):
+        summed = [comm.selector.resolve(collective, "auto", n) for n in sizes]
+        assert any(isinstance(s, str) and s in NATIVES or not isinstance(s, str) for s in summed), \
+            "the profile never picks the transport's own or a plan: the test shows nothing"
+        for n in sizes:
+            for op in ("max", "min"):
+                chosen = comm.selector.resolve(collective, "auto", n, op=op)
+                assert chosen in algorithms_for(collective), (collective, n, op, chosen)
+                assert chosen == tuner.fastest_schedule(collective, n)
+            integer = comm.selector.resolve(collective, "auto", n, dtype=torch.int32, op="max")
+            assert integer == comm.selector.resolve(collective, "auto", n, dtype=torch.int32)
+        assert comm.selector.resolve(collective, "native", 64, op="max") == "native"
+    monkeypatch.setenv("PCCL_ALGO", "native")   # read when a communicator is made
+    forced = DryRunCommunicator(Topology.regular(8, 4), profiles.load("frontier"), rank=1)
+    assert forced.selector.resolve("all_reduce", "auto", 64, op="max") == "native"
