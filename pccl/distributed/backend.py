@@ -135,7 +135,7 @@ class Completion:
         self.future = torch.futures.Future()
         works = [w for w in works if w is not None]   # None: a call that ran on the caller's thread
         self._works = works
-        like = first_tensor(result)
+        like = _first_tensor(result)
         if finish is not None and like is not None:
             finish = on_callers_stream(finish, like)
         self._result, self._finish = result, finish
@@ -169,17 +169,6 @@ class Completion:
 
     def work(self) -> "FutureWork":
         return FutureWork(self.future, self._works)
-
-
-def first_tensor(result) -> Optional[torch.Tensor]:
-    """The first tensor in a collective's result (a tensor, or lists of them)."""
-    if isinstance(result, torch.Tensor):
-        return result
-    for item in result if isinstance(result, (list, tuple)) else ():
-        found = first_tensor(item)
-        if found is not None:
-            return found
-    return None
 
 
 class FutureWork(dist.Work):
@@ -358,19 +347,20 @@ class ProcessGroupPccl(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         if not self._carries([input]):
-            return self.companion(input.device)._allgather_base(output, input, opts)
+            return self._companion_for("all_gather_into_tensor", output, input)._allgather_base(output, input, opts)
         (out,), back = contiguous([output])
         return Completion([self._all_gather(out, input.contiguous(), opts)], [output], back).work()
 
     def reduce_scatter_single(self, output, input, opts=None):
         if not self._carries([input]):
-            return self.companion(input.device)._reduce_scatter_base(output, input, opts)
+            return self._companion_for("reduce_scatter_tensor", output, input)._reduce_scatter_base(output, input,
+                                                                                               opts)
         (out,), back = contiguous([output])
         return Completion([self._reduce_scatter(out, input.contiguous(), opts)], [output], back).work()
 
     def allreduce(self, tensors, opts=None):
         if not self._carries(tensors):
-            return self.companion(tensors[0].device).allreduce(tensors, opts)
+            return self._companion_for("all_reduce", tensors).allreduce(tensors, opts)
         staged, back = contiguous(tensors)
         return Completion([self._all_reduce(t, opts) for t in staged], tensors, back).work()
 
@@ -379,7 +369,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
         of another size than the input (which gloo refuses by name) go to the companion."""
         if not self._carries(inputs) or any(o.numel() != i.numel() for outs, i in zip(output_lists, inputs)
                                             for o in outs):
-            return self.companion(inputs[0].device).allgather(output_lists, inputs, opts)
+            return self._companion_for("all_gather", output_lists, inputs).allgather(output_lists, inputs, opts)
         works, copies = [], []
         for outputs, inp in zip(output_lists, inputs):
             flat = torch.empty((len(outputs),) + tuple(inp.shape), dtype=inp.dtype, device=inp.device)
@@ -395,7 +385,8 @@ class ProcessGroupPccl(dist.ProcessGroup):
         would have started it."""
         if not self._carries(outputs) or any(b.numel() != blocks[0].numel() for blocks in input_lists
                                              for b in blocks):
-            return self.companion(outputs[0].device).reduce_scatter(outputs, input_lists, opts)
+            return self._companion_for("reduce_scatter", outputs, input_lists).reduce_scatter(outputs, input_lists,
+                                                                                                 opts)
         staged, back = contiguous(outputs)
         works = [self._reduce_scatter(out.view(-1), torch.cat([b.reshape(-1) for b in blocks]), opts)
                  for out, blocks in zip(staged, input_lists)]
@@ -406,7 +397,8 @@ class ProcessGroupPccl(dist.ProcessGroup):
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         if not self._carries(inputs):
-            return one_by_one(self.companion(inputs[0].device)._allgather_base, outputs, inputs, opts)
+            return one_by_one(self._companion_for("all_gather_into_tensor", outputs, inputs)._allgather_base, outputs,
+                              inputs, opts)
         staged, back = contiguous(outputs)
         return Completion([self._all_gather(o, i.contiguous(), opts) for o, i in zip(staged, inputs)], outputs,
                           back).work()
@@ -419,7 +411,8 @@ class ProcessGroupPccl(dist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         if not self._carries(inputs):
-            return one_by_one(self.companion(inputs[0].device)._reduce_scatter_base, outputs, inputs, opts)
+            return one_by_one(self._companion_for("reduce_scatter_tensor", outputs, inputs)._reduce_scatter_base,
+                              outputs, inputs, opts)
         staged, back = contiguous(outputs)
         return Completion([self._reduce_scatter(o, i.contiguous(), opts) for o, i in zip(staged, inputs)],
                           outputs, back).work()
@@ -467,6 +460,19 @@ class ProcessGroupPccl(dist.ProcessGroup):
             return outputs
         return FutureWork(work.get_future().then(copy_out))
 
+    def _companion_for(self, what: str, *args):
+        """The companion backend of the first tensor's device in `args`, for `what`. A
+        non-contiguous tensor is refused: gloo reads a strided view as dense memory, and
+        writes outside it (the ops pccl runs itself stage views on contiguous copies)."""
+        tensors = list(_tensors(args))
+        strided = next((t for t in tensors if not t.is_contiguous()), None)
+        if strided is not None:
+            raise ValueError(f"pccl backend: {what} of a non-contiguous {strided.dtype} tensor (shape "
+                             f"{tuple(strided.shape)}, stride {strided.stride()}) runs on the companion backend, "
+                             "which reads a strided view as dense memory and would write outside it: pass a "
+                             "contiguous tensor (x.contiguous(), then copy the result back)")
+        return self.companion(tensors[0].device if tensors else torch.device("cpu"))
+
     def companion(self, device: torch.device):
         """The backend forwarded calls run on: gloo, made with the group; for CUDA tensors
         NCCL, made from this group's store on first use (NCCL connects peers lazily, at
@@ -506,25 +512,24 @@ def one_by_one(single, outputs, inputs, opts) -> "FutureWork":
 
 def _forward(name: str):
     def forwarded(self, *args, **kwargs):
-        tensor = _first_tensor(args)
-        return getattr(self.companion(tensor.device if tensor is not None else torch.device("cpu")), name)(
-            *args, **kwargs)
+        return getattr(self._companion_for(name, *args), name)(*args, **kwargs)
 
     forwarded.__name__ = name
     forwarded.__doc__ = f"{name}: not a pccl algorithm; run by the companion backend"
     return forwarded
 
 
-def _first_tensor(obj) -> Optional[torch.Tensor]:
-    """The first tensor in `obj`, searching lists and tuples in order."""
+def _tensors(obj):
+    """The tensors in `obj` (a tensor, or lists and tuples of them, nested), in order."""
     if isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, (list, tuple)):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
         for item in obj:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
+            yield from _tensors(item)
+
+
+def _first_tensor(obj) -> Optional[torch.Tensor]:
+    return next(_tensors(obj), None)
 
 
 for _name in FORWARDED:
