@@ -10,7 +10,8 @@ launched the job, over gloo (CPU) or NCCL (CUDA) groups under torchrun.
 """
 from __future__ import annotations
 
-from typing import Optional
+from datetime import timedelta
+from typing import Optional, Union
 
 import torch.distributed as dist
 
@@ -23,9 +24,14 @@ if "pccl" not in dist.Backend.backend_list:
     dist.Backend.register_backend("pccl", create, extended_api=True, devices=["cpu", "cuda"])
 
 
-def init_process_group(backend: str = "pccl", timeout: float = 300.0, options: Optional[Options] = None) -> None:
+def init_process_group(backend: str = "pccl", timeout: Union[float, timedelta] = 300.0,
+                       options: Optional[Options] = None) -> None:
     """torch.distributed's default group (on the pccl backend unless told otherwise): from
     the environment where torchrun's variables are set, else through MPI (rank 0 opens the
-    store), so the same script runs under torchrun, mpiexec and srun."""
-    init_torch_distributed(backend, timeout, options)
+    store), so the same script runs under torchrun, mpiexec and srun. `timeout`: seconds,
+    or a timedelta as torch's init_process_group takes it."""
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or a timedelta, got {timeout!r}")
+    init_torch_distributed(backend, seconds, options)
 

@@ -200,6 +200,11 @@ class FutureWork(dist.Work):
     def get_future(self) -> torch.futures.Future:
         return self._future
 
+    def result(self) -> list:
+        """The collective's tensors, once it completed (as gloo's Work.result)."""
+        self.wait()
+        return self._future.value()
+
     def is_completed(self) -> bool:
         return self._future.done()
 

@@ -91,6 +91,14 @@ def test_pccl_algo_picks_the_plan_for_torchs_collectives(tmp_path, monkeypatch, 
     assert all(plan in spec for spec in report["resolved"].values()), report["resolved"]
 
 
+def test_a_bad_timeout_is_refused_before_any_rendezvous():
+    import pccl.distributed
+
+    for bad in ("60", 0, -1, True):
+        with pytest.raises(ValueError, match="timeout must be a positive number of seconds or a timedelta"):
+            pccl.distributed.init_process_group(timeout=bad)
+
+
 def test_importing_registers_the_backend_for_cpu_and_cuda():
     import pccl.distributed  # noqa: F401
 

@@ -37,7 +37,7 @@ torch.set_num_threads(1)
 DEVICE = torch.device(os.environ.get("PCCL_TEST_DEVICE", "cpu"))
 if DEVICE.type == "cuda":
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ.get("PMI_RANK", 0))) % torch.cuda.device_count())
-pccl.distributed.init_process_group(timeout=120)
+pccl.distributed.init_process_group(timeout=timedelta(seconds=120))   # as torch's takes it (or seconds)
 rank, p = dist.get_rank(), dist.get_world_size()
 gloo = dist.new_group(list(range(p)), backend="gloo" if DEVICE.type == "cpu" else "nccl")
 torch.set_default_device(DEVICE)   # every tensor below on the device under test
@@ -192,6 +192,7 @@ for op, name in ((dist.ReduceOp.MAX, "max"), (dist.ReduceOp.MIN, "min"), (dist.R
 work = dist.all_reduce(t := torch.ones(5), async_op=True)
 work.wait()
 check(torch.equal(t, torch.full((5,), float(p))), "async all_reduce")
+check(work.result()[0] is t, "Work.result() is the call's tensors, as gloo's")
 
 # A sub-group: the even ranks, a pccl communicator of its own.
 evens = dist.new_group(list(range(0, p, 2)), backend="pccl")
