@@ -41,7 +41,10 @@ Held while a micro-batch runs forward and backward, at two moments:
     workspace    the collective layer's landing buffer: at most one gradient buffer of the
                  largest unit reduced per micro-batch (a schedule receives at most its
                  whole input before reducing); none where the transport's own collective
-                 reduces (landing_buffers=False: MPI's and NCCL's buffers are their own)
+                 reduces (landing_buffers=False: MPI's and NCCL's buffers are their own).
+                 An upper bound: the Python and torch executors allocate it from torch for
+                 the steps that receive; the C++ executor's is its own, grown to the
+                 largest step's (for a ring, 1/p of the input) and kept between calls
 
 Held while the optimizer steps (fused AdamW needs no scratch, the norm is a few scalars):
 the largest per-step reduction's landing buffer and, in a reduce dtype other than fp32,
@@ -161,8 +164,9 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
     """The engine's memory per rank training `cfg` cut into `sizes` (unit_sizes of the
     model) with these settings (EngineConfig's names), `micro_batches` per step.
     `landing_buffers`: the reductions run pccl's schedules, whose received blocks land in a
-    workspace torch allocates (the planner's assumption: the larger); False where they run
-    the transport's own (MPI's, NCCL's), which keeps its buffers outside torch's allocator."""
+    workspace (the planner's assumption: the larger; see `workspace` above); False where
+    they run the transport's own (MPI's, NCCL's), which keeps its buffers outside torch's
+    allocator."""
     state = model_state(sizes, strategy, world, group, precision, reduce_dtype, min_shard_numel)
     ce, re = _element(precision), _element(reduce_dtype)
     tokens = micro_batch * seq_len
