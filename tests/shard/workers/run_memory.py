@@ -60,41 +60,26 @@ def peak(build) -> int:
 ENGINES = []
 
 
-def engine_step():
+def engine_step(slow_link: bool = False):
+    """The engine's step: its lanes inline (the census sees one thread), or, slow_link, as a
+    run has them, on their threads, the reductions slowed as by a slow link: the backward
+    runs ahead, and no more gradient buffers may wait than the model counts."""
     comm = pccl.init()
     model = GPT(CFG)
     engine = Engine(model, comm, strategy="zero3", precision="bf16")
     optimizer = ShardedAdamW(engine)
-    engine.gathers.inline = engine.reductions.inline = True   # the census sees one thread
-    engine.reductions.log = []   # the algorithms the reductions ran
-    ENGINES.append(engine)
-    batch = tokens()
-    del model
+    if slow_link:
+        reduce_scatter = engine.reductions.reduce_scatter
 
-    def step():
-        engine.backward(next_token_loss(engine, batch))
-        optimizer.step()
-    return step
-
-
-def slow_link_step():
-    """The engine as a run has it, lanes on their threads, its reductions slowed as by a
-    slow link: the backward runs ahead, and no more gradient buffers may wait than the
-    model counts."""
-    from shard.engine import lanes
-
-    comm = pccl.init()
-    model = GPT(CFG)
-    engine = Engine(model, comm, strategy="zero3", precision="bf16")
-    optimizer = ShardedAdamW(engine)
-    reduce_scatter = engine.reductions.reduce_scatter
-
-    def slowly(stage, *args, **kwargs):
-        if stage == "backward":
-            time.sleep(SLOW_LINK_S)
-        return reduce_scatter(stage, *args, **kwargs)
-    engine.reductions.reduce_scatter = slowly
-    assert isinstance(engine.reductions, lanes.Lane) and not engine.reductions.inline
+        def slowly(stage, *args, **kwargs):
+            if stage == "backward":
+                time.sleep(SLOW_LINK_S)
+            return reduce_scatter(stage, *args, **kwargs)
+        engine.reductions.reduce_scatter = slowly
+        assert not engine.reductions.inline
+    else:
+        engine.gathers.inline = engine.reductions.inline = True
+        engine.reductions.log = []   # the algorithms the reductions ran
     ENGINES.append(engine)
     batch = tokens()
     del model
@@ -128,7 +113,7 @@ def fsdp2_step():
 def main() -> None:
     pccl.distributed.init_process_group("gloo")
     engine = peak(engine_step)
-    slow_link = peak(slow_link_step)
+    slow_link = peak(lambda: engine_step(slow_link=True))
     fsdp2 = peak(fsdp2_step)
     with torch.device("meta"):
         sizes = unit_sizes(GPT(CFG))
