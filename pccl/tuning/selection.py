@@ -92,7 +92,8 @@ def compression_problem(algorithm, collective: str, compression) -> str:
     has nothing to encode in, nor a plan level whose phases run it; a codec must name a
     level the algorithm has (one codec is the flat schedule's and a plan's inter level's);
     HO-Ring's all-gather and all-reduce would leave ranks with different values
-    (plans.compresses_consistently)."""
+    (plans.compresses_consistently); a three-level plan's network levels are not
+    compressed (a codec given for "inter" ran exact there, silently)."""
     if algorithm in NATIVES:
         return f"{algorithm!r} is the transport's own collective, which pccl cannot encode"
     spec = plans.spec_of(algorithm)
@@ -102,6 +103,9 @@ def compression_problem(algorithm, collective: str, compression) -> str:
                                             f"only ({sorted(levels)}): give one codec, or name 'flat'")
     if not levels & {"intra", "inter"}:
         return f"{spec!r} is a plan and the compression names none of its levels: name 'intra' or 'inter'"
+    if isinstance(spec, plans.ThreeLevel) and "inter" in levels:
+        return (f"{spec!r} runs its network phases on two levels of its own (group, global), which pccl does not "
+                "compress: compress its node level only ({'intra': codec}), or use 'hierarchical' or a flat schedule")
     if not plans.compresses_consistently(spec, collective):
         return (f"a compressed {collective.replace('_', '-')} cannot run HO-Ring: its concurrent phases move each "
                 "block both exactly and encoded, so ranks would end with different values; use 'hierarchical' or a "

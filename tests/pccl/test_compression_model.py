@@ -155,3 +155,25 @@ def test_a_codec_for_a_level_the_algorithm_lacks_is_refused_and_auto_takes_only_
                     continue
                 assert compression_problem(chosen, collective, levels) == "", (collective, size, chosen)
         assert comm.selector.resolve(collective, plans.Hierarchical(intra="ring"), MB, "cpu", intra).intra == "ring"
+
+
+def test_a_three_level_plan_refuses_a_codec_for_its_network_levels():
+    """Its network phases run on levels of their own (group, global), which a codec given for
+    "inter" (or one codec, a plan's inter level's) never reached: 8 ranks in 2 groups of 2
+    nodes of 2 ran int8 exact. Refused by name; its node level compresses; auto with a codec
+    never takes it."""
+    from pccl.compression.codecs import codec
+
+    grouped = Topology.regular(8, 2, nodes_per_group=2)
+    assert plans.three_level.applies(grouped)
+    comm = DryRunCommunicator(grouped, profiles.load("frontier"))
+    int8 = codec("int8")
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        for compression in (int8, {"inter": int8}, {"intra": int8, "inter": int8}):
+            with pytest.raises(ValueError, match="runs its network phases on two levels of its own"):
+                comm.selector.resolve(collective, "three_level", 16 * MB, "cpu", compression)
+        node = plans.ThreeLevel(intra="ring")
+        assert comm.selector.resolve(collective, node, 16 * MB, "cpu", {"intra": int8}) == node
+        for size in (64 << 10, 16 * MB, 256 * MB):
+            chosen = comm.selector.resolve(collective, "auto", size, "cpu", int8)
+            assert not isinstance(chosen, plans.ThreeLevel), (collective, size, chosen)
