@@ -52,6 +52,7 @@ class Selector:
         self.level_transports = level_transports
         self.plan_devices = carrier.plan_devices(level_transports)   # the buffers both levels carry
         self.transport = carrier.name   # "mpi", "torch", "dry-run"
+        self.kind = getattr(carrier, "kind", carrier.name)   # a dry run's: the transport it stands for
         # torch.distributed level groups can only be made from a communicator over all ranks
         self.plans_buildable = carrier.plans_buildable(level_transports)
         self.interruptible = interruptible
@@ -161,8 +162,23 @@ class Selector:
                              "communicator, or a flat algorithm here")
         # refused here, before a plan's other levels have moved anything
         refuse_compression(spec, collective, compression)
+        self._check_level_algorithms(spec, collective)
         transport_kinds.check_level_devices(device, self.level_transports, self.plan_devices)
         return spec
+
+    def _check_level_algorithms(self, spec, collective: str) -> None:
+        """MPI's nonblocking collective named for a plan level that rides another transport
+        (gloo, NCCL): refused before the plan starts (the level would refuse it only when
+        its phase ran, after the other level had moved data)."""
+        if not hasattr(spec, "algorithm_for"):
+            return
+        parts = ("reduce_scatter", "all_gather") if collective == "all_reduce" else (collective,)
+        for level in ("intra", "inter"):
+            transport = self.level_transports.get(level, self.transport)
+            transport = self.kind if transport == "dry-run" else transport
+            if transport != "mpi" and any(spec.algorithm_for(level, part) == "native_nonblocking" for part in parts):
+                raise ValueError(f"{spec!r}: its {level} level runs 'native_nonblocking', MPI's nonblocking "
+                                 f"collective, but that level rides {transport!r}, which has none: use 'native'")
 
     def measure_auto(self, collective: str, algorithm, dtype: torch.dtype, device: str = "cpu",
                      compression=None, nbytes: int = 0) -> None:

@@ -51,3 +51,19 @@ def test_auto_runs_floating_max_and_min_on_pccls_schedules_which_keep_a_nan(monk
     monkeypatch.setenv("PCCL_ALGO", "native")   # read when a communicator is made
     forced = DryRunCommunicator(Topology.regular(8, 4), profiles.load("frontier"), rank=1)
     assert forced.selector.resolve("all_reduce", "auto", 64, op="max") == "native"
+
+
+def test_a_plan_level_asked_for_mpis_nonblocking_collective_on_another_transport_is_refused_first():
+    """Refused as the call resolves, before the plan's other level moves anything (a gloo
+    intra level refused it only when its phase ran, after the inter all-gather had run)."""
+    import pytest
+
+    import pccl
+
+    nonblocking = pccl.Hierarchical(intra="native_nonblocking")
+    over_mpi = DryRunCommunicator(Topology.regular(4, 2), profiles.load("frontier"))
+    assert over_mpi.selector.resolve("all_gather", nonblocking, 1 << 20) == nonblocking
+    over_nccl = DryRunCommunicator(Topology.regular(4, 2), profiles.load("frontier"), transport="nccl")
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        with pytest.raises(ValueError, match="its intra level runs 'native_nonblocking'.*rides 'nccl', which has none"):
+            over_nccl.selector.resolve(collective, nonblocking, 1 << 20)
