@@ -199,10 +199,14 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Rotary:
-    """cos and sin of positions 0, 1, ...: one table per device and dtype, computed on first
+    """cos and sin of positions 0, 1, ...: one float64 table per device, computed on first
     use (no buffers, so nothing to materialize from the meta device) and grown, at least
-    doubling, when a call reaches past it. A call gets rows of it: sampling one position at
-    a time keeps one table, as long as the context, not one per position."""
+    doubling, when a call reaches past it; a call gets its rows in its dtype (rounded once
+    from float64). One table serves every block, and GPT.forward makes it before the blocks
+    run (ensure): a compiled block then only reads it, in its forward and in an activation
+    checkpoint's recomputation alike (a table made inside the compiled forward traced
+    another graph than the recomputation, which torch's checkpoint refuses). Sampling one
+    position at a time keeps one table, as long as the context, not one per position."""
 
     def __init__(self, head_size: int, theta: float, scaling: Optional[RopeScaling] = None):
         # on the CPU even in a model built under torch.device("meta"): the tables need values
@@ -210,14 +214,19 @@ class Rotary:
         self.inv_freq = inv_freq if scaling is None else scaling.apply(inv_freq)
         self.tables: dict = {}
 
-    def __call__(self, length: int, device, dtype, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        key, end = (str(device), dtype), start + length
+    def ensure(self, end: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The table of `device`, holding at least positions 0 .. end - 1."""
+        key = str(device)
         table = self.tables.get(key)
         if table is None or len(table[0]) < end:
             rows = end if table is None else max(end, 2 * len(table[0]))
             angles = torch.outer(torch.arange(rows, dtype=torch.float64, device="cpu"), self.inv_freq)
-            self.tables[key] = table = (angles.cos().to(device, dtype), angles.sin().to(device, dtype))
-        return table[0][start:end], table[1][start:end]
+            self.tables[key] = table = (angles.cos().to(device), angles.sin().to(device))
+        return table
+
+    def __call__(self, length: int, device, dtype, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.ensure(start + length, device)
+        return cos[start:start + length].to(dtype), sin[start:start + length].to(dtype)
 
 
 class KVCache:
@@ -241,14 +250,18 @@ class KVCache:
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
 
+def rotary_of(cfg: GPTConfig) -> Optional[Rotary]:
+    return Rotary(cfg.head_size, cfg.rope_theta, cfg.rope_scaling) if cfg.positions == "rotary" else None
+
+
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, rotary: Optional[Rotary] = None):
+        """`rotary`: the model's table, shared by its blocks (default: one of its own)."""
         super().__init__()
         self.heads, self.kv, self.head_size = cfg.heads, cfg.kv, cfg.head_size
         self.qkv = nn.Linear(cfg.width, (cfg.heads + 2 * cfg.kv) * cfg.head_size, bias=cfg.qkv_biased)
         self.proj = nn.Linear(cfg.width, cfg.width, bias=cfg.bias)
-        self.rotary = (Rotary(cfg.head_size, cfg.rope_theta, cfg.rope_scaling) if cfg.positions == "rotary"
-                       else None)
+        self.rotary = rotary or rotary_of(cfg)
 
     def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None, layer: int = 0) -> torch.Tensor:
         b, t, c = x.shape
@@ -300,9 +313,9 @@ def norm(cfg: GPTConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, rotary: Optional[Rotary] = None):
         super().__init__()
-        self.ln1, self.attn = norm(cfg), SelfAttention(cfg)
+        self.ln1, self.attn = norm(cfg), SelfAttention(cfg, rotary)
         self.ln2, self.mlp = norm(cfg), MLP(cfg)
 
     def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None, layer: int = 0) -> torch.Tensor:
@@ -326,7 +339,8 @@ class GPT(nn.Module):
         self.cfg, self.seed, self.weights = cfg, seed, weights
         self.embed = nn.Embedding(cfg.vocab, cfg.width)
         self.pos = nn.Embedding(cfg.context, cfg.width) if cfg.positions == "learned" else None
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.rotary = rotary_of(cfg)   # one table for every block
+        self.blocks = nn.ModuleList(Block(cfg, self.rotary) for _ in range(cfg.layers))
         self.norm = norm(cfg)
         self.head = Head(cfg.width, cfg.vocab, bias=False)
         if cfg.tied:
@@ -364,6 +378,8 @@ class GPT(nn.Module):
         if start + tokens.shape[1] > self.cfg.context:
             raise ValueError(f"sequence of {start + tokens.shape[1]} tokens exceeds the context of {self.cfg.context}")
         x = self.embed(tokens)
+        if self.rotary is not None:   # made here, outside any compiled block (Rotary)
+            self.rotary.ensure(start + tokens.shape[1], tokens.device)
         if self.pos is not None:
             x = x + self.pos(torch.arange(start, start + tokens.shape[1], device=tokens.device))
         for layer, block in enumerate(self.blocks):

@@ -135,9 +135,11 @@ def test_rotary_rows_for_positions_one_at_a_time_are_the_whole_tables_rows_in_on
                                                                                     whole_sin)
     (cos, _), = rotary.tables.values()   # one table, grown by doubling: 5, 10, 20, 40 rows
     assert len(cos) == 40
-    assert set(rotary.tables) == {("cpu", torch.float32)}
+    assert set(rotary.tables) == {"cpu"}
     rotary(3, "cpu", torch.float64)
-    assert len(rotary.tables) == 2   # a table per dtype
+    assert len(rotary.tables) == 1   # a table per device, rows in each call's dtype
+    model = GPT(GPTConfig(**SMALL, **LLAMA))
+    assert all(block.attn.rotary is model.rotary for block in model.blocks), "one table for every block"
 
 
 def test_a_kv_cache_refuses_positions_past_its_capacity():

@@ -2,6 +2,7 @@
 op torch runs: no wasted copies at world 1, an update whose ops do not grow with the model,
 and nothing that waits for the device inside the step (on GPUs a `.item()` or a
 device-to-host copy blocks the host until the queue drains)."""
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -131,12 +132,15 @@ def test_non_finite_gradients_skip_the_update_on_the_device(comm, engines):
 
 @pytest.mark.parametrize("strategy", ["zero3", "paro-iig"])
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_compiled_units_train_as_the_eager_engine(comm, engines, strategy, checkpointing):
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_compiled_units_train_as_the_eager_engine(comm, engines, strategy, checkpointing, positions):
     """compile= compiles each unit's forward, and each module the model calls outside its
     units (the tied embedding, and the head with its loss); the engine's hooks stay outside
     it (they still see every unit, in order) and training gives the eager engine's losses.
-    aot_eager: the graphs torch.compile captures, run without generating code (fast on CPU)."""
-    cfg = gpt(2, width=64)
+    aot_eager: the graphs torch.compile captures, run without generating code (fast on CPU).
+    Rotary positions with checkpointing: the table made inside the first compiled forward
+    traced another graph than the recomputation, and torch's checkpoint refused the step."""
+    cfg = dataclasses.replace(gpt(2, width=64), positions=positions)
     losses = {}
     for compiled in (False, "aot_eager"):
         optimizer = built(comm, engines, cfg, strategy=strategy, compile=compiled,
