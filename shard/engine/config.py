@@ -184,10 +184,14 @@ class EngineConfig:
             if value is not None and not isinstance(value, str):
                 raise SettingError(name, f"{name} must be a codec name (int8, bf16, fp16, zfp:RATE) or None, got "
                                          f"{value!r}")
+            # the parameters travel in the compute dtype, the gradients in the reduce dtype
+            carried = "precision" if name == "compress_params" else "reduce_dtype"
             try:
-                codec(value)   # an unknown name fails here, with the names it knows
+                chosen = codec(value)   # an unknown name fails here, with the names it knows
+                if chosen is not None:
+                    chosen.check(PRECISIONS[getattr(self, carried)])
             except ValueError as e:
-                raise SettingError(name, f"{name}: {e}") from None
+                raise SettingError(name, f"{name} with {carried}={getattr(self, carried)}: {e}") from None
 
     @classmethod
     def given(cls, config: Optional[EngineConfig], settings: dict) -> EngineConfig:

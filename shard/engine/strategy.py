@@ -92,11 +92,11 @@ class Strategy:
     def check_group(self, world: int, group: int) -> None:
         """A group of `group` ranks must divide the world (any size works without I scopes)."""
         if not (isinstance(group, int) and group >= 1):
-            raise StrategyError(f"group size must be a positive integer, got {group!r}")
+            raise StrategyError(f"group size must be a positive integer, got {group!r}", field="group_size")
         if world % group:
             divisors = [d for d in range(1, world + 1) if world % d == 0]
             raise StrategyError(f"group size {group} does not divide the world size {world}; "
-                                f"expected one of {divisors}")
+                                f"expected one of {divisors}", field="group_size")
 
     def memory_per_rank(self, psi: float, world: int, group: int, param_bytes: int = 2,
                         grad_bytes: int = 2, state_bytes: int = 12) -> dict[str, float]:

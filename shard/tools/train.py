@@ -30,6 +30,7 @@ from shard.engine.checkpoint_async import AsyncSaver
 from shard.engine.config import EngineConfig, OptimizerConfig
 from shard.engine.engine import Engine
 from shard.engine.optimizer import ShardedAdamW, StepResult
+from shard.engine.strategy import StrategyError
 from shard.models import GPT, GPTConfig, from_pretrained
 from shard.planning.planner import StrategyPlan, build_engine, label
 from shard.planning.predict import Workload
@@ -550,8 +551,11 @@ def make_engine(r: Run) -> None:
             model = GPT(r.model, seed=r.cfg.train.seed)
     auto = r.engine_config.strategy == "auto"
     workload = Workload(r.cfg.train.seq_len, r.cfg.train.micro_batch, r.accumulation) if auto else None
-    r.engine, r.plan = build_engine(model, r.comm, r.engine_config, workload=workload,
-                                    device=r.device if meta else None)
+    try:
+        r.engine, r.plan = build_engine(model, r.comm, r.engine_config, workload=workload,
+                                        device=r.device if meta else None)
+    except StrategyError as e:   # a strategy that does not fit this world (a group size): every rank alike
+        raise ConfigError(f"strategy.{'name' if e.field == 'strategy' else e.field}: {e}") from None
     r.optimizer = ShardedAdamW(r.engine, r.optimizer_config)
     if r.cfg.train.checkpoint_async:
         r.saver = AsyncSaver(r.engine, r.checkpoints, keep=r.cfg.train.keep_checkpoints)

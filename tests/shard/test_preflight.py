@@ -153,6 +153,14 @@ def test_cross_key_checks():
                                ("comm.compression", 3, r"comm.compression must be a group of keys \(params, grads\)")):
         with pytest.raises(preflight.ConfigError, match=words):
             preflight.check(with_value(resolved, path, value))
+    # a codec that cannot take the dtype its payload travels in (was a traceback at engine build)
+    bf16 = with_value(resolved, "train.precision", "bf16")
+    with pytest.raises(preflight.ConfigError, match="comm.compression.params: compress_params with precision=bf16: "
+                                                    "codec 'bf16' takes"):
+        preflight.check(with_value(bf16, "comm.compression", {"params": "bf16", "grads": None}))
+    fp16_grads = with_value(with_value(resolved, "train.precision", "fp16"), "strategy.reduce_dtype", "fp16")
+    with pytest.raises(preflight.ConfigError, match="comm.compression.grads: compress_grads with reduce_dtype=fp16"):
+        preflight.check(with_value(fp16_grads, "comm.compression", {"params": None, "grads": "fp16"}))
 
 
 # GPT-3's peak rates per size (Brown et al., 2020, Table 2.1), OPT-66B's (Zhang et al.,

@@ -227,6 +227,7 @@ def bad_files(tmp_path_factory) -> Path:
     ("train.global_batch_tokens=1000", "not a multiple of world size"),
     ("model.vocab=100", "set model.vocab >= "),
     ("strategy.name=GNN", "Principle 1"),
+    ("strategy.group_size=3", "strategy.group_size: group size 3 does not divide the world size 2"),   # (was exit 1)
     ("train.resume=maybe", "train.resume must be one of (True, False, 'auto'), got 'maybe'"),
     ("data=text data.files=[{d}/empty.txt]", "empty.txt: the file is empty (no documents)"),
     ("data=text data.files=[{d}/short.txt]", "need at least 2 documents"),
