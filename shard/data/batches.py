@@ -45,14 +45,17 @@ class Batches:
     waited_s = 0.0   # the memory-mapped tokens are read as the step asks: nothing runs ahead to wait for
 
     def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch: int, accumulation: int, rank: int,
-                 world: int, seed: int):
+                 world: int, seed: int, corpus: str = ""):
+        """`corpus`: what the tokens are (a prepared directory's name: a digest of its
+        documents, tokenizer and vocabulary), kept in the state so that a resume over
+        another corpus is refused."""
         _check_tokens(tokens)
         _positive(seq_len=seq_len, micro_batch=micro_batch, accumulation=accumulation)
         _check_rank(rank, world)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.tokens, self.seq_len, self.micro_batch, self.accumulation = tokens, seq_len, micro_batch, accumulation
-        self.rank, self.world, self.seed = rank, world, seed
+        self.rank, self.world, self.seed, self.corpus = rank, world, seed, corpus
         self.global_batch = world * micro_batch * accumulation
         self.windows = (len(tokens) - 1) // seq_len if len(tokens) else 0
         if self.windows < self.global_batch:
@@ -86,7 +89,7 @@ class Batches:
         return _pairs(self.tokens, windows, self.seq_len, self.micro_batch)
 
     def state_dict(self) -> dict:
-        return {"consumed": self.consumed, "seed": self.seed}
+        return {"consumed": self.consumed, "seed": self.seed, "seq_len": self.seq_len, "corpus": self.corpus}
 
     def close(self) -> None:
         """Nothing to release (StreamingBatches stops its workers)."""
@@ -95,6 +98,15 @@ class Batches:
         if state.get("seed") != self.seed:
             raise ValueError(f"batch state was saved with seed {state.get('seed')!r}, these batches use seed "
                              f"{self.seed}: resuming would visit other data")
+        # (states saved before these were kept have neither: taken as they come)
+        if state.get("seq_len", self.seq_len) != self.seq_len:
+            raise ValueError(f"batch state was saved with seq_len {state['seq_len']}, these batches use "
+                             f"{self.seq_len}: its position counts windows of the saved length, so resuming would "
+                             "read some data twice and some never")
+        if state.get("corpus", self.corpus) != self.corpus:
+            raise ValueError(f"batch state was saved over the corpus {state['corpus']!r}, these batches read "
+                             f"{self.corpus!r} (another tokenizer, vocabulary or set of documents): resuming would "
+                             "read other data")
         consumed = state.get("consumed")
         if isinstance(consumed, bool) or not isinstance(consumed, int) or consumed < 0:
             raise ValueError(f"batch state: consumed must be a non-negative int, got {consumed!r}")

@@ -506,7 +506,7 @@ def load_data(r: Run) -> None:
         r.tokenizer, r.tokenizer_vocab, held_out = str(r.data.directory), r.data.vocab_size, r.data.val
         try:   # a batch the corpus cannot fill: the same on every rank
             r.batches = Batches(r.data.train, t.seq_len, t.micro_batch, r.accumulation, r.comm.rank, r.comm.size,
-                                t.seed)
+                                t.seed, corpus=r.data.directory.name)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     check_vocab(r.model, r.tokenizer_vocab, given=bool(r.cfg.data.get("tokenizer") or model_dir),
@@ -590,6 +590,10 @@ def resume(r: Run) -> str:
         restored = checkpoint.load(r.engine, r.optimizer, r.checkpoints, fallback=mode == "auto")
     except checkpoint.CheckpointError as e:   # every rank alike: damaged snapshots, or another model's
         raise ConfigError(f"train.resume={str(mode).lower()}: {e}") from None
+    changed = model_changes(restored.extra.get("config"), asdict(r.model))
+    if changed:
+        raise ConfigError(f"resuming from {restored.snapshot.name}: the model differs from the one trained there "
+                          f"({changed}): its weights would compute another function")
     r.step = restored.extra["step"]
     r.open_interval = restored.extra.get("open_interval", [])   # (not in snapshots of earlier versions)
     try:
@@ -599,6 +603,16 @@ def resume(r: Run) -> str:
     skipped = "".join(f"; skipped {why}" for why in restored.skipped)
     done = f"; train.steps={r.cfg.train.steps}: nothing left to train" if r.step >= r.cfg.train.steps else ""
     return f"resumed at step {r.step} from {restored.snapshot.name}{skipped}{done}"
+
+
+def model_changes(saved: Optional[dict], now: dict) -> str:
+    """The model settings that differ from a snapshot's, in words ("" where none, or where the
+    snapshot holds none). The context may change (the learned positions' shape is checked
+    with the weights; rotary positions extend); every other setting defines the function."""
+    if not saved:
+        return ""
+    keys = sorted(k for k in set(saved) | set(now) if k != "context" and saved.get(k) != now.get(k))
+    return ", ".join(f"model.{k}={now.get(k)!r} where the snapshot has {saved.get(k)!r}" for k in keys)
 
 
 def start_log(r: Run, resumed: str) -> None:

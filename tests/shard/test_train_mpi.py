@@ -197,6 +197,25 @@ def test_resume_auto_on_another_world_size_and_strategy_continues_the_trajectory
     assert "world: 4" in (resumed / "config.yaml").read_text()
 
 
+@pytest.mark.parametrize("changed, message", [
+    ("model.mlp=relu", "the model differs from the one trained there (model.mlp='relu' where the snapshot has "
+                       "'gelu')"),
+    ("data.vocab_size=400", "batch state was saved over the corpus"),
+    ("train.seq_len=16", "batch state was saved with seq_len 32, these batches use 16"),
+])
+def test_a_resume_that_would_compute_or_read_otherwise_is_refused(tmp_path_factory, cache, changed, message):
+    """A model of the same shapes with another function (an MLP activation), another
+    tokenizer or corpus, another window length: each resumed silently, on other losses
+    than the uninterrupted run's. Refused, one line and exit 2."""
+    resumed = tmp_path_factory.mktemp("changed") / "run"
+    shutil.copytree(first_half(tmp_path_factory, cache), resumed)
+    run = mpiexec(2, "-m shard.tools.train", "strategy=zero3", "comm.ranks_per_node=1", f"train.out_dir={resumed}",
+                  f"data.cache_dir={cache}", f"train.steps={STEPS}", *SMALL, "train.resume=true", changed,
+                  timeout=300)
+    raised = [line for line in run.stderr.splitlines() if line.startswith("shard-train: ") and message in line]
+    assert run.returncode == 2 and len(raised) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
 def test_a_resume_with_nothing_left_to_train_says_so(tmp_path_factory, cache):
     resumed = tmp_path_factory.mktemp("finished") / "run"
     shutil.copytree(first_half(tmp_path_factory, cache), resumed)
