@@ -450,13 +450,14 @@ def test_micro_batches_interleave_ranks():
 
 
 def test_resume_continues_exactly(data):
-    def make():
-        return Batches(data.train, seq_len=16, micro_batch=2, accumulation=3, rank=1, world=2, seed=5)
+    def make(seq_len=16, corpus="corpus-a"):
+        return Batches(data.train, seq_len=seq_len, micro_batch=2, accumulation=3, rank=1, world=2, seed=5,
+                       corpus=corpus)
     straight = make()
     for _ in range(4):
         straight.next_step()
     state = json.loads(json.dumps(straight.state_dict()))  # survives a checkpoint's JSON
-    assert state == {"consumed": 4 * 12, "seed": 5}
+    assert state == {"consumed": 4 * 12, "seed": 5, "seq_len": 16, "corpus": "corpus-a"}
     resumed = make()
     resumed.load_state_dict(state)
     for _ in range(3):
@@ -465,6 +466,11 @@ def test_resume_continues_exactly(data):
     assert resumed.state_dict() == straight.state_dict()
     with pytest.raises(ValueError, match="seed 6"):
         make().load_state_dict({"consumed": 0, "seed": 6})
+    with pytest.raises(ValueError, match="saved with seq_len 16, these batches use 8"):
+        make(seq_len=8).load_state_dict(state)
+    with pytest.raises(ValueError, match="saved over the corpus 'corpus-a', these batches read 'corpus-b'"):
+        make(corpus="corpus-b").load_state_dict(state)
+    make().load_state_dict({"consumed": 0, "seed": 5})   # a state saved before seq_len and corpus were kept
 
 
 def test_batches_refuse_a_corpus_smaller_than_a_global_batch():
