@@ -664,14 +664,15 @@ def train_loop(r: Run) -> None:
         log_now = r.step % r.cfg.log.interval == 0 or evaluate_now
         save_now = r.step == t.steps or (t.checkpoint_interval and r.step % t.checkpoint_interval == 0)
         warming, first = first, False
-        if warming and not (log_now or save_now):
+        if warming and not log_now:   # (a checkpoint due at once is saved after it, as at any step)
             loss.item()   # waits for the step, as log_interval's reading of the losses does
             warmup_s = time.perf_counter() - started
             r.log.write(f"step {r.step:>6}  warm-up {warmup_s:.2f} s (compilation, first allocations and "
                         "measurements): timed apart from the intervals")
             r.engine.comm_report(reset=True)
             started, timed = time.perf_counter(), 0
-            continue
+            if not save_now:
+                continue
         if log_now or save_now:   # the steps' results are read here, not after each step: reading waits
             check_skipped(r, unread)
             unread = []

@@ -413,12 +413,13 @@ def test_fault_plans_parse_and_bad_ones_say_why():
     assert faults.loss(torch.tensor(1.0), {("nan-loss", 3, 1)}, 3, 0).item() == 1
 
 
-@pytest.mark.parametrize("interval,checkpoint_interval", [(4, 0), (1, 0), (4, 6)])
+@pytest.mark.parametrize("interval,checkpoint_interval", [(4, 0), (1, 0), (4, 6), (4, 1)])
 def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkeypatch, interval, checkpoint_interval):
     """On a clock where the first step takes 10 s and the others 1 s (a checkpoint 5 s):
     every logged interval's timing covers its own steps at 1 s each; the first step's 10 s
-    are reported apart, or, where that step is logged at once, its record says it is the
-    warm-up, and the summary leaves it out."""
+    are reported apart (a checkpoint at every step too: warmup_s was lost where the first
+    step was saved at once), or, where that step is logged at once, its record says it is
+    the warm-up, and the summary leaves it out."""
     from types import SimpleNamespace
 
     from shard.tools import train
