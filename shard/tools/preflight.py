@@ -182,9 +182,12 @@ def _data(d: dict, model: GPTConfig) -> None:
     from shard.data.spec import normalize
 
     spec = {k: v for k, v in d.items() if k != "cache_dir"}
-    if spec.get("vocab_size") is None:
+    from_model = spec.get("vocab_size") is None
+    if from_model:
         spec["vocab_size"] = model.vocab
     try:
         normalize(spec)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    except ValueError as e:   # the value may be the model's, which the user set
+        origin = f"model.vocab={model.vocab} (the tokenizer's vocabulary, data.vocab_size being null): " \
+            if from_model and "vocab_size" in str(e) else ""
+        raise ConfigError(f"{origin}{e}") from None

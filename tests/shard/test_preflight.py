@@ -153,6 +153,10 @@ def test_cross_key_checks():
                                ("comm.compression", 3, r"comm.compression must be a group of keys \(params, grads\)")):
         with pytest.raises(preflight.ConfigError, match=words):
             preflight.check(with_value(resolved, path, value))
+    # the tokenizer's vocabulary taken from model.vocab: the error names the key the user set
+    with pytest.raises(preflight.ConfigError, match=r"model.vocab=100 \(the tokenizer's vocabulary, data.vocab_size "
+                                                    r"being null\): data spec: vocab_size must be an int >= 260"):
+        preflight.check(with_value(resolved, "model.vocab", 100))
     # a codec that cannot take the dtype its payload travels in (was a traceback at engine build)
     bf16 = with_value(resolved, "train.precision", "bf16")
     with pytest.raises(preflight.ConfigError, match="comm.compression.params: compress_params with precision=bf16: "
