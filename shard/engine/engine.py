@@ -167,11 +167,9 @@ class Engine:
     def _shard_units(self, cut: list, config: EngineConfig) -> list[ShardedUnit]:
         """Each unit sharded by the strategy (small ones replicated), with the codecs of
         its compressed collectives."""
+        # (EngineConfig checked that each codec takes the dtype its payload travels in)
         codecs = {kind: codec(name) for kind, name in (("params", config.compress_params),
                                                         ("grads", config.compress_grads)) if name}
-        for kind, dtype in (("params", self.compute_dtype), ("grads", self.reduce_dtype)):
-            if kind in codecs:
-                codecs[kind].check(dtype)   # e.g. bf16 of bf16 parameters: nothing to compress
         return [ShardedUnit(unit, self.strategy if unit.numel >= config.min_shard_numel else REPLICATED, self.layout,
                             self.compute_dtype, self.reduce_dtype, self.device, codecs) for unit in cut]
 
