@@ -12,6 +12,7 @@ may have fewer pieces than the model has rows), and `stop` ends the text at a to
 from __future__ import annotations
 
 import math
+import operator
 from typing import Optional, Sequence
 
 import torch
@@ -21,7 +22,7 @@ from shard.models.gpt import GPT, KVCache
 
 def next_token(logits: torch.Tensor, temperature: float, top_k: Optional[int], generator) -> torch.Tensor:
     """One token id per row of `logits` (batch x vocabulary)."""
-    if temperature == 0:
+    if temperature < torch.finfo(torch.float32).tiny:   # 0, or one fp32 holds as 0 (0 / 0 would be NaN)
         return logits.argmax(dim=-1)
     # from the largest down before dividing: a tiny temperature then sends the others to
     # -inf (a draw of the most likely), not the largest to +inf (a softmax of NaNs)
@@ -38,16 +39,28 @@ def generate(model: GPT, prompt: Sequence[int], tokens: int, temperature: float 
              seed: int = 0, vocab: Optional[int] = None, stop: Optional[int] = None) -> list[int]:
     """The ids `model` continues `prompt` (a list of ids) with: `tokens` of them, fewer if it
     samples `stop`. Runs where the model's parameters are, in their dtype."""
+    if isinstance(prompt, torch.Tensor) or hasattr(prompt, "tolist"):   # a tokenizer's tensor or array
+        if getattr(prompt, "ndim", 1) > 1 and any(n != 1 for n in prompt.shape[:-1]):
+            raise ValueError(f"one prompt at a time: got ids of shape {tuple(prompt.shape)}")
+        prompt = [int(t) for t in prompt.reshape(-1).tolist()]
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise ValueError(f"the prompt must be a list of token ids (ints), got {list(prompt)[:4]}")
     outside = [t for t in prompt if not 0 <= t < model.cfg.vocab]
     if outside:   # (the embedding's IndexError would name no id)
         raise ValueError(f"prompt ids {outside[:4]} lie outside the model's vocabulary of {model.cfg.vocab} "
                          "(a tokenizer of another model?)")
-    if not (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 1):
+    tokens, top_k, vocab, seed = (_integer(name, v) for name, v in
+                                  (("tokens", tokens), ("top_k", top_k), ("vocab", vocab), ("seed", seed)))
+    if tokens is None or tokens < 1:
         raise ValueError(f"tokens must be a positive integer, got {tokens!r}")
     if not (math.isfinite(temperature) and temperature >= 0) or (top_k is not None and top_k < 1):
         raise ValueError(f"temperature must be a finite number >= 0 and top_k >= 1, got {temperature} and {top_k}")
+    if vocab is not None and not 1 <= vocab <= model.cfg.vocab:
+        raise ValueError(f"vocab must be in 1..{model.cfg.vocab} (the model's vocabulary), got {vocab}")
+    if seed is None or not -2 ** 63 <= seed < 2 ** 64:
+        raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {seed!r}")
     positions = len(prompt) + tokens - 1   # the last token sampled is never fed back
     if positions > model.cfg.context:
         raise ValueError(f"{len(prompt)} prompt tokens and {tokens} more need {positions} positions, beyond the "
@@ -66,3 +79,15 @@ def generate(model: GPT, prompt: Sequence[int], tokens: int, temperature: float 
         if len(out) == tokens or out[-1] == stop:
             return out
         logits = model(token.view(1, 1), cache=cache)[:, -1]
+
+
+def _integer(name: str, value):
+    """`value` as an int (numpy's integers too), None as None; ValueError naming `name`."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None

@@ -91,6 +91,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         ap.error(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        ap.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: torch sees no GPU")
+    if not (-2 ** 63 <= args.seed and args.seed + args.samples - 1 < 2 ** 64):
+        ap.error(f"--seed must be in [-2**63, 2**64 - samples], got {args.seed}")
     from shard.engine.checkpoint import CheckpointError
     from shard.models.generate import generate
 

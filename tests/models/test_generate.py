@@ -1,5 +1,6 @@
 """Sampling through the KV cache (shard/models/generate.py): greedy decoding against a full
 forward per token and against transformers' generate, and what the sampling settings mean."""
+import numpy as np
 import pytest
 import torch
 
@@ -61,5 +62,20 @@ def test_sampling_settings():
     for bad in (-1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
             generate(model, PROMPT, 5, temperature=bad)
-    # a temperature far below the logits' spread is greedy, not a softmax of overflowed logits
-    assert generate(model, PROMPT, 10, temperature=1e-40, seed=5) == greedy
+    # a temperature far below the logits' spread is greedy, not a softmax of overflowed logits,
+    # down to those fp32 holds as 0 (0 / 0 was NaN, and the draw raised)
+    for tiny in (1e-40, 1e-46, 5e-324):
+        assert generate(model, PROMPT, 10, temperature=tiny, seed=5) == greedy
+    # a tokenizer's tensors and arrays are prompts too; a batch, floats and bad settings are named
+    assert generate(model, torch.tensor(PROMPT), 10, temperature=0) == greedy
+    assert generate(model, np.array([PROMPT]), 10, temperature=0) == greedy
+    assert generate(model, PROMPT, np.int64(10), temperature=0) == greedy
+    for bad, message in ((torch.tensor([PROMPT, PROMPT]), "one prompt at a time"),
+                         ([1.5, 2.0], "must be a list of token ids")):
+        with pytest.raises(ValueError, match=message):
+            generate(model, bad, 5)
+    for setting, message in (({"top_k": 2.5}, "top_k must be an integer"), ({"top_k": True}, "top_k must be an"),
+                             ({"vocab": 0}, r"vocab must be in 1..96"), ({"vocab": 97}, r"vocab must be in 1..96"),
+                             ({"seed": 2 ** 64}, "seed must be an integer in")):
+        with pytest.raises(ValueError, match=message):
+            generate(model, PROMPT, 5, **setting)

@@ -92,6 +92,13 @@ def test_shard_generate_samples_what_transformers_would(tmp_path, capsys):
     assert capsys.readouterr().out.split() == [words[i] for i in [5, 17, 3, *expected]]
     assert generate_tool.main([str(tmp_path / "none"), "--prompt", "w1"]) == 2
     assert "shard-generate:" in capsys.readouterr().err
+    # a device or seed it cannot take: one line and exit 2 before loading, not a traceback
+    for args, message in ((["--device", "bogus"], "--device must be cpu, cuda or cuda:N"),
+                          (["--seed", str(2 ** 64)], "--seed must be in")) + \
+            ((["--device", "cuda"], "torch sees no GPU"),) * (not torch.cuda.is_available()):
+        with pytest.raises(SystemExit) as exit_:
+            generate_tool.main([str(tmp_path), "--prompt", prompt, *args])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_shard_generate_takes_the_newest_run_of_a_directory_of_runs(tmp_path):
