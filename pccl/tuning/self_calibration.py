@@ -328,14 +328,14 @@ def time_size(comm, collective: str, names: list[str], nbytes: int, dtype: torch
                 call(names[i])   # the switch from another candidate is not its cost: a loop repeats one
             # a barrier: every rank starts the loop at once, so that a short loop times the
             # call, not the ranks' skew (recursive doubling: they leave it about together)
-            comm.all_reduce(together, algorithm="recursive_doubling")
+            comm.all_reduce(together, algorithm="recursive_doubling", compression="none")
             began = time.perf_counter()
             for _ in range(iters):
                 call(names[i])
             finish()
             rounds[r, i] = (time.perf_counter() - began) / iters
     rounds[:, -2:] = torch.tensor([warmed - start, time.perf_counter() - warmed], dtype=torch.float64)
-    comm.all_reduce(rounds, op="max", algorithm="ring")   # every rank the same figures
+    comm.all_reduce(rounds, op="max", algorithm="ring", compression="none")   # every rank the same figures, exactly
     medians = [statistics.median(rounds[:, i].tolist()) for i in range(len(names))]
     warm_up, timed = rounds[0, -2:].tolist()
     # a first use's setup (MPICH's first large calls stalled 0.1-0.3 s on 2 cores), which a

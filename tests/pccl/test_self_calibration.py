@@ -163,15 +163,16 @@ class FakeClockComm:
     def tuner_for(self, device):
         return Tuner(Topology.regular(1, 1), FAST_LINKS, natives=("native", "native_nonblocking"))
 
-    def all_gather(self, full, block, algorithm):
+    def all_gather(self, full, block, algorithm, compression=None):
+        assert compression == "none", "timed exact, whatever the communicator's default codec"
         nbytes = full.numel() * full.element_size()
         self.now += self.seconds(nbytes)
         if nbytes == self.stall_at:
             self.stall_call -= 1
             self.now += self.stall if self.stall_call == 0 else 0.0
 
-    def all_reduce(self, tensor, op="sum", algorithm="auto"):
-        pass
+    def all_reduce(self, tensor, op="sum", algorithm="auto", compression=None):
+        assert compression == "none", "the rounds' figures agreed exactly"
 
 
 @pytest.mark.parametrize("stall_call, stall, seconds", [
@@ -209,7 +210,7 @@ class GrowingComm(FakeClockComm):
     def tuner_for(self, device):
         return Tuner(Topology.regular(2, 2), FAST_LINKS, natives=("native", "native_nonblocking"))
 
-    def all_gather(self, full, block, algorithm):
+    def all_gather(self, full, block, algorithm, compression=None):
         self.now += self.seconds(full.numel() * full.element_size(), algorithm)
 
 
