@@ -124,6 +124,13 @@ class Engine:
         devices = {p.device for p in params}
         if len(devices) != 1:
             raise ValueError(f"all parameters must be on one device, found {sorted(map(str, devices))}")
+        dtypes = {}
+        for name, p in model.named_parameters():
+            dtypes.setdefault(p.dtype, name)
+        if len(dtypes) != 1:   # each unit's parameters are views of one flat buffer, of one dtype
+            raise ValueError("all parameters must have one dtype (the engine keeps them in fp32 master weights and "
+                             "computes in its precision), found " +
+                             ", ".join(f"{d} ({name}, ...)" for d, name in dtypes.items()))
         self.device, init = self._materialization(model, devices.pop(), device, init)
         cut = split_units(model, units)   # before any communication: bad units fail alone
 
@@ -150,6 +157,7 @@ class Engine:
         self._backward_order: list[ShardedUnit] = []
         self._this_backward: list[ShardedUnit] = []
         self._reductions: list[Handle] = []
+        self._in_backward = False   # backward() is running: gradient hooks outside it are refused
         self._settled = 0   # the first _reductions that are done (REDUCING_AT_ONCE)
         self._micro_batches = 0
         self._warned_order = False
@@ -339,9 +347,15 @@ class Engine:
 
     def _after_forward(self, u: ShardedUnit, module, args, output) -> None:
         if torch.is_grad_enabled():
-            for t in tree_flatten(output)[0]:
+            leaves = tree_flatten(output)[0]
+            for t in leaves:
                 if torch.is_tensor(t) and t.requires_grad:
                     t.register_hook(partial(self._before_backward, u))
+            if u.trainable and u.gathers_params and not any(torch.is_tensor(t) for t in leaves):
+                raise TypeError(f"unit {u.name} returned a {type(output).__name__}, in which the engine finds no "
+                                "tensor: it gathers a unit's parameters again for its backward when the gradient "
+                                "reaches its output's tensors; return tensors (or tuples, lists, dicts of them), or "
+                                "register the type with torch.utils._pytree")
         u.release()
 
     def _count_gather(self, u: ShardedUnit, prefetched: bool) -> None:
@@ -373,9 +387,16 @@ class Engine:
         self._check_trainable()
         self._this_backward = []
         if self.root is not None:
+            # gathered again where a forward without gradients released it meanwhile
+            # (a validation forward taken between a forward and its backward)
+            self.root.ensure_gathered(self.gathers, "backward")
             self._mark("backward", self.root)
         scaled = torch.is_tensor(self.loss_scale) or self.loss_scale != 1.0
-        (loss * self.loss_scale if scaled else loss).backward()
+        self._in_backward = True
+        try:
+            (loss * self.loss_scale if scaled else loss).backward()
+        finally:
+            self._in_backward = False
         # Units whose gradients did not all arrive (unused parameters) and the root unit
         # reduce now, in unit order, so every rank issues the same collectives.
         for u in self.units:
@@ -404,7 +425,19 @@ class Engine:
                          f"{' ...' if len(changed) > 4 else ''}; set it before building the engine (to change it "
                          "mid-training, build a new engine from a checkpoint)")
 
+    def _outside_backward(self) -> None:
+        """A gradient hook fired outside backward(): loss.backward() (or torch.autograd.grad)
+        on the engine's loss, which would leave units marked reduced and stray gradients
+        in the next step. The gradients it made are dropped, and it raises."""
+        for u in self.units:
+            u.clear_grads()
+        raise RuntimeError("the engine's gradients flow through engine.backward(loss), not loss.backward() or "
+                           "torch.autograd.grad: it reduces each unit's gradient into its shard as it arrives "
+                           "(the gradients this pass made were dropped)")
+
     def _before_backward(self, u: ShardedUnit, grad):
+        if not self._in_backward:
+            self._outside_backward()
         if u in self._this_backward:
             return None
         self._this_backward.append(u)
@@ -415,6 +448,8 @@ class Engine:
         return None
 
     def _gradient_ready(self, u: ShardedUnit, param) -> None:
+        if not self._in_backward:
+            self._outside_backward()
         if u is self.root or u.reduced:
             return
         u.pending -= 1

@@ -182,11 +182,11 @@ class ShardedUnit:
                 self.grads = self.grad if self.direct else torch.empty(self.flat.padded, dtype=self.reduce_dtype,
                                                                        device=self.device)
             self.flat.gradients(self.grads, accumulate=not first)
-            self._clear_grads()
+            self.clear_grads()
             return None
         flat = torch.empty(self.flat.padded, dtype=self.reduce_dtype, device=self.device)
         self.flat.gradients(flat)
-        self._clear_grads()
+        self.clear_grads()
         average_(flat, self.layout.world)
         g = self.strategy.grads
 
@@ -208,7 +208,7 @@ class ShardedUnit:
         # the lane still reduces it.
         return lane.submit(task, flat, self.grad, what=f"reduction of {self.name}'s gradients")
 
-    def _clear_grads(self) -> None:
+    def clear_grads(self) -> None:
         for p in self.flat.params:
             p.grad = None
 

@@ -179,3 +179,76 @@ def test_a_model_wraps_once_and_which_parameters_train_is_fixed_when_it_does(com
     first.requires_grad_(True)   # as built: the step goes on
     engine.backward(mlp_loss(engine(x), y))
     assert torch.isfinite(engine.gradients().norm)
+
+
+def test_a_forward_without_gradients_between_a_forward_and_its_backward(comm, engines):
+    """A validation forward taken mid-step (under no_grad) released the root unit, and the
+    backward that followed found its parameters gone ("a bug in the engine"). The step now
+    ends as one without the extra forward, bit for bit (bf16: the root is gathered at world
+    1 too, as a cast of the master weights)."""
+    x, y = token_batch(0, 4)
+    states = []
+    for extra in (False, True):
+        torch.manual_seed(0)
+        model = TinyTransformer()
+        engines.append(Engine(model, comm, strategy="zero3", precision="bf16", units=model.units()[1:-2]))
+        engine, optimizer = engines[-1], ShardedAdamW(engines[-1])
+        loss = token_loss(engine(x), y)
+        if extra:
+            with torch.no_grad():
+                engine(x)
+        engine.backward(loss)
+        optimizer.step()
+        states.append(engine.full_state_dict())
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+def test_misuses_a_library_user_makes_are_named(comm, engines):
+    """loss.backward() instead of engine.backward(loss) marked units reduced and left stray
+    gradients, so the next steps were silently off (4-10%); parameters of two dtypes were
+    cast to one and the forward crashed; a unit returning a type the engine sees no tensor in
+    was never gathered for its backward ("a bug in the engine"). Each is refused by name,
+    and after the first the engine trains as a fresh one."""
+    x, y = mlp_batch(0, 8)
+    trained = []
+    for stray in (True, False):
+        torch.manual_seed(0)
+        model = MLP()
+        engines.append(Engine(model, comm, strategy="zero3", precision="bf16", units=model.units()))
+        engine, optimizer = engines[-1], ShardedAdamW(engines[-1])
+        if stray:
+            with pytest.raises(RuntimeError, match=r"flow through engine.backward\(loss\), not loss.backward\(\)"):
+                mlp_loss(engine(x), y).backward()
+        engine.backward(mlp_loss(engine(x), y))
+        optimizer.step()
+        trained.append(engine.full_state_dict())
+    assert all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
+
+    mixed = MLP()
+    mixed.out.double()
+    with pytest.raises(ValueError, match=r"one dtype .* found torch.float32 \(inp.weight, ...\), torch.float64 "
+                                         r"\(out.weight, ...\)"):
+        Engine(mixed, comm, strategy="zero3")
+
+    class Opaque:   # a container torch's pytree does not know
+        def __init__(self, h):
+            self.h = h
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(7, 5)
+            self.out = torch.nn.Linear(5, 1)
+
+        def forward(self, x):
+            return self.out(self.inner(x).h)
+
+    class Inner(torch.nn.Linear):
+        def forward(self, x):
+            return Opaque(super().forward(x))
+
+    model = Wrapped()
+    model.inner.__class__ = Inner
+    engines.append(Engine(model, comm, strategy="zero3", precision="bf16", units=[model.inner, model.out]))
+    with pytest.raises(TypeError, match="unit inner returned a Opaque, in which the engine finds no tensor"):
+        engines[-1](x)
