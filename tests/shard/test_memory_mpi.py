@@ -13,7 +13,8 @@ pytestmark = pytest.mark.mpi
 
 def test_zero3_holds_no_more_than_fsdp2_and_the_memory_model_is_within_10_percent(tmp_path):
     """(Measured here, GPT width 256, 4 layers, micro-batch 2 x 128: 36.3 MB per rank
-    against FSDP2's 43.2 MB, 38.9 MB behind a slow link; the model predicts 39.3 MB.)"""
+    against FSDP2's 43.2 MB; the model predicts 39.3 MB. Behind a slow link, 8 layers of 1 x 16
+    tokens: predicted over measured 0.97-1.02, and 0.78 without the bound on the buffers.)"""
     out = tmp_path / "memory.json"
     run = mpiexec(2, "-m tests.shard.workers.run_memory", str(out), timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -24,5 +25,4 @@ def test_zero3_holds_no_more_than_fsdp2_and_the_memory_model_is_within_10_percen
         assert 0.9 <= report["predicted"] / engine <= 1.1, report
         # lanes on threads behind a slow link: the backward runs ahead, and before the engine
         # bounded the buffers in flight every unit's gradient buffer waited in the queue
-        # (measured 0.92 then; 1.01 with the bound)
-        assert 0.95 <= report["predicted"] / slow_link <= 1.1, report
+        assert 0.9 <= report["slow_link_predicted"] / slow_link <= 1.1, report

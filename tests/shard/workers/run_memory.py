@@ -8,9 +8,10 @@ The same GPT, bf16 compute and fp32 gradient reduction, fused AdamW, one micro-b
 step; the second step is measured (optimizer state exists), by a census of the bytes of
 every storage torch allocates on the training loop's thread and frees (the engine's
 lanes run their collectives on that thread, as they do over NCCL; FSDP2's run there on
-CPU); and the engine with its lanes on their threads and a slow link, where the gradient
-buffers are made on that thread and wait for the lane. Rank 0 writes {"engine": [peak per
-rank], "slow_link": [...], "fsdp2": [...], "predicted": bytes}.
+CPU); and the engine with its lanes on their threads and a slow link (a deeper model, short
+sequences), where the gradient buffers are made on that thread and wait for the lane.
+Rank 0 writes {"engine": [peak per rank], "slow_link": [...], "fsdp2": [...],
+"predicted": bytes, "slow_link_predicted": bytes}.
 """
 from __future__ import annotations
 
@@ -39,11 +40,14 @@ os.environ["PCCL_SELF_CALIBRATION"] = "0"
 world = MPI.COMM_WORLD
 CFG = GPTConfig(vocab=512, context=128, width=256, layers=4, heads=4)
 MICRO_BATCH, SEQ = 2, 128
-SLOW_LINK_S = 0.2   # each backward reduction's delay in slow_link_step
+# Behind a slow link: deeper, with short sequences, so that gradient buffers weigh most
+SLOW_CFG = GPTConfig(vocab=512, context=128, width=256, layers=8, heads=4)
+SLOW_MICRO_BATCH, SLOW_SEQ = 1, 16
+SLOW_LINK_S = 0.2   # each backward reduction's delay
 
 
-def tokens() -> torch.Tensor:
-    return torch.randint(0, CFG.vocab, (MICRO_BATCH, SEQ + 1), generator=torch.Generator().manual_seed(world.rank))
+def tokens(cfg: GPTConfig, micro_batch: int, seq: int) -> torch.Tensor:
+    return torch.randint(0, cfg.vocab, (micro_batch, seq + 1), generator=torch.Generator().manual_seed(world.rank))
 
 
 def peak(build) -> int:
@@ -65,7 +69,7 @@ def engine_step(slow_link: bool = False):
     run has them, on their threads, the reductions slowed as by a slow link: the backward
     runs ahead, and no more gradient buffers may wait than the model counts."""
     comm = pccl.init()
-    model = GPT(CFG)
+    model = GPT(SLOW_CFG if slow_link else CFG)
     engine = Engine(model, comm, strategy="zero3", precision="bf16")
     optimizer = ShardedAdamW(engine)
     if slow_link:
@@ -81,7 +85,7 @@ def engine_step(slow_link: bool = False):
         engine.gathers.inline = engine.reductions.inline = True
         engine.reductions.log = []   # the algorithms the reductions ran
     ENGINES.append(engine)
-    batch = tokens()
+    batch = tokens(SLOW_CFG, SLOW_MICRO_BATCH, SLOW_SEQ) if slow_link else tokens(CFG, MICRO_BATCH, SEQ)
     del model
 
     def step():
@@ -101,7 +105,7 @@ def fsdp2_step():
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    batch = tokens()
+    batch = tokens(CFG, MICRO_BATCH, SEQ)
 
     def step():
         next_token_loss(model, batch).backward()
@@ -116,15 +120,18 @@ def main() -> None:
     slow_link = peak(lambda: engine_step(slow_link=True))
     fsdp2 = peak(fsdp2_step)
     with torch.device("meta"):
-        sizes = unit_sizes(GPT(CFG))
+        sizes, slow_sizes = unit_sizes(GPT(CFG)), unit_sizes(GPT(SLOW_CFG))
     # MPI's own reduce-scatter (auto's choice without a measurement) keeps its buffers outside torch
     native = {call[-1] for call in ENGINES[0].reductions.log} == {"native"}
-    predicted = footprint(CFG, sizes, Strategy.parse("zero3"), world.size, world.size, micro_batch=MICRO_BATCH,
-                          seq_len=SEQ, precision="bf16", landing_buffers=not native).peak
+    zero3 = Strategy.parse("zero3")
+    predicted = footprint(CFG, sizes, zero3, world.size, world.size, micro_batch=MICRO_BATCH, seq_len=SEQ,
+                          precision="bf16", landing_buffers=not native).peak
+    slow_predicted = footprint(SLOW_CFG, slow_sizes, zero3, world.size, world.size, micro_batch=SLOW_MICRO_BATCH,
+                               seq_len=SLOW_SEQ, precision="bf16", landing_buffers=not native).peak
     for e in ENGINES:
         e.close()
     report = {"engine": world.gather(engine), "slow_link": world.gather(slow_link), "fsdp2": world.gather(fsdp2),
-              "predicted": predicted,
+              "predicted": predicted, "slow_link_predicted": slow_predicted,
               "reductions": sorted({str(call[-1]) for call in ENGINES[0].reductions.log})}
     dist.destroy_process_group()
     if world.rank == 0:
