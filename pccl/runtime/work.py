@@ -17,15 +17,6 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Optional
 
 
-def refuse_on(worker: Optional[threading.Thread], what: str) -> None:
-    """RuntimeError where this thread is `worker`, a communicator's worker thread (a Work's
-    done-callback runs there): `what` would wait for work only that thread can run, forever."""
-    if worker is not None and threading.current_thread() is worker:
-        raise RuntimeError(f"pccl: {what} on the communicator's worker thread (in a Work's done-callback) would "
-                           "wait for that thread itself: do it from the thread that issued the calls, or issue "
-                           "the collective async (async_op=True)")
-
-
 class Work:
     """Handle of an async collective: wait() blocks until done and re-raises its error."""
 
@@ -43,7 +34,7 @@ class Work:
         """RuntimeError where waiting for it on this thread would never end: it is queued
         behind this very thread (a done-callback's)."""
         if self._queue is not None and not self._future.done():
-            refuse_on(self._queue.worker, "waiting for a collective queued")
+            self._queue.refuse_here("waiting for a collective queued")
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Until the collective completes (re-raising its error), or `timeout` seconds: then
@@ -120,6 +111,14 @@ class SerialQueue:
         """Whether this is the queue's worker thread (where done-callbacks run)."""
         return self.worker is not None and threading.current_thread() is self.worker
 
+    def refuse_here(self, what: str) -> None:
+        """RuntimeError on the worker thread (in a Work's done-callback): `what` would wait
+        for work only that thread can run, forever."""
+        if self.on_worker():
+            raise RuntimeError(f"pccl: {what} on the communicator's worker thread (in a Work's done-callback) "
+                               "would wait for that thread itself: do it from the thread that issued the calls, "
+                               "or issue the collective async (async_op=True)")
+
     def idle(self) -> bool:
         """Whether nothing queued is still running: a synchronous call may run at once."""
         return self._last is None or self._last.done()
@@ -130,7 +129,7 @@ class SerialQueue:
         back for the last call, which a wait on that call's future does not promise."""
         if self._pool is None or self._last is None:
             return
-        refuse_on(self.worker, "draining the queue")
+        self.refuse_here("draining the queue")
         try:   # (a done future may still be calling back)
             wait([self._submit(lambda: None)])
         except RuntimeError:   # the pool no longer takes work (the interpreter is exiting)
@@ -142,13 +141,13 @@ class SerialQueue:
         pccl.executors.streams.StreamWork)."""
         if enqueued is not None:
             if self._last is not None:
-                refuse_on(self.worker, "a collective")
+                self.refuse_here("a collective")
                 self._last.result()   # threaded work queued before it comes first
             fn()
             return enqueued() if async_op else None
         if async_op:
             return Work(self._submit(fn), self)
-        refuse_on(self.worker, "a blocking collective")
+        self.refuse_here("a blocking collective")
         if not self.idle():
             self._submit(fn).result()
         else:
@@ -158,6 +157,6 @@ class SerialQueue:
     def close(self) -> None:
         self.closed = True
         if self._pool is not None:
-            refuse_on(self.worker, "closing the communicator")
+            self.refuse_here("closing the communicator")
             self._pool.shutdown(wait=True)
             self._pool = None

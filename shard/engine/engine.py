@@ -114,7 +114,8 @@ class Engine:
         self.config, self.strategy = config, config.strategy
         group = comm.topology.ranks_per_node if config.group_size is None else config.group_size
         self.strategy.check_group(comm.size, group)
-        params = list(model.parameters())
+        named = list(model.named_parameters())
+        params = [p for _, p in named]
         if not params:
             raise ValueError("the model has no parameters to train")
         if getattr(model, WRAPPED, False):
@@ -125,7 +126,7 @@ class Engine:
         if len(devices) != 1:
             raise ValueError(f"all parameters must be on one device, found {sorted(map(str, devices))}")
         dtypes = {}
-        for name, p in model.named_parameters():
+        for name, p in named:
             dtypes.setdefault(p.dtype, name)
         if len(dtypes) != 1:   # each unit's parameters are views of one flat buffer, of one dtype
             raise ValueError("all parameters must have one dtype (the engine keeps them in fp32 master weights and "

@@ -34,6 +34,12 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: Optional[int], g
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
+def check_seed(seed: Optional[int]) -> None:
+    """ValueError unless `seed` is one torch.Generator takes (an int64 or uint64 value)."""
+    if seed is None or not -2 ** 63 <= seed < 2 ** 64:
+        raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {seed!r}")
+
+
 @torch.no_grad()
 def generate(model: GPT, prompt: Sequence[int], tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
              seed: int = 0, vocab: Optional[int] = None, stop: Optional[int] = None) -> list[int]:
@@ -59,8 +65,7 @@ def generate(model: GPT, prompt: Sequence[int], tokens: int, temperature: float 
         raise ValueError(f"temperature must be a finite number >= 0 and top_k >= 1, got {temperature} and {top_k}")
     if vocab is not None and not 1 <= vocab <= model.cfg.vocab:
         raise ValueError(f"vocab must be in 1..{model.cfg.vocab} (the model's vocabulary), got {vocab}")
-    if seed is None or not -2 ** 63 <= seed < 2 ** 64:
-        raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {seed!r}")
+    check_seed(seed)
     positions = len(prompt) + tokens - 1   # the last token sampled is never fed back
     if positions > model.cfg.context:
         raise ValueError(f"{len(prompt)} prompt tokens and {tokens} more need {positions} positions, beyond the "

@@ -99,10 +99,13 @@ def main(argv=None) -> int:
         ap.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: torch sees no GPU")
-    if not (-2 ** 63 <= args.seed and args.seed + args.samples - 1 < 2 ** 64):
-        ap.error(f"--seed must be in [-2**63, 2**64 - samples], got {args.seed}")
     from shard.engine.checkpoint import CheckpointError
-    from shard.models.generate import generate
+    from shard.models.generate import check_seed, generate
+
+    try:   # every sample's seed, before the model loads
+        check_seed(args.seed), check_seed(args.seed + args.samples - 1)
+    except ValueError as e:
+        ap.error(f"--seed {args.seed} with --samples {args.samples}: {e}")
 
     try:
         model, text = load(newest_run(Path(args.path)), args.device, args.tokenizer)

@@ -94,7 +94,7 @@ def test_shard_generate_samples_what_transformers_would(tmp_path, capsys):
     assert "shard-generate:" in capsys.readouterr().err
     # a device or seed it cannot take: one line and exit 2 before loading, not a traceback
     for args, message in ((["--device", "bogus"], "--device must be cpu, cuda or cuda:N"),
-                          (["--seed", str(2 ** 64)], "--seed must be in")) + \
+                          (["--seed", str(2 ** 64 - 2), "--samples", "3"], "seed must be an integer in")) + \
             ((["--device", "cuda"], "torch sees no GPU"),) * (not torch.cuda.is_available()):
         with pytest.raises(SystemExit) as exit_:
             generate_tool.main([str(tmp_path), "--prompt", prompt, *args])
