@@ -52,10 +52,26 @@ def compile_forward(module: nn.Module, backend=True) -> None:
     module.forward = torch.compile(module.forward, **({} if backend is True else {"backend": backend}))
 
 
-def _placement(state: dict) -> list[dict]:
-    """Where each unit's piece of a state_dict() lies: what a load must match."""
-    keys = ("name", "params", "shapes", "offsets", "padded", "start", "end")
-    return [{k: u[k] for k in keys} for u in state["units"]]
+_PLACEMENT = ("name", "params", "shapes", "offsets", "padded", "start", "end")
+
+
+def _placement_difference(theirs: dict, mine: dict) -> Optional[str]:
+    """How the pieces of state_dict() `theirs` lie otherwise than `mine`'s (None where they
+    lie alike): what a load must match, named for its error."""
+    setup = [f"{k} {theirs[k]} (this engine: {mine[k]})" for k in ("world", "group", "strategy")
+             if theirs[k] != mine[k]]
+    if setup:
+        return "it was taken at " + ", ".join(setup)
+    if len(theirs["units"]) != len(mine["units"]):
+        return (f"it holds {len(theirs['units'])} units ({', '.join(u['name'] for u in theirs['units'])}), this "
+                f"engine {len(mine['units'])} ({', '.join(u['name'] for u in mine['units'])})")
+    for i, (a, b) in enumerate(zip(theirs["units"], mine["units"])):
+        if a["name"] != b["name"]:
+            return f"its unit {i} is {a['name']}, this engine's is {b['name']}"
+        for k in _PLACEMENT:
+            if a[k] != b[k]:
+                return f"unit {i} ({a['name']}) has {k} {a[k]}, this engine's ({b['name']}) {b[k]}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -614,12 +630,11 @@ class Engine:
         weights. Collective. Across world sizes, group sizes or strategies, go through a
         checkpoint, which places every element by parameter name."""
         mine = self.state_dict()
-        if _placement(state) != _placement(mine):
+        difference = _placement_difference(state, mine)
+        if difference is not None:
             raise ValueError(
-                f"the state's units or pieces differ from this engine's: it was taken at world {state['world']}, "
-                f"group {state['group']}, strategy {state['strategy']}, this engine has world {mine['world']}, group "
-                f"{mine['group']}, strategy {mine['strategy']}; to change world size, group size or strategy, go "
-                "through a checkpoint (shard.engine.checkpoint: save, load)")
+                f"the state's units or pieces differ from this engine's: {difference}; to change world size, group "
+                "size, strategy or units, go through a checkpoint (shard.engine.checkpoint: save, load)")
         for piece, target in zip(state["units"], mine["units"]):
             target["master"].copy_(piece["master"])
         self._refresh("update")

@@ -81,8 +81,22 @@ def test_state_of_other_pieces_is_refused(comm, engines):
     config = EngineConfig(strategy="zero3", min_shard_numel=0)
     narrow = build(engines, comm, "mlp", config, seed=0)
     wider = build(engines, comm, "mlp", config, seed=0, width=31)
-    with pytest.raises(ValueError, match=r"units or pieces differ .* through a checkpoint \(shard.engine.checkpoint"):
+    with pytest.raises(ValueError, match=r"units or pieces differ from this engine's: unit 0 \(inp\) has shapes "
+                                         r".* through a checkpoint \(shard.engine.checkpoint"):
         wider.engine.load_state_dict(narrow.engine.state_dict())
+    # the message names what differs: the strategy, or the units the model was split into
+    torch.manual_seed(0)
+    coarser = MODELS["mlp"][0]()
+    engines.append(Engine(coarser, comm, config=config, units=coarser.units()[1:]))
+    with pytest.raises(ValueError, match=r"its unit 0 is inp, this engine's is <root>"):
+        engines[-1].load_state_dict(narrow.engine.state_dict())
+    fewer = MODELS["mlp"][0]()
+    engines.append(Engine(fewer, comm, config=config, units=fewer.units()[:1]))
+    with pytest.raises(ValueError, match=r"it holds \d+ units \(inp, .*\), this engine 2 \(<root>, inp\)"):
+        engines[-1].load_state_dict(narrow.engine.state_dict())
+    other = build(engines, comm, "mlp", EngineConfig(strategy="zero2", min_shard_numel=0), seed=0)
+    with pytest.raises(ValueError, match=r"taken at strategy GGG \(this engine: NGG\)"):
+        other.engine.load_state_dict(narrow.engine.state_dict())
     with pytest.raises(ValueError, match=r"moments do not match this optimizer's pieces .* go through a checkpoint"):
         wider.load_state_dict(narrow.state_dict())
 
