@@ -26,6 +26,7 @@ the measured figure), small beside the megabyte collectives FSDP issues.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import time
@@ -236,6 +237,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
         self._store, self._timeout = store, timeout
         self._global = list(global_ranks) or list(range(size))
         self._group_name = self._group_desc = ""
+        self._coalesced: Optional[list] = None   # the Works issued since _start_coalescing
         # The members are all here now: the gloo companion connects them (a later first
         # forwarded call may be a send between two of them).
         self._companions: dict[str, object] = {"cpu": dist.ProcessGroupGloo(
@@ -429,6 +431,21 @@ class ProcessGroupPccl(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
 
+    # torch's coalescing with a device (`_coalescing_manager(device=...)`, DeepSpeed's
+    # coalesced calls): the calls inside run as they are issued, in one order on every rank,
+    # and torch waits on the Work _end_coalescing returns alone, so it stands for all of them.
+
+    def _start_coalescing(self, device) -> None:
+        if self._coalesced is not None:
+            raise RuntimeError("pccl backend: coalescing started twice on one group without its end")
+        self._coalesced = []
+
+    def _end_coalescing(self, device) -> "FutureWork":
+        if self._coalesced is None:
+            raise RuntimeError("pccl backend: coalescing ended on a group where it had not started")
+        works, self._coalesced = self._coalesced, None
+        return all_of(works)
+
     # What is forwarded.
 
     def barrier(self, *args, **kwargs):
@@ -515,6 +532,27 @@ def one_by_one(single, outputs, inputs, opts) -> "FutureWork":
     return FutureWork(torch.futures.collect_all(futures).then(finished))
 
 
+def all_of(works: list) -> FutureWork:
+    """One Work over torch Works: complete when all are, failing with the first's error."""
+    def finished(done):
+        for future in done.value():
+            future.value()   # raises a call's error
+        return []
+    return FutureWork(torch.futures.collect_all([w.get_future() for w in works]).then(finished))
+
+
+def _kept_while_coalescing(method):
+    """`method` (a collective returning a Work), its Work also kept between _start_coalescing
+    and _end_coalescing."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        work = method(self, *args, **kwargs)
+        if self._coalesced is not None and work is not None:
+            self._coalesced.append(work)
+        return work
+    return call
+
+
 def _forward(name: str):
     def forwarded(self, *args, **kwargs):
         return getattr(self._companion_for(name, *args), name)(*args, **kwargs)
@@ -540,6 +578,11 @@ def _first_tensor(obj) -> Optional[torch.Tensor]:
 for _name in FORWARDED:
     if _name not in vars(ProcessGroupPccl):   # alltoall has a method of its own, which forwards
         setattr(ProcessGroupPccl, _name, _forward(_name))
+for _name in (*FORWARDED, "all_gather_single", "reduce_scatter_single", "allreduce", "allgather", "reduce_scatter",
+              "allreduce_coalesced", "allgather_into_tensor_coalesced", "all_gather_single_coalesced",
+              "allgather_coalesced", "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced",
+              "_allgather_base", "_reduce_scatter_base"):
+    setattr(ProcessGroupPccl, _name, _kept_while_coalescing(vars(ProcessGroupPccl)[_name]))
 
 
 def create(backend_options, options: Optional[Options] = None) -> ProcessGroupPccl:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch._C._distributed_c10d import AllgatherOptions
+from torch.distributed.distributed_c10d import _coalescing_manager
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
@@ -247,6 +248,18 @@ for group, name in ((None, "pccl"), (gloo, "gloo")):
     dist.barrier(group=group)
     check(work.is_completed() and t[-1].item() == p, f"{name}: a barrier after async work waits for it")
     check(work.wait(timeout=timedelta(seconds=30)), f"{name}: wait with a timeout")
+
+# torch's coalescing with a device (DeepSpeed's coalesced calls): the calls inside run, and
+# the one Work torch keeps completes after all of them, its fast-path forms' too.
+gathered = [torch.empty(2 * p, device=DEVICE) for _ in range(2)]
+sent = torch.full((3,), float(rank), device=DEVICE)
+with _coalescing_manager(device=DEVICE, async_ops=True) as cm:
+    for out in gathered:
+        dist.all_gather_into_tensor(out, torch.full((2,), float(rank + 1), device=DEVICE))
+    dist.broadcast(sent, 0)
+cm.wait()
+check(all(torch.equal(o.cpu(), torch.arange(1.0, p + 1).repeat_interleave(2)) for o in gathered) and
+      not sent.any(), "coalescing with a device: every call inside ran, and the Work waited for them")
 
 # Bad input: a clear error before anything is sent, and the group still works.
 for bad, expected in ((lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.PRODUCT), "ReduceOp.PRODUCT"),
