@@ -25,7 +25,9 @@ fp16 is the exception, for its range. The incoming gradient (a loss scale of 655
 fp16's largest value) multiplies in fp32 and rounds once; and where the logits are fp16,
 the gradients kept are the summed loss's, the weight's in fp32, with the mean's 1 / n
 applied with the incoming gradient: the unfused loss scales before it casts, so the small
-entries of (softmax - one-hot) / n that fp16 cannot hold survive there, and here.
+entries of (softmax - one-hot) / n that fp16 cannot hold survive there, and here. The sum's
+weight-gradient product, which could then pass fp16's range where no loss scale would lower
+it, divides by a power of two that keeps it within (`_fp16_weight_gradient`).
 """
 from __future__ import annotations
 
@@ -75,8 +77,25 @@ def _chunk(xs, weight, ts, n: int, grad_x, grad_w) -> torch.Tensor:
     if grad_x is not None:
         grad_x.copy_(torch.matmul(grad, weight))
     if grad_w is not None:
-        grad_w += torch.matmul(grad.t(), xs)
+        if dtype == torch.float16:
+            grad_w += _fp16_weight_gradient(grad, xs)
+        else:
+            grad_w += torch.matmul(grad.t(), xs)
     return loss
+
+
+def _fp16_weight_gradient(grad: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+    """grad.t() @ xs in fp32, from an fp16 product that cannot overflow. fp16's gradient is
+    the summed loss's (the mean's 1 / n comes with the backward's loss scale), so a column
+    of the product sums up to len(xs) entries of |grad| <= 1 times xs, which passes fp16's
+    65504 where the rows share a target and the activations are large (no loss scale can
+    then lower it: the step is skipped forever). A power of two that keeps the bound
+    len(xs) * max|xs| within range divides grad first and multiplies the fp32 result again
+    (1 where the product fits: the same bits as unscaled), computed on the device: no sync."""
+    bound = xs.detach().abs().amax().float() * xs.shape[0]
+    # (2**14 at most, which fp16 holds; an inf or NaN activation, whose step is skipped: 1)
+    shift = torch.exp2(torch.ceil(torch.log2(bound / 32768.0)).nan_to_num_(0.0, 14.0).clamp_(0.0, 14.0))
+    return torch.matmul((grad / shift.to(grad.dtype)).t(), xs).float().mul_(shift)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -73,6 +73,27 @@ def test_fp16_under_a_loss_scale_keeps_what_the_unfused_loss_keeps(dtype, autoca
                 assert error <= 1.5 * theirs + 1e-6, (scale, error, theirs)
 
 
+@pytest.mark.parametrize("scale", [1.0, 1024.0])
+def test_fp16_weight_gradient_stays_finite_where_the_unfused_one_does(scale):
+    """fp16's weight gradient is made from the summed loss's, whose product over a chunk's
+    rows passed 65504 where many rows share a target and the activations are large (here
+    by 8x): inf under every loss scale, so fp16 training skipped every step. The unfused
+    loss, and now the fused one, give the finite gradient (within fp16's rounding)."""
+    g = torch.Generator().manual_seed(3)
+    n, width, vocab = 4096, 64, 2048
+    x = (torch.randn(n, width, generator=g) + 40).half()
+    weight = (torch.randn(vocab, width, generator=g) * 0.02).half()
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    targets[: n // 2] = 0
+    exact = gradients(unfused, x.double(), weight.double(), targets, 1.0)[2]
+    fused = gradients(linear_cross_entropy, x, weight, targets, scale)[2]
+    reference = gradients(unfused, x, weight, targets, scale)[2]
+    assert reference.isfinite().all() and fused.isfinite().all()
+    error = ((fused.double() / scale - exact).norm() / exact.norm()).item()
+    theirs = ((reference.double() / scale - exact).norm() / exact.norm()).item()
+    assert error <= 1.5 * theirs + 1e-4, (error, theirs)
+
+
 def test_the_loss_traces_on_the_meta_device():
     """The planning tools count a step's FLOPs and bytes on the meta device, where autocast
     is not a question torch can answer."""
