@@ -45,6 +45,7 @@ from pccl.core.topology import Topology
 from pccl.runtime import transport_kinds
 from pccl.runtime.communicator import Communicator, on_callers_stream
 from pccl.runtime.rendezvous import mpi_world
+from pccl.runtime.transport import free_mpi
 
 ReduceOp = dist.ReduceOp
 # Keyed by the op's kind (a ReduceOp object in options wraps it as .op).
@@ -227,6 +228,8 @@ class FutureWork(dist.Work):
 
 
 class ProcessGroupPccl(dist.ProcessGroup):
+    _coalesced: Optional[list] = None   # the Works issued since _start_coalescing
+
     def __init__(self, store, rank: int, size: int, timeout: timedelta, global_ranks: list[int],
                  options: Optional[Options] = None):
         super().__init__(rank, size)
@@ -237,7 +240,6 @@ class ProcessGroupPccl(dist.ProcessGroup):
         self._store, self._timeout = store, timeout
         self._global = list(global_ranks) or list(range(size))
         self._group_name = self._group_desc = ""
-        self._coalesced: Optional[list] = None   # the Works issued since _start_coalescing
         # The members are all here now: the gloo companion connects them (a later first
         # forwarded call may be a send between two of them).
         self._companions: dict[str, object] = {"cpu": dist.ProcessGroupGloo(
@@ -248,8 +250,15 @@ class ProcessGroupPccl(dist.ProcessGroup):
         # Emulated nodes are consecutive world ranks: a sub-group gets its members' nodes.
         per_node = self.options.ranks_per_node or environment.count("PCCL_RANKS_PER_NODE")
         self._topology = Topology.regular(world, per_node).restrict(self._global) if per_node else None
+        self._torch_groups: list = []   # made by _torch_group
+        destroy_left_groups()
         if self.transport == "mpi":
-            self._comms["cpu"] = self._communicator(mpi_group(self._global, rank))
+            comm = mpi_group(self._global, rank)
+            try:
+                self._comms["cpu"] = self._communicator(comm)   # which duplicates it
+            finally:
+                if comm is not mpi_world():
+                    free_mpi(comm)
 
     def _communicator(self, comm) -> Communicator:
         return Communicator(comm, executor=self.options.executor if self.transport == "mpi" else None,
@@ -280,6 +289,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
         group, _ = c10d._new_process_group_helper(self.size(), self.rank(), self._global, backend,
                                                   c10d._get_default_store(), name, timeout=self._timeout)
         c10d._world.pg_group_ranks[group] = {g: r for r, g in enumerate(self._global)}
+        self._torch_groups.append(group)
         return group
 
     def _distinct_comms(self) -> list:
@@ -314,10 +324,15 @@ class ProcessGroupPccl(dist.ProcessGroup):
         """What dist.destroy_process_group calls: pccl's worker threads end and the companion
         backends shut down now, in order, not whenever the interpreter's exit collects them
         (a gloo backend torn down that late can abort the process). The torch groups made
-        for pccl are torch's to destroy."""
+        for pccl (its gloo or NCCL group, its plan levels') are destroyed as the next pccl
+        group is made (destroy_left_groups): destroying every group, torch shuts them down
+        itself, and destroying this one alone, it leaves them."""
+        made = list(self._torch_groups)
         for comm in self._distinct_comms():
+            made += comm.owned_groups()
             comm.close(groups=False)
         self._comms.clear()
+        _left_groups.extend(made)
         for backend in self._companions.values():
             backend.shutdown()
         self._companions.clear()
@@ -508,6 +523,23 @@ class ProcessGroupPccl(dist.ProcessGroup):
             self._companions["cuda"] = dist.ProcessGroupNCCL(dist.PrefixStore("pccl-companion-cuda", self._store),
                                                              self.rank(), self.size(), options)
         return self._companions["cuda"]
+
+
+# The torch groups of pccl groups that were shut down. torch shuts down every group when it
+# destroys them all, and only the one asked when it destroys one: there the torch groups
+# made for it stay registered, each with its threads and sockets (a loop of new_group and
+# destroy_process_group ran out of file descriptors after 75 turns). Here they are not
+# destroyed at once, which would shut down twice those torch already shut down.
+_left_groups: list = []
+
+
+def destroy_left_groups() -> None:
+    """Destroy the torch groups made for pccl groups shut down since the last call that
+    are still registered (torch destroyed no other group: a pccl group destroyed alone)."""
+    while _left_groups:
+        group = _left_groups.pop()
+        if group in c10d._world.pg_map:
+            dist.destroy_process_group(group)
 
 
 def contiguous(tensors: list) -> tuple[list, object]:

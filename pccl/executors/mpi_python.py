@@ -33,6 +33,12 @@ class MpiPythonExecutor(ScheduleExecutor):
         self.world_ranks = MPI.Group.Translate_ranks(self.comm.Get_group(), list(range(self.size)),
                                                      MPI.COMM_WORLD.Get_group())
 
+    def release(self) -> None:
+        """Free its duplicate of the communicator (not once broken: requests it cancelled may
+        still be pending)."""
+        if not self.broken and not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
     def _done(self, reqs, peers: list[int]) -> bool:
         """Testall; an MPI error (a message longer than its receive: ranks passed other
         sizes) leaves the communicator's messages unknown, so it is broken from then on, as

@@ -306,6 +306,12 @@ class Communicator:
         """Whether any of its transports (its own or a plan level's) is NCCL."""
         return any("nccl" in t for t in (self.backend, *self.level_transports.values()))
 
+    def owned_groups(self) -> list:
+        """The torch groups close() destroys: those it made for itself and its plan levels."""
+        mine = [self.carrier.group] if getattr(self.carrier, "owns_group", False) else []
+        levels = self._plans.levels.values() if self._plans is not None else ()
+        return mine + [g for level in levels for g in level.owned_groups()]
+
     def close(self, groups: bool = True) -> None:
         """Finish queued work and free what this communicator made: its worker thread, its
         plan levels, and (groups) the torch group it owns (an NCCL communicator holds GPU

@@ -280,7 +280,11 @@ class Transport:
                 raise ValueError("an 'mpi' sub-communicator needs a Communicator built on an mpi4py communicator")
             if barrier is not None:
                 barrier()
-            return Transport(self.mpi_comm.Split(index, members.index(self.rank)), self.executor, self.timeout)
+            split = self.mpi_comm.Split(index, members.index(self.rank))
+            try:
+                return Transport(split, self.executor, self.timeout)   # which duplicates it
+            finally:
+                free_mpi(split)
         if not self.spans_world():
             raise ValueError(f"{transport} sub-communicators need a parent over all ranks; this one has {self.size}")
         unordered = [g for g in groups if list(g) != sorted(g)]
@@ -311,10 +315,25 @@ class Transport:
 
     def close(self, groups: bool = True) -> None:
         """Destroy the torch group it owns (groups=False while torch is destroying every
-        group itself)."""
+        group itself), and free the MPI communicators it duplicated: an MPI library holds a
+        few thousand (MPICH 2,048), and a process that made and closed communicators ran out."""
         if groups and self.owns_group and dist.is_initialized():
             dist.destroy_process_group(self.group)
         self.owns_group = False
+        for executor in {id(e): e for e in (self.runner, self._compressed) if e is not None}.values():
+            if hasattr(executor, "release"):
+                executor.release()
+        if self.mpi_comm is not None:
+            free_mpi(self.mpi_comm)
+            self.mpi_comm = None
+
+
+def free_mpi(comm) -> None:
+    """MPI_Comm_free `comm`, unless MPI has finalized (at interpreter exit)."""
+    from mpi4py import MPI
+
+    if not MPI.Is_finalized() and comm != MPI.COMM_NULL:
+        comm.Free()
 
 
 # What a chosen call runs, on the flat buffers: (output, input), or (tensor,) for all_reduce.

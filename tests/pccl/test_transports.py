@@ -248,6 +248,23 @@ def test_close_destroys_the_groups_a_communicator_made_and_only_those(recorded, 
     assert destroyed[2:] == [child.group]
 
 
+def test_closing_frees_the_mpi_communicators_a_communicator_made():
+    """An MPI library holds a few thousand communicators (MPICH 2,048 context ids): each
+    made and closed communicator, its Python executor and an MPI sub-communicator kept
+    their duplicates, and a process that made some hundreds ran out (MPICH: "Cannot
+    allocate context ID"). 1,000 turns here made 5,000 before."""
+    for _ in range(1000):
+        comm = pccl.Communicator(MPI.COMM_WORLD, executor="python", timeout=10)
+        child = comm.split([[0]], "mpi")
+        executors = (comm.carrier.runner, child.carrier.runner)
+        t = torch.ones(3)
+        child.all_reduce(t, algorithm="ring")
+        child.close()
+        comm.close()
+        assert all(e.comm == MPI.COMM_NULL for e in executors) and comm.mpi_comm == MPI.COMM_NULL
+    assert t.tolist() == [1.0, 1.0, 1.0]
+
+
 def test_async_nccl_calls_are_issued_on_the_calling_thread(recorded, monkeypatch):
     """NCCL only enqueues: an async call runs at once on the caller's thread (one launch
     order on every rank) and hands back a stream handle, not a worker thread's future."""

@@ -21,6 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import AllgatherOptions
 from torch.distributed.distributed_c10d import _coalescing_manager
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -206,6 +207,16 @@ if p == 4:   # a 2x2 mesh: sub-meshes are sub-groups
     mesh2 = init_device_mesh(DEVICE.type, (2, 2), mesh_dim_names=("dp", "tp"))
     row = distribute_tensor(full, mesh2, [Replicate(), Shard(0)])
     check(torch.equal(row.full_tensor(), full), "2-D mesh full_tensor")
+
+# Groups made and destroyed in a loop leave nothing registered behind: the gloo group a pccl
+# group over torch makes for itself is destroyed too (as the next group is made).
+registered = []
+for _ in range(3):
+    churned = dist.new_group(list(range(p)), backend="pccl", pg_options=pccl.distributed.Options(transport="torch"))
+    dist.all_reduce(torch.ones(2), group=churned)
+    dist.destroy_process_group(churned)
+    registered.append(len(c10d._world.pg_map))
+check(len(set(registered)) == 1, f"groups made and destroyed leave none registered: {registered}")
 
 # torch.distributed.checkpoint of an FSDP2 model: saved, loaded into another, the same.
 if len(sys.argv) > 2:
