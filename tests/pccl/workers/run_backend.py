@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import AllgatherOptions
-from torch.distributed.distributed_c10d import _coalescing_manager
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.distributed_c10d import _coalescing_manager
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
