@@ -651,7 +651,7 @@ def train_loop(r: Run) -> None:
     in every step). A first step that is logged at once is its own interval, marked
     "warmup": true."""
     t = r.cfg.train
-    losses = [torch.tensor(v, dtype=torch.float32, device=r.device) for v in r.open_interval]
+    losses = [torch.tensor(v, dtype=torch.float64, device=r.device) for v in r.open_interval]   # (train_step's)
     started, unread = _restart_interval(r.engine, r.device), []
     first, warmup_s, timed = True, None, 0   # timed: the steps since `started`
     while r.step < t.steps:
