@@ -128,6 +128,31 @@ def test_run_log_writes_jsonl_and_wandb_offline_and_trims_on_resume(tmp_path, mo
     assert [(r["step"], r["loss"]) for r in lines] == [(1, 4.0), (2, 3.0), (3, 1.5)]
 
 
+def test_the_run_log_holds_a_bounded_number_of_records_however_long_the_run(tmp_path, monkeypatch):
+    """Rank 0 kept every record in memory (a kilobyte each, without end): now the latest
+    RECENT, which the summary's medians take, and the latest with a validation loss and a
+    warm-up's time; the loss plot reads the file, thinned."""
+    from shard.tools import run_log, train
+
+    monkeypatch.setattr(run_log, "RECENT", 50)
+    monkeypatch.setattr(run_log, "PLOTTED", 40)
+    plotted = []
+    monkeypatch.setattr(run_log, "plot_losses", lambda curves, path: plotted.extend(curves[""]))
+    log = run_log.RunLog(tmp_path, True, 1000, 0, False, None, {})
+    log.log({**_record(1, 9.0), "warmup_s": 7.0})
+    log.log({**_record(2, 8.0), "val_loss": 8.5})
+    for step in range(3, 1001):
+        log.log({**_record(step, 1.0), "step_time_s": 2.0 if step > 950 else 1.0})
+    assert [r["step"] for r in log.records] == [1, 2, *range(951, 1001)]
+    summary = train.summarize(log.records, None, {})
+    assert (summary["val_loss"], summary["warmup_s"], summary["final_loss"]) == (8.5, 7.0, 1.0)
+    assert summary["step_time_s"] == 2.0   # the latest intervals' median
+    log.close(tmp_path / "loss.png")
+    steps = [r["step"] for r in plotted]
+    assert 20 <= len(steps) <= 41 and steps[0] == 1 and steps[-1] == 1000 and len(set(map(
+        lambda a, b: b - a, steps[:-2], steps[1:-1]))) == 1   # evenly spaced, and the last
+
+
 def test_a_record_cut_short_is_left_out_on_resume(tmp_path, capsys):
     """A full disk (or a kill) mid-append leaves the last line cut short: a resume read it
     with json.loads and crashed, every relaunch alike."""
