@@ -45,7 +45,10 @@ class FlatAdamW:
         self.exp_avg = torch.zeros_like(master)
         self.exp_avg_sq = torch.zeros_like(master)
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
-        self._count = torch.zeros((), dtype=torch.float32, device=master.device)   # updates made
+        # updates made: fp32 as the fused kernel reads it (as torch.optim.AdamW's fused state;
+        # it stops at 2**24, where the bias corrections are 1 anyway), and counted exactly
+        self._count = torch.zeros((), dtype=torch.float32, device=master.device)
+        self._updates = torch.zeros((), dtype=torch.float64, device=master.device)
         starts = sorted(set(pieces or [0]) | {0})
         self.pieces = [(a, b) for a, b in zip(starts, starts[1:] + [master.numel()]) if b > a]
         on, off = _stretches(decayed, master.numel())
@@ -61,11 +64,12 @@ class FlatAdamW:
     @property
     def steps(self) -> int:
         """Updates made (reading it waits for the device)."""
-        return int(self._count.item())
+        return int(self._updates.item())
 
     @steps.setter
     def steps(self, value: int) -> None:
         self._count.fill_(value)
+        self._updates.fill_(value)
 
     def step(self, lr: float, grads: list[torch.Tensor], found_inf: Optional[torch.Tensor] = None) -> None:
         """One update with the (already averaged, clipped) gradient, one tensor per piece;
@@ -73,7 +77,9 @@ class FlatAdamW:
         if [g.numel() for g in grads] != [b - a for a, b in self.pieces]:
             raise ValueError(f"gradient pieces of {[g.numel() for g in grads]} elements; the master weights' are "
                              f"{[b - a for a, b in self.pieces]}")
-        self._count.add_(1 if found_inf is None else 1 - found_inf)
+        made = 1 if found_inf is None else 1 - found_inf
+        self._count.add_(made)
+        self._updates.add_(made)
         beta1, beta2 = self.betas
         for (params, exp_avgs, exp_avg_sqs), cut, decay in self._groups:
             views = [grads[i][a:b] for i, a, b in cut]

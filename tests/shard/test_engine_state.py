@@ -64,6 +64,16 @@ def test_state_round_trips_and_the_next_step_is_identical(comm, engines, kind, p
     assert same_values(fresh.engine.full_state_dict(), original.engine.full_state_dict())
 
 
+def test_the_update_count_is_exact_past_fp32s_integers(comm, engines):
+    """The fused kernel's step count is fp32, as torch's fused AdamW keeps it: it stops at
+    2**24. The count the state reports and restores is exact."""
+    optimizer = build(engines, comm, "mlp", EngineConfig(strategy="zero3", min_shard_numel=0), seed=0)
+    optimizer.load_state_dict({**optimizer.state_dict(), "optimizer_steps": 2 ** 24 - 1})
+    for step in range(3):
+        train_step(optimizer, "mlp", step)
+    assert optimizer.state_dict()["optimizer_steps"] == 2 ** 24 + 2
+
+
 def test_state_dict_describes_where_each_piece_lies(comm, engines):
     optimizer = build(engines, comm, "transformer", EngineConfig(strategy="zero3", min_shard_numel=0), seed=0)
     state, moments = optimizer.engine.state_dict(), optimizer.state_dict()["units"]
