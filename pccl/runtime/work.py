@@ -17,18 +17,29 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Optional
 
 
+def _unseen(future: Future, sys=sys) -> None:
+    """An async collective failed, and its Work was dropped without a wait: say so on
+    stderr, or the error (a timeout, a lost peer) would vanish and the run end as if fine."""
+    error = future.exception()
+    if error is not None:
+        sys.stderr.write(f"pccl: an async collective failed and its Work was dropped without wait(): "
+                         f"{type(error).__name__}: {error}\n")
+        sys.stderr.flush()
+
+
 class Work:
     """Handle of an async collective: wait() blocks until done and re-raises its error."""
 
     def __init__(self, future: Future, queue: Optional["SerialQueue"] = None):
         self._future, self._queue, self._seen = future, queue, False
         # a failure nobody will see (the handle dropped unwaited) is reported, not lost
+        # (`report` bound now: at interpreter exit the module's globals may be gone)
         mine = weakref.ref(self)
-        future.add_done_callback(lambda f: mine() is None and _unseen(f))
+        future.add_done_callback(lambda f, report=_unseen: mine() is None and report(f))
 
-    def __del__(self) -> None:
+    def __del__(self, report=_unseen) -> None:
         if not self._seen and self._future.done():
-            _unseen(self._future)
+            report(self._future)
 
     def refuse_waiting_here(self) -> None:
         """RuntimeError where waiting for it on this thread would never end: it is queued
@@ -56,16 +67,6 @@ class Work:
         """Call fn(error or None) when done: on the worker thread, or now if already done."""
         self._seen = True   # the callback is handed the error
         self._future.add_done_callback(lambda f: fn(f.exception()))
-
-
-def _unseen(future: Future) -> None:
-    """An async collective failed, and its Work was dropped without a wait: say so on
-    stderr, or the error (a timeout, a lost peer) would vanish and the run end as if fine."""
-    error = future.exception()
-    if error is not None:
-        sys.stderr.write(f"pccl: an async collective failed and its Work was dropped without wait(): "
-                         f"{type(error).__name__}: {error}\n")
-        sys.stderr.flush()
 
 
 class SerialQueue:
