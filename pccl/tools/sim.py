@@ -79,8 +79,10 @@ def table(records: list[dict], baseline: str) -> str:
         for name, t in sorted(rec["algorithms"].items(), key=lambda kv: kv[1]):
             mark = " <- auto" if name == rec["auto"] else ""
             mark += " <- compression=auto" if name == rec.get("auto_compressed") else ""
-            ratio = f"{base / t:.2f}x" if base else "-"
-            lines.append(f"{name:>25} {t * 1e6:12.1f} {rec['size'] / t / 1e9:12.3f} {ratio:>14}{mark}")
+            # (one rank moves nothing: every time is 0)
+            ratio = f"{base / t:.2f}x" if base and t else "-"
+            algbw = f"{rec['size'] / t / 1e9:12.3f}" if t else f"{'-':>12}"
+            lines.append(f"{name:>25} {t * 1e6:12.1f} {algbw} {ratio:>14}{mark}")
     return "\n".join(lines)
 
 

@@ -76,6 +76,16 @@ def test_one_node_gets_its_table_without_a_hierarchical_plan(capsys):
     assert "ranks: 8 (1x8" in run.stdout and "hierarchical" not in run.stdout and "<- auto" in run.stdout
 
 
+def test_one_rank_moves_nothing_and_its_table_says_so(capsys, tmp_path):
+    """One rank's times are all 0: its table divided by them (ZeroDivisionError), and so
+    did a range of ranks that holds 1."""
+    run = sim(capsys, "--ranks", "1", "--size", "16M")
+    assert run.returncode == 0, run.stderr
+    assert "ring          0.0            -              - <- auto" in run.stdout
+    run = sim(capsys, "--ranks", "1:4", "--size", "1K", "--heatmap", str(tmp_path / "h"), "--target", "ring")
+    assert run.returncode == 0 and (tmp_path / "h.csv").exists(), run.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (("--profile", "nowhere"), "no profile 'nowhere'"),
     (("--size", "12Q"), "size must be"),
