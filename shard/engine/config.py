@@ -78,8 +78,9 @@ class OptimizerConfig:
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)):
             raise SettingError("betas", f"betas must be two numbers in [0, 1), got {betas!r}")
         object.__setattr__(self, "betas", tuple(betas))   # a list from YAML compares equal to a tuple
-        if not (_number(self.weight_decay) and self.weight_decay >= 0):
-            raise SettingError("weight_decay", f"weight_decay must be a number >= 0, got {self.weight_decay!r}")
+        if not (_number(self.weight_decay) and 0 <= self.weight_decay < math.inf):
+            raise SettingError("weight_decay", f"weight_decay must be a finite number >= 0, got "
+                                               f"{self.weight_decay!r}")
 
     @classmethod
     def given(cls, config: Optional[OptimizerConfig], settings: dict) -> OptimizerConfig:
