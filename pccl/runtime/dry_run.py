@@ -17,6 +17,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Callable, Optional
 
+import torch
+
 from pccl import plans
 from pccl.core.topology import Topology
 from pccl.runtime import transport_kinds
@@ -74,9 +76,10 @@ class RecordingTransport:
     def only_enqueues(self, device: str, level_transports: dict[str, str]) -> bool:
         return True   # its calls return at once: callers issue them on their own thread
 
-    def predict(self, collective: str, algorithm, nbytes: int) -> float:
-        """Seconds the cost model predicts for this call (`algorithm` resolved)."""
-        return _predicted(self.given[0], self.root, self.given[1], collective, algorithm, nbytes)
+    def predict(self, collective: str, algorithm, nbytes: int, dtype: torch.dtype = torch.float32) -> float:
+        """Seconds the cost model predicts for this call (`algorithm` resolved) of `dtype`
+        values (a calibrated profile's ratios are per reduction class)."""
+        return _predicted(self.given[0], self.root, self.given[1], collective, algorithm, nbytes, dtype)
 
     def runs(self, choice: Choice, op: str, codecs: dict, plan_executor) -> Callable[..., None]:
         if codecs:
@@ -85,7 +88,7 @@ class RecordingTransport:
         if not isinstance(choice.algorithm, str):
             plans.build(choice.algorithm, choice.collective, choice.topology, choice.rank)   # validates the spec
         record = (choice.collective, choice.algorithm, choice.nbytes,
-                  self.predict(choice.collective, choice.algorithm, choice.nbytes))
+                  self.predict(choice.collective, choice.algorithm, choice.nbytes, choice.dtype))
         return lambda *buffers: self.calls.append(record)
 
     def broadcasts(self, root: int, form: str):
@@ -118,26 +121,30 @@ class DryRunCommunicator(Communicator):
     made by Communicator's constructor; its splits are Communicators over the group's."""
 
     def __init__(self, topology: Topology, profile: Profile, rank: int = 0, *, trust_native: bool = False,
-                 transport: str = "mpi"):
+                 transport: str = "mpi", interruptible: bool = False):
         """Rank `rank` of a world shaped as `topology`, predicting with `profile`;
         trust_native: decide as a communicator with no profile chosen does (Tuner);
-        transport: the one it stands for (where plans can run: RecordingTransport)."""
+        transport: the one it stands for (where plans can run: RecordingTransport);
+        interruptible: as Communicator's (over MPI, its own collective is the nonblocking
+        one, which shard-train's communicators run)."""
         if not isinstance(topology, Topology):
             raise TypeError(f"topology must be a pccl.Topology, got {type(topology).__name__}")
         if not isinstance(profile, Profile):
             raise TypeError(f"profile must be a pccl.tuning.profiles.Profile, got {type(profile).__name__}")
         if not (isinstance(rank, int) and 0 <= rank < topology.size):
             raise ValueError(f"rank must be in 0..{topology.size - 1}, got {rank!r}")
-        super().__init__(RecordingTransport(topology, profile, rank, trust_native, kind=transport))
+        super().__init__(RecordingTransport(topology, profile, rank, trust_native, kind=transport),
+                         interruptible=interruptible)
 
     def __repr__(self) -> str:
         return f"DryRunCommunicator(rank={self.rank}, size={self.size}, {self.topology.describe()})"
 
 
 @lru_cache(maxsize=1 << 16)
-def _predicted(topology: Topology, root, profile: Profile, collective: str, algorithm, nbytes: int) -> float:
+def _predicted(topology: Topology, root, profile: Profile, collective: str, algorithm, nbytes: int,
+               dtype: torch.dtype) -> float:
     world, partition = root if root is not None else (topology, ((),))
     if len(partition) == 1 or plans.spec_of(algorithm) is not None:
         # alone on the machine (a plan inside a group: the group's own topology)
-        return cost_model.predict(collective, algorithm, topology, profile, nbytes)
-    return cost_model.predict_groups(collective, algorithm, world, partition, profile, nbytes)
+        return cost_model.predict(collective, algorithm, topology, profile, nbytes, dtype=dtype)
+    return cost_model.predict_groups(collective, algorithm, world, partition, profile, nbytes, dtype=dtype)

@@ -77,7 +77,7 @@ class Selector:
         self-calibration measures each device type apart). `profile`, `tuner`: the host
         buffers'; `given_profile`: what devices without a profile of their own decide with."""
         self.version += 1
-        natives = NATIVES if self.transport == "mpi" and not self.interruptible else (self.own_native,)
+        natives = NATIVES if self.kind == "mpi" and not self.interruptible else (self.own_native,)
         tuners = (shared_tuner(self.topology, profile, self.plans_buildable, natives, self.trust_native),
                   shared_tuner(self.topology, profile, False, natives, self.trust_native))   # where plans cannot run
         if device is None:
@@ -93,12 +93,12 @@ class Selector:
         """The transport's own collective as this communicator runs it where nobody named a
         form (auto, a plan's "native" phases): MPI's nonblocking one on an interruptible MPI
         communicator, which times out like a schedule, else "native"."""
-        return "native_nonblocking" if self.transport == "mpi" and self.interruptible else "native"
+        return "native_nonblocking" if self.kind == "mpi" and self.interruptible else "native"
 
     def native_form(self, collective: str, algorithm) -> str:
         """The native form a broadcast or barrier runs: "auto" is the communicator's own
         (own_native), "native" the blocking call, "native_nonblocking" MPI's polled one."""
-        forms = ("auto",) + (NATIVES if self.transport == "mpi" else ("native",))
+        forms = ("auto",) + (NATIVES if self.kind == "mpi" else ("native",))
         if not isinstance(algorithm, str) or algorithm not in forms:
             raise ValueError(f"algorithm {algorithm!r} does not implement {collective} over {self.transport}; "
                              f"expected one of {forms} (the transport's own {collective})")
@@ -140,9 +140,9 @@ class Selector:
         spec = plans.spec_of(algorithm)
         if spec is None:
             vocabulary.check(collective, algorithm)
-            if algorithm == "native_nonblocking" and self.transport != "mpi":
+            if algorithm == "native_nonblocking" and self.kind != "mpi":
                 raise ValueError(f"'native_nonblocking' is MPI's nonblocking collective; transport "
-                                 f"{self.transport!r} has none: use 'native'")
+                                 f"{self.kind!r} has none: use 'native'")
             if algorithm != "auto":
                 refuse_compression(algorithm, collective, compression)
                 return algorithm

@@ -447,7 +447,7 @@ def predict(collective: str, algorithm, topology: Topology, profile: Profile, nb
 
 
 def predict_groups(collective: str, algorithm: str, topology: Topology, groups: tuple, profile: Profile, nbytes,
-                   exact: bool = False):
+                   exact: bool = False, dtype: torch.dtype = torch.float32):
     """Predicted seconds of a flat `collective` (an algorithm name or "native") run at once
     by every group of `groups`, a partition of `topology`'s ranks into equal-sized groups
     (tuples of ranks in group order), each on its own buffer of `nbytes`: the groups share
@@ -457,9 +457,9 @@ def predict_groups(collective: str, algorithm: str, topology: Topology, groups: 
     total = np.zeros_like(sizes)
     for natives, where in _by_native_band(profile, algorithm, sizes):
         counts = _partition_counts(collective, algorithm, topology, groups, natives, exact)
-        total[where] = counts.seconds(profile, sizes[where] / len(groups[0]))
+        total[where] = counts.seconds(profile, sizes[where] / len(groups[0]), dtype)
     if profile.calibration:
-        total *= profile.efficiency(collective, algorithm, sizes)
+        total *= profile.efficiency(collective, algorithm, sizes, reduction_class(dtype))
     return total if np.ndim(nbytes) else float(total[0])
 
 

@@ -217,7 +217,7 @@ class Lane:
             if self.log is not None:
                 self.log.append((level, collective, full.numel(), full.dtype, choice.algorithm))
         if self.trace is not None:
-            call = TracedCall(level, collective, choice.nbytes, choice.algorithm, comm)
+            call = TracedCall(level, collective, choice.nbytes, choice.algorithm, choice.dtype, comm)
             self.trace.call(getattr(self._running, "task", None), call)
         # "none", not None: the engine's own settings decide, never PCCL_COMPRESSION
         getattr(comm, collective)(*args, algorithm=choice.algorithm, compression=codec or "none")

@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
+
 
 @dataclass(frozen=True)
 class TracedCall:
@@ -24,6 +26,7 @@ class TracedCall:
     collective: str
     nbytes: int         # the full buffer (all-gather output, reduce-scatter input)
     algorithm: object   # resolved: a name, "native" or a plan spec
+    dtype: torch.dtype  # the payload's (the calibration's ratios are per reduction class)
     comm: object = field(compare=False, repr=False)
 
 

@@ -133,7 +133,7 @@ def trace_many(model: torch.nn.Module, comm, micro: Workload, **settings) -> tup
 
 def call_seconds(call: TracedCall) -> float:
     """The dry-run transport's prediction (it remembers them, by value)."""
-    return call.comm.carrier.predict(call.collective, call.algorithm, call.nbytes)
+    return call.comm.carrier.predict(call.collective, call.algorithm, call.nbytes, call.dtype)
 
 
 def replay(trace: StepTrace, compute_seconds: Callable[[str, Optional[str]], float],
@@ -255,8 +255,10 @@ def predict_step(model: torch.nn.Module, topology: Topology, profile: Profile, m
     if flops is None:
         flops = unit_flops(model, [u.name for u in split_units(model, settings.get("units"))], micro)
     skeleton = Skeleton(model, settings.pop("units", None))
-    trace, engine = trace_many(skeleton, DryRunCommunicator(topology, profile, transport=transport), micro,
-                               units=skeleton.units, **settings)
+    # interruptible, as shard-train's communicators are: over MPI their own collective is the
+    # nonblocking one, calibrated apart from the blocking one
+    comm = DryRunCommunicator(topology, profile, transport=transport, interruptible=True)
+    trace, engine = trace_many(skeleton, comm, micro, units=skeleton.units, **settings)
     update = rate.update_s_per_element * engine.master.numel()
 
     def compute_seconds(kind: str, unit: Optional[str]) -> float:

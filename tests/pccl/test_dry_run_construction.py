@@ -2,6 +2,8 @@
 moves nothing (RecordingTransport), so a field added to every communicator is one it has;
 and it makes no MPI or torch.distributed call doing so (a singleton MPI world for the real
 communicator: no mpiexec)."""
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -9,6 +11,7 @@ from mpi4py import MPI
 
 import pccl
 from pccl import plans
+from pccl.algorithms import NATIVES
 from pccl.core.topology import Topology
 from pccl.runtime import transport
 from pccl.runtime.communicator import Communicator
@@ -76,9 +79,10 @@ def test_a_dry_runs_fields_are_a_transport_that_moves_nothing_and_plans_on_every
     assert comm._plans is None and comm._calls == {}
     # auto weighs the plans and the transport's own collective; the flat tuner no plans
     tuner, flat = comm.selector.tuner, comm.selector._flat_tuner
-    assert tuner.with_plans and tuner.natives == ("native",) and tuner.plans_apply
+    # (standing for MPI: both its forms of its own collective, as a real MPI communicator's)
+    assert tuner.with_plans and tuner.natives == NATIVES and tuner.plans_apply
     assert set(tuner.candidates("all_reduce")) >= {"native", *PLAN_NAMES} - {"three_level"}
-    assert not flat.with_plans and flat.natives == ("native",)
+    assert not flat.with_plans and flat.natives == NATIVES
     assert comm.selector.tuner_for("meta") is tuner and comm.queues_on_device("cpu") and not comm.uses_nccl()
     assert repr(comm) == f"DryRunCommunicator(rank=5, size=8, {comm.topology.describe()})"
 
@@ -109,6 +113,26 @@ def test_a_dry_run_makes_no_mpi_or_torch_distributed_call(monkeypatch):
         assert calls[0][1] == c.selector.resolve("all_gather", "auto", 4 * n, "meta")
         c.close()
     assert not dist.is_initialized()
+
+
+def test_a_dry_run_resolves_and_predicts_as_the_mpi_communicator_it_stands_for():
+    """It decided by its own transport's name ("dry-run"): over MPI its own collective was
+    always the blocking one, where shard-train's interruptible communicators run MPI's
+    nonblocking one (calibrated apart), and native_nonblocking asked for by name was
+    refused. And it predicted every call with fp32's calibration ratios."""
+    topology = Topology.regular(16, 8)
+    # all-reduce's ring measured as predicted in fp32, 3x slower in 16-bit types
+    profile = dataclasses.replace(profiles.load("frontier"), calibration=tuple(
+        ("all_reduce", klass, "ring", ((1 << 10, ratio), (1 << 30, ratio))) for klass, ratio in (("full", 1.0),
+                                                                                              ("half", 3.0))))
+    comm = DryRunCommunicator(topology, profile, interruptible=True)
+    assert comm.selector.own_native == "native_nonblocking" and comm.selector.tuner.natives == ("native_nonblocking",)
+    comm.all_reduce(torch.empty(1 << 20, device="meta"), algorithm="native_nonblocking")
+    for dtype in (torch.float32, torch.bfloat16):
+        comm.all_reduce(torch.empty(1 << 22 // dtype.itemsize, dtype=dtype, device="meta"), algorithm="ring")
+    (_, mine, _, _), (_, _, _, fp32), (_, _, _, bf16) = comm.carrier.calls
+    assert mine == "native_nonblocking"
+    assert 2.9 < bf16 / fp32 < 3.1   # (the same bytes: twice the values to reduce, a small part)
 
 
 def test_over_torch_distributed_a_dry_runs_children_weigh_no_plans_as_a_real_ones():
