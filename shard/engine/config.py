@@ -18,6 +18,7 @@ from typing import Optional, Union
 import torch
 
 from pccl.compression.codecs import codec
+from pccl.tuning.selection import compression_problem
 from shard.engine.strategy import Strategy, StrategyError
 from shard.engine.units import MIN_SHARD_NUMEL
 
@@ -89,6 +90,9 @@ class OptimizerConfig:
 
 
 OBJECTIVES = ("throughput", "memory")
+# The collectives each codec compresses: the parameters' all-gathers; the gradients'
+# reductions (reduce-scatters, and the all-reduces of replicated units and DDP)
+COMPRESSED = {"compress_params": ("all_gather",), "compress_grads": ("reduce_scatter", "all_reduce")}
 
 
 @dataclass(frozen=True)
@@ -193,11 +197,23 @@ class EngineConfig:
                     chosen.check(PRECISIONS[getattr(self, carried)])
             except ValueError as e:
                 raise SettingError(name, f"{name} with {carried}={getattr(self, carried)}: {e}") from None
+            # an algorithm that cannot run its collectives compressed (the transport's own, a
+            # compressed all-gather on HO-Ring) would fail only at the first forward
+            for collective in COMPRESSED[name] if value is not None else ():
+                problem = compression_problem(algorithm_for(self.algorithm, collective), collective, value)
+                if problem:
+                    raise SettingError(name, f"{name}={value} with algorithm {self.algorithm!r}: {problem}")
 
     @classmethod
     def given(cls, config: Optional[EngineConfig], settings: dict) -> EngineConfig:
         """The config passed as config= or as keywords (Engine's two forms), not both."""
         return _given(cls, config, settings, "strategy=")
+
+
+def algorithm_for(algorithm: Union[str, dict], collective: str):
+    """The algorithm `collective` runs with: EngineConfig.algorithm, or its entry for it
+    (default auto)."""
+    return algorithm.get(collective, "auto") if isinstance(algorithm, dict) else algorithm
 
 
 def _given(cls, config, settings: dict, example: str):

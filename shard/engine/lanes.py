@@ -18,6 +18,7 @@ from typing import Callable, Optional
 import torch
 
 from pccl import SerialQueue, SideStream, Work
+from shard.engine.config import algorithm_for
 from shard.engine.shard_layout import ShardLayout
 from shard.engine.strategy import Scope
 from shard.engine.trace import StepTrace, TracedCall
@@ -189,9 +190,6 @@ class Lane:
 
     # Collectives, called from inside tasks.
 
-    def _algorithm(self, collective: str):
-        return self.algorithm.get(collective, "auto") if isinstance(self.algorithm, dict) else self.algorithm
-
     def _choose(self, comm, level: str, collective: str, full: torch.Tensor, codec):
         """The Choice of a call site (level, collective, buffer size, dtype and device,
         codec), made at its first call (which measures, where auto measures: every rank
@@ -201,7 +199,7 @@ class Lane:
         version = comm.selector.version
         kept = self._choices.get(key)
         if kept is None or kept[0] != version:
-            choice = comm.choose(collective, self._algorithm(collective), full, codec)
+            choice = comm.choose(collective, algorithm_for(self.algorithm, collective), full, codec)
             kept = self._choices[key] = (comm.selector.version, choice)   # (choosing may have measured)
         return kept[1]
 

@@ -22,17 +22,18 @@ from typing import Any, Callable, Optional
 import torch
 
 import pccl
+from pccl.core.collectives import COLLECTIVES
 from runkit.cpus import available_cores
 from runkit.files import write_atomic
 from runkit.local_rank import local_rank
 from shard.engine import checkpoint
 from shard.engine.checkpoint_async import AsyncSaver
-from shard.engine.config import EngineConfig, OptimizerConfig
+from shard.engine.config import EngineConfig, OptimizerConfig, algorithm_for
 from shard.engine.engine import Engine
 from shard.engine.optimizer import ShardedAdamW, StepResult
 from shard.engine.strategy import StrategyError
 from shard.models import GPT, GPTConfig, from_pretrained
-from shard.planning.planner import StrategyPlan, build_engine, label
+from shard.planning.planner import PlanError, StrategyPlan, build_engine, label
 from shard.planning.predict import Workload
 from shard.planning.throughput import Throughput, peak_rss_bytes, peak_tflops
 from shard.tools import faults, preflight, run_claim
@@ -119,9 +120,24 @@ def _communicator(c, device: torch.device) -> pccl.Communicator:
     options.update({k: int(c[k]) for k in ("ranks_per_node", "nics_per_node") if c.get(k) is not None})
     # interruptible: auto leaves MPI's blocking collectives out, so a dead peer is named
     # by a timeout instead of ending the job through the watchdog (docs/faults.md)
-    comm = pccl.init(transport, timeout=float(c.timeout), interruptible=True, **options)
+    try:   # (a transport with no GPU here, nodes that do not divide the world: every rank alike)
+        comm = pccl.init(transport, timeout=float(c.timeout), interruptible=True, **options)
+    except ValueError as e:
+        raise ConfigError(f"comm: {e}") from None
     check_comm_device(transport, tuple(comm.devices), device.type)   # every rank alike, before any collective
     return comm
+
+
+def check_algorithms(comm: pccl.Communicator, algorithm, device: torch.device) -> None:
+    """comm.algorithm resolved on `comm` for `device` tensors, each collective, before any
+    runs: a form its
+    transport has not (MPI's nonblocking collective over gloo), or a plan it cannot build,
+    is a setting to fix, refused in one line, not a traceback at the first forward."""
+    for collective in COLLECTIVES:
+        try:
+            comm.selector.resolve(collective, algorithm_for(algorithm, collective), 1 << 20, device.type)
+        except ValueError as e:
+            raise ConfigError(f"comm.algorithm for {collective}: {e}") from None
 
 
 def _gather(comm: pccl.Communicator, device: torch.device, values: list[float]) -> list[list[float]]:
@@ -369,6 +385,7 @@ def setup(cfg) -> Run:
     settings = preflight.engine_config(resolved, _precision(t.precision, device))
     optimizer = preflight.optimizer_config(resolved)
     comm = _communicator(cfg.comm, device)
+    check_algorithms(comm, settings.algorithm, device)
     check_same_config(comm, device, resolved)
     # every rank fails alike, before any collective
     _, accumulation = global_batch(t.global_batch_tokens, t.accumulation, comm.size, t.micro_batch, t.seq_len)
@@ -556,6 +573,8 @@ def make_engine(r: Run) -> None:
                                         device=r.device if meta else None)
     except StrategyError as e:   # a strategy that does not fit this world (a group size): every rank alike
         raise ConfigError(f"strategy.{'name' if e.field == 'strategy' else e.field}: {e}") from None
+    except PlanError as e:   # strategy=auto: nothing fits (every rank alike: the plan is computed alike)
+        raise ConfigError(f"strategy=auto: {e}") from None
     r.optimizer = ShardedAdamW(r.engine, r.optimizer_config)
     if r.cfg.train.checkpoint_async:
         r.saver = AsyncSaver(r.engine, r.checkpoints, keep=r.cfg.train.keep_checkpoints)

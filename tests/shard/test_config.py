@@ -20,6 +20,13 @@ from shard.engine.strategy import Strategy, StrategyError
     (lambda: OptimizerConfig(betas=("0.9", 0.95)), ValueError, ["betas must be two numbers", "'0.9'"]),
     (lambda: OptimizerConfig(weight_decay=-0.1), ValueError, ["weight_decay must be a finite number >= 0", "-0.1"]),
     (lambda: OptimizerConfig(weight_decay=float("inf")), ValueError, ["weight_decay must be a finite", "inf"]),
+    # an algorithm that cannot run its collective compressed: at construction, not the first forward
+    (lambda: EngineConfig(algorithm="native", compress_params="int8"), ValueError,
+     ["compress_params=int8 with algorithm 'native'", "pccl cannot encode"]),
+    (lambda: EngineConfig(algorithm={"reduce_scatter": "ring", "all_reduce": "native"}, compress_grads="int8"),
+     ValueError, ["compress_grads=int8", "'native' is the transport's own collective"]),
+    (lambda: EngineConfig(algorithm="ho_ring", compress_params="int8"), ValueError,
+     ["a compressed all-gather cannot run HO-Ring"]),
     (lambda: OptimizerConfig(weight_decay=float("nan")), ValueError, ["weight_decay must be a finite", "nan"]),
     (lambda: EngineConfig(strategy="zero9"), StrategyError, ["unknown strategy 'zero9'", "zero3"]),
     (lambda: EngineConfig(strategy="GGI"), StrategyError, ["Principle 1", "nearest valid strategy is GGG"]),

@@ -255,6 +255,10 @@ def bad_files(tmp_path_factory) -> Path:
     ("train.resume=true", "holds no checkpoint to continue from; train.resume=auto starts fresh"),
     ("train.micro_batch=5000 train.global_batch_tokens=null train.accumulation=1",   # (was a traceback per rank)
      "fewer than one global batch"),
+    # communicator settings (were a traceback per rank and exit 1, which RESTARTS relaunched)
+    ("comm.ranks_per_node=3", "comm: world size 2 is not divisible by ranks_per_node=3"),
+    ("comm=torch comm.algorithm=native_nonblocking", "comm.algorithm for all_gather: 'native_nonblocking' is MPI's"),
+    ("strategy=auto strategy.auto.memory=1KB", "strategy=auto: model (0.00"),
     # a setting that differs between ranks (here through each rank's environment): rank 1 trained as told
     ("log.wandb.name=rank-${{oc.env:PMI_RANK}}", "the ranks were launched with different configurations: rank 1 "
                                                 "differs from rank 0; on rank 1: log.wandb.name='rank-1' where rank 0 "
