@@ -1,6 +1,7 @@
 """A data spec: validation, defaults, and the identity of the tokens it produces.
 
-Keys (a plain dict, e.g. from an OmegaConf config; keys of other sources may be present):
+Keys (a plain dict, e.g. from an OmegaConf config; a key of other sources only is refused
+unless it holds its default, which it would be read as):
     source        "synthetic" | "text" | "hf"                                   (required)
     documents     synthetic: number of documents                               (synthetic)
     seed          synthetic: corpus seed                                       (default 0)
@@ -40,6 +41,12 @@ DEFAULTS = {"seed": 0, "documents": None, "files": None, "name": None, "config":
             "paths": None, "weights": None, "val_documents": 200, "streams": None, "workers": 1, "streaming": False}
 REQUIRED = {"synthetic": ("documents",), "text": ("files",), "hf": ("name", "max_documents"), "files": ("paths",)}
 STREAMED = ("files",)
+# The keys each source reads beside tokenizer and vocab_size (hf: cached or streamed)
+USES = {"synthetic": {"documents", "seed", "val_fraction"},
+        "text": {"files", "field", "val_fraction"},
+        "hf": {"name", "config", "split", "field", "streaming", "max_documents", "val_fraction", "val_documents",
+               "streams", "workers"},
+        "files": {"paths", "weights", "field", "val_documents", "streams", "workers"}}
 MIN_VOCAB = 260  # 256 byte pieces, unk, eos and a few more
 
 
@@ -59,6 +66,12 @@ def normalize(spec: Mapping) -> dict:
     out = {**DEFAULTS, **spec}
     if out.get("source") not in SOURCES:
         raise ValueError(f"data spec: unknown source {out.get('source')!r}; valid sources: {list(SOURCES)}")
+    ignored = sorted(k for k in set(spec) - USES[out["source"]] - {"source", "tokenizer", "vocab_size"}
+                     if spec[k] != DEFAULTS[k])
+    if ignored:   # (a '+data.key=' override for another source: it would be ignored, silently)
+        raise ValueError(f"data spec: {', '.join(f'{k}={spec[k]!r}' for k in ignored)}: not read by source "
+                         f"{out['source']!r}; " + "; ".join(
+                             f"{k} is for source {' and '.join(s for s in USES if k in USES[s])}" for k in ignored))
     if out["streaming"] not in (True, False):
         raise ValueError(f"data spec: streaming must be true or false, got {out['streaming']!r}")
     if out["source"] == "hf" and out["streaming"]:   # streamed as data=files streams its paths

@@ -189,5 +189,5 @@ def _data(d: dict, model: GPTConfig) -> None:
         normalize(spec)
     except ValueError as e:   # the value may be the model's, which the user set
         origin = f"model.vocab={model.vocab} (the tokenizer's vocabulary, data.vocab_size being null): " \
-            if from_model and "vocab_size" in str(e) else ""
+            if from_model and str(e).startswith("data spec: vocab_size") else ""
         raise ConfigError(f"{origin}{e}") from None

@@ -232,7 +232,12 @@ def test_another_spec_gets_another_entry(prepared, cache, change):
 
 
 def test_settings_that_change_nothing_share_the_entry(prepared, cache):
-    assert prepare({**SPEC, "files": None, "name": "unused", "field": "text"}, cache) == prepared
+    assert prepare({**SPEC, "files": None, "name": None, "field": "text"}, cache) == prepared
+    # another source's key set otherwise would be ignored: refused ('+data.streams=7' for synthetic data
+    # trained as if it were not there)
+    with pytest.raises(ValueError, match=r"name='unused', streams=7: not read by source 'synthetic'; name is for "
+                                         r"source hf; streams is for source hf and files"):
+        prepare({**SPEC, "name": "unused", "streams": 7}, cache)
 
 
 def test_two_prepares_of_one_entry_at_once_both_get_it(tmp_path, monkeypatch):

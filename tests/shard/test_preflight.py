@@ -157,6 +157,11 @@ def test_cross_key_checks():
     with pytest.raises(preflight.ConfigError, match=r"model.vocab=100 \(the tokenizer's vocabulary, data.vocab_size "
                                                     r"being null\): data spec: vocab_size must be an int >= 260"):
         preflight.check(with_value(resolved, "model.vocab", 100))
+    # ... and only where the error is about the vocabulary (every unknown key's message lists vocab_size)
+    with pytest.raises(preflight.ConfigError, match=r"^data spec: unknown key\(s\) \['documentz'\]"):
+        preflight.check(with_value(resolved, "data.documentz", 100))
+    with pytest.raises(preflight.ConfigError, match=r"^data spec: val_documents=1: not read by source 'synthetic'"):
+        preflight.check(with_value(resolved, "data.val_documents", 1))
     # a codec that cannot take the dtype its payload travels in (was a traceback at engine build)
     bf16 = with_value(resolved, "train.precision", "bf16")
     with pytest.raises(preflight.ConfigError, match="comm.compression.params: compress_params with precision=bf16: "
