@@ -185,6 +185,8 @@ def test_null_learning_rates_are_the_presets_and_a_tenth_of_it():
 
     assert set(PUBLISHED_LR) == set(PRESETS)
     for preset, lr in PUBLISHED_LR.items():
+        # every preset has its config (model=gpt_66b was refused: "no such option")
+        assert composed([f"model={preset}"])["model"]["preset"] == preset
         resolved = with_value(composed([]), "model.preset", preset)
         preflight.check(resolved)
         assert preflight.learning_rates(resolved) == {"lr": lr, "min_lr": pytest.approx(lr / 10)}, preset
