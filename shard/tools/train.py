@@ -652,6 +652,10 @@ def start_log(r: Run, resumed: str) -> None:
                 f"{r.device} ({threads} CPU thread{'s' * (threads > 1)} per rank); {r.accumulation} micro-batches of "
                 f"{t.micro_batch}x{t.seq_len} per rank per step ({r.global_batch_tokens} tokens); "
                 f"peak: {peak_source}; {resumed}; out: {r.out_dir}")
+    warmup = r.resolved["optim"]["warmup_steps"]
+    if warmup >= t.steps:   # (the schedule is as documented; the run may not be what was meant)
+        r.log.write(f"note: optim.warmup_steps={warmup} is not below train.steps={t.steps}: the learning rate "
+                    "rises for the whole run and never decays")
     plan = r.plan
     if plan is not None:
         other = plan.runner_up

@@ -355,6 +355,7 @@ def test_resume_auto_over_a_save_cut_short_starts_fresh(tmp_path, cache):
                   "train.resume=auto", *SMALL, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "a fresh start: train.resume=auto" in run.stdout and "1 snapshot(s) never completed" in run.stdout
+    assert "note: optim.warmup_steps=2 is not below train.steps=2: the learning rate rises" in run.stdout
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
