@@ -163,6 +163,13 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
         raise ValueError(f"targets must hold integer class indices, got {targets.dtype}")
     if targets.numel() == 0:
         raise ValueError("no targets: the mean cross-entropy of zero tokens is undefined")
+    # (on a GPU the check would wait for the device, where the gather asserts; compiled, it
+    # would break the graph)
+    if targets.device.type == "cpu" and not torch.compiler.is_compiling():
+        low, high = targets.min().item(), targets.max().item()
+        if low < 0 or high >= weight.shape[0]:
+            raise ValueError(f"targets must be class indices in [0, {weight.shape[0]}) (the vocabulary), got "
+                             f"{low if low < 0 else high}; there is no ignore_index: every position counts")
     rows = chunk_rows(weight.shape[0]) if rows is None else rows
     if not (isinstance(rows, int) and rows >= 1):
         raise ValueError(f"rows must be a positive integer, got {rows!r}")
