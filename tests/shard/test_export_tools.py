@@ -70,6 +70,10 @@ def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, ca
     assert "exists and is not empty" in capsys.readouterr().err
     assert export.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2   # bad input: 2, as README says
     assert "no checkpoint at" in capsys.readouterr().err
+    cut = tmp_path / "run" / "checkpoints" / "snap-00000009-00000000000000ab"   # a save cut short: no manifest
+    cut.mkdir()
+    assert export.main([str(cut), "--out", str(tmp_path / "x")]) == 2   # (it said: "LATEST is missing")
+    assert f"{cut / 'meta.json'} is missing (the snapshot is incomplete)" in capsys.readouterr().err
     with pytest.raises(SystemExit) as refused:   # it wrote one file per tensor
         export.main([str(tmp_path / "run"), "--out", str(tmp_path / "y"), "--shard-size", "0"])
     assert refused.value.code == 2 and "expected a number above 0" in capsys.readouterr().err
