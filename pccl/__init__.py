@@ -30,6 +30,7 @@ _EXPORTS = {
     "TopologyError": "pccl.core.topology",
     "MACHINES": "pccl.core.topology",
     "FRONTIER_ENV": "pccl.core.topology",
+    "COLLECTIVES": "pccl.core.collectives",
     "schedule": "pccl.algorithms",
     "algorithms_for": "pccl.algorithms",
     "GENERATORS": "pccl.algorithms",

@@ -445,7 +445,6 @@ class ProcessGroupPccl(dist.ProcessGroup):
     _allgather_base = all_gather_single
     _reduce_scatter_base = reduce_scatter_single
 
-
     # torch's coalescing with a device (`_coalescing_manager(device=...)`, DeepSpeed's
     # coalesced calls): the calls inside run as they are issued, in one order on every rank,
     # and torch waits on the Work _end_coalescing returns alone, so it stands for all of them.
@@ -555,21 +554,16 @@ def contiguous(tensors: list) -> tuple[list, object]:
 def one_by_one(single, outputs, inputs, opts) -> "FutureWork":
     """A coalesced call the companion has no form of (gloo's backend object binds none) as
     its single-tensor calls, one Work over them all."""
-    futures = [single(o, i, opts).get_future() for o, i in zip(outputs, inputs)]
+    return all_of([single(o, i, opts) for o, i in zip(outputs, inputs)], outputs)
 
+
+def all_of(works: list, result=()) -> FutureWork:
+    """One Work over torch Works, complete when all are (its result `result`), failing with
+    the first's error."""
     def finished(done):
         for future in done.value():
             future.value()   # raises a call's error
-        return outputs
-    return FutureWork(torch.futures.collect_all(futures).then(finished))
-
-
-def all_of(works: list) -> FutureWork:
-    """One Work over torch Works: complete when all are, failing with the first's error."""
-    def finished(done):
-        for future in done.value():
-            future.value()   # raises a call's error
-        return []
+        return list(result)
     return FutureWork(torch.futures.collect_all([w.get_future() for w in works]).then(finished))
 
 

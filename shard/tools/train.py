@@ -22,7 +22,6 @@ from typing import Any, Callable, Optional
 import torch
 
 import pccl
-from pccl.core.collectives import COLLECTIVES
 from runkit.cpus import available_cores
 from runkit.files import write_atomic
 from runkit.local_rank import local_rank
@@ -133,7 +132,7 @@ def check_algorithms(comm: pccl.Communicator, algorithm, device: torch.device) -
     runs: a form its
     transport has not (MPI's nonblocking collective over gloo), or a plan it cannot build,
     is a setting to fix, refused in one line, not a traceback at the first forward."""
-    for collective in COLLECTIVES:
+    for collective in pccl.COLLECTIVES:
         try:
             comm.selector.resolve(collective, algorithm_for(algorithm, collective), 1 << 20, device.type)
         except ValueError as e:

@@ -148,8 +148,8 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="integer class indices"):
         linear_cross_entropy(x, weight, torch.zeros(2, 5))
     for bad in (-100, 10):   # Hugging Face's padding label; one past the vocabulary (were gather's IndexError)
-        with pytest.raises(ValueError, match=rf"class indices in \[0, 10\) \(the vocabulary\), got {bad}; there is "
-                                             "no ignore_index"):
+        with pytest.raises(ValueError, match=rf"class indices in \[0, 10\) \(the vocabulary; there is no "
+                                             rf"ignore_index: every position counts\): index {bad} is out of bounds"):
             linear_cross_entropy(x, weight, torch.full((2, 5), bad))
     with pytest.raises(ValueError, match="rows must be a positive integer"):
         linear_cross_entropy(x, weight, torch.zeros(2, 5, dtype=torch.long), rows=0)

@@ -339,8 +339,9 @@ def test_unmeasured_auto_takes_a_plan_only_where_it_is_predicted_at_least_twice_
 
 def measured_profile(topo: Topology, klass: str, fastest: str) -> Profile:
     """FAST_LINKS calibrated for all-reduce of `klass` so that `fastest` measured 4x
-    faster than every other candidate at every size."""
-    names = ("ring", "recursive_doubling", "rabenseifner", "native")
+    faster than every other candidate at every size (MPI's two forms of its own among them,
+    as an MPI communicator measures them)."""
+    names = ("ring", "recursive_doubling", "rabenseifner", "native", "native_nonblocking")
     sizes = (16, 4096, MB)
     figures = {("all_reduce", klass, n): [(s, 1e-3 / (4 if n == fastest else 1)) for s in sizes] for n in names}
     return calibrated(FAST_LINKS, topo, figures, "a test")
