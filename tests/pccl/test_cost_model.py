@@ -393,5 +393,13 @@ def test_network_tier_profiles_carry_sources_and_bad_values_say_why():
         net = profiles.load(name).network
         assert net.nodes_per_group > 1 and net.oversubscription >= 1 and len(net.source) > 100
         assert Profile.from_dict(profiles.load(name).to_dict()) == profiles.load(name)
-    with pytest.raises(ValueError, match="network.oversubscription must be a positive number"):
+    with pytest.raises(ValueError, match="network.oversubscription must be a finite positive number"):
         make_profile(network=Network(4, 1e-6, 0.0))
+    # an infinite latency (1e999 in a JSON file) made every prediction NaN, and shard-sim's
+    # replay of them never ended; a bool is no count of NICs
+    for bad, message in (({"inter": Link(math.inf, 10e9)}, "inter.alpha must be a finite number >= 0 seconds"),
+                         ({"copy_bandwidth": math.inf}, "copy_bandwidth must be a finite positive number"),
+                         ({"network": Network(4, math.inf, 1.0)}, "network.alpha must be a finite"),
+                         ({"nics_per_node": True}, "nics_per_node must be a positive integer, got True")):
+        with pytest.raises(ValueError, match=message):
+            make_profile(**bad)

@@ -91,6 +91,13 @@ class CodecRate:
     source: str = ""
 
 
+def _finite(value, low: float, open_low: bool = False) -> bool:
+    """Whether `value` is a finite number (not a bool) above `low` (or from it): an infinite
+    latency made the predictions NaN, and shard-sim's replay of them never ended."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (value > low if open_low else value >= low))
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -114,7 +121,7 @@ class Profile:
     def __post_init__(self) -> None:
         for name in ("ranks_per_node", "nics_per_node"):
             value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ValueError(f"profile {self.name!r}: {name} must be a positive integer, got {value!r}")
         numbers = {"intra.alpha": self.intra.alpha, "inter.alpha": self.inter.alpha}
         positive = {"intra.bandwidth": self.intra.bandwidth, "inter.bandwidth": self.inter.bandwidth,
@@ -122,30 +129,32 @@ class Profile:
         if self.inter.stream_bandwidth is not None:
             positive["inter.stream_bandwidth"] = self.inter.stream_bandwidth
         for name, value in numbers.items():
-            if not (isinstance(value, (int, float)) and value >= 0):
-                raise ValueError(f"profile {self.name!r}: {name} must be a number >= 0 seconds, got {value!r}")
+            if not _finite(value, 0):
+                raise ValueError(f"profile {self.name!r}: {name} must be a finite number >= 0 seconds, "
+                                 f"got {value!r}")
         for name, value in positive.items():
-            if not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(f"profile {self.name!r}: {name} must be a positive number of bytes/s, got {value!r}")
+            if not _finite(value, 0, open_low=True):
+                raise ValueError(f"profile {self.name!r}: {name} must be a finite positive number of bytes/s, "
+                                 f"got {value!r}")
         if self.network is not None:
             net = self.network
             if not (isinstance(net.nodes_per_group, int) and net.nodes_per_group >= 1):
                 raise ValueError(f"profile {self.name!r}: network.nodes_per_group must be a positive integer, "
                                  f"got {net.nodes_per_group!r}")
-            if not (isinstance(net.alpha, (int, float)) and net.alpha >= 0):
-                raise ValueError(f"profile {self.name!r}: network.alpha must be a number >= 0 seconds, "
+            if not _finite(net.alpha, 0):
+                raise ValueError(f"profile {self.name!r}: network.alpha must be a finite number >= 0 seconds, "
                                  f"got {net.alpha!r}")
-            if not (isinstance(net.oversubscription, (int, float)) and net.oversubscription > 0):
-                raise ValueError(f"profile {self.name!r}: network.oversubscription must be a positive number, "
+            if not _finite(net.oversubscription, 0, open_low=True):
+                raise ValueError(f"profile {self.name!r}: network.oversubscription must be a finite positive number, "
                                  f"got {net.oversubscription!r}")
         for codec, rate in self.codecs:
             for name, value in (("encode", rate.encode), ("decode", rate.decode)):
-                if not (isinstance(value, (int, float)) and value > 0):
-                    raise ValueError(f"profile {self.name!r}: codecs[{codec!r}].{name} must be a positive number "
-                                     f"of bytes/s, got {value!r}")
-            if not (isinstance(rate.call, (int, float)) and rate.call >= 0):
-                raise ValueError(f"profile {self.name!r}: codecs[{codec!r}].call must be a number >= 0 seconds, "
-                                 f"got {rate.call!r}")
+                if not _finite(value, 0, open_low=True):
+                    raise ValueError(f"profile {self.name!r}: codecs[{codec!r}].{name} must be a finite positive "
+                                     f"number of bytes/s, got {value!r}")
+            if not _finite(rate.call, 0):
+                raise ValueError(f"profile {self.name!r}: codecs[{codec!r}].call must be a finite number >= 0 "
+                                 f"seconds, got {rate.call!r}")
         object.__setattr__(self, "native_algorithms", tuple(sorted(
             (collective, self._bands(collective, bands)) for collective, bands in self.native_algorithms)))
         object.__setattr__(self, "calibration", tuple(sorted(self.calibration, key=lambda entry: entry[:3])))
