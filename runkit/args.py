@@ -3,7 +3,9 @@ launch jobs can use them)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Callable, NoReturn
 
 
@@ -47,6 +49,45 @@ def checked(check: Callable[[str], object]) -> Callable[[str], str]:
         return text
     parse.__name__ = getattr(check, "__name__", "value")
     return parse
+
+
+def unwritable(path: Path, directory: bool = False) -> str:
+    """Why a file (a `directory`) cannot be written at `path`, or "": a file's directory
+    must be a writable directory (a directory's nearest existing ancestor: it is made with
+    its parents), and the path itself no directory (no file)."""
+    if path.is_dir() if not directory else (path.exists() and not path.is_dir()):
+        return "is a directory; name the file to write" if not directory else "is a file, not a directory"
+    if not directory and not path.parent.exists():
+        return f"is in {path.parent}, which does not exist"
+    ancestor = path if directory and path.is_dir() else path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is not a directory"
+    if not os.access(ancestor, os.W_OK):
+        return f"{ancestor} is not writable"
+    return ""
+
+
+def output(directory: bool = False) -> Callable[[str], str]:
+    """An argparse type: a path a file (a `directory`) can be written at, checked before the
+    tool's work ("-": standard output), so minutes of measuring are not lost to a typo."""
+    def parse(text: str) -> str:
+        why = "" if text == "-" and not directory else unwritable(Path(text), directory)
+        if why:
+            raise argparse.ArgumentTypeError(f"{text} {why}")
+        return text
+    parse.__name__ = "directory to write" if directory else "file to write"
+    return parse
+
+
+def names(text: str) -> list[str]:
+    """An argparse type: comma-separated names, at least one (',' named none, and a tool
+    printed an empty table with exit status 0)."""
+    given = [name.strip() for name in text.split(",") if name.strip()]
+    if not given:
+        raise argparse.ArgumentTypeError(f"expected one name or more, comma-separated, got {text!r}")
+    return given
 
 
 class UsageError(SystemExit):

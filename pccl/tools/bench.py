@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -35,7 +34,7 @@ from pccl.tools.cli import comma_list, size_arg, size_sweep, time_calls
 from pccl.tuning import self_calibration
 from pccl.tuning.calibrate import calibrate
 from pccl.tuning.cost_model import calibrated
-from runkit.args import at_least
+from runkit.args import at_least, output
 from runkit.files import write_atomic
 from runkit.sizes import parse_size
 
@@ -561,8 +560,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("--compression", type=codec_list, default=[],
         help="codecs (int8, bf16, fp16, zfp:RATE) to add rows for: each algorithm (not native) again with "
              "compression, with its max and RMS error against the exact result")
-    add("--json", metavar="PATH", default=None, help="write the rows as JSON ('-': stdout, no table)")
-    add("--calibrate", metavar="PATH", default=None,
+    add("--json", metavar="PATH", type=output(), default=None, help="write the rows as JSON ('-': stdout, no table)")
+    add("--calibrate", metavar="PATH", type=output(), default=None,
         help="instead of timing collectives, measure this machine's profile (alpha, bandwidths, and "
              "every algorithm auto chooses among, the native one too, at 4 B, 16 B, ... up to --maxbytes) "
              "and write it to PATH, for PCCL_PROFILE and pccl-sim --profile")
@@ -574,8 +573,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser.error(f"op avg needs a floating-point datatype, got {args.datatype}")
     if args.device == "cuda" and args.calibrate:
         parser.error("--calibrate measures host buffers; leave out --device cuda")
-    if args.calibrate and (why := unwritable(Path(args.calibrate))):
-        parser.error(f"--calibrate {args.calibrate}: {why}")   # found before minutes of measuring
     world = MPI.COMM_WORLD.size
     if args.ranks_per_node is not None and world % args.ranks_per_node:
         parser.error(f"--ranks-per-node {args.ranks_per_node} does not divide the {world} ranks")
@@ -584,21 +581,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                      "hides them)")
     args.executors = args.executors or DEFAULT_EXECUTORS[args.device]
     return args
-
-
-def unwritable(path: Path) -> str:
-    """Why a file cannot be written at `path`, or "": its nearest existing ancestor must be
-    a writable directory, and the path itself no directory."""
-    if path.is_dir():
-        return "is a directory; name the file to write"
-    ancestor = path.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"{ancestor} is not a directory"
-    if not os.access(ancestor, os.W_OK):
-        return f"{ancestor} is not writable"
-    return ""
 
 
 # ----------------------------------------------------------------------- main

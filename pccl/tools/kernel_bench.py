@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from pccl.core.dtypes import DATATYPES, DTYPES, OPS
 from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
-from runkit.args import refuse
+from runkit.args import output, refuse
 from runkit.files import write_json_atomic
 from runkit.sizes import parse_size, size_label
 
@@ -178,7 +178,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("--threads", type=int, default=1,
         help="torch CPU threads (the CPU kernels are single-threaded, as each rank's are in a collective)")
     add("-c", "--check", type=int, choices=(0, 1), default=1, help="check the kernel against torch")
-    add("--json", metavar="PATH", default=None, help="also write the rows as JSON")
+    add("--json", metavar="PATH", type=output(), default=None, help="also write the rows as JSON")
     args = parser.parse_args(argv)
     if args.stepfactor < 2:
         parser.error("--stepfactor must be at least 2")

@@ -65,13 +65,13 @@ import sys
 import time
 from pathlib import Path
 
-from runkit.args import at_least, refuse
+from runkit.args import at_least, names, output, refuse
 from shard.tools.compare_runs import BETAS, COMMS, EPS, EngineRun, agreement, autocast, loss_tolerance, parse_run
 
 
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="shard-compare", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", default="fsdp2,fsdp2-pccl,zero3-native,zero3-pccl",
+    ap.add_argument("--runs", type=names, default="fsdp2,fsdp2-pccl,zero3-native,zero3-pccl",
                     help="comma-separated: eager, eager-compile, fsdp2, fsdp2-compile, fsdp2-pccl, deepspeed-zero3, "
                          "STRATEGY-COMM[+CODEC][+compile]")
     ap.add_argument("--ranks", type=at_least(1), default=2)
@@ -79,7 +79,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--nodes", type=nodes, default=None, metavar="NxM",
                     help="N emulated nodes of M ranks (launch/emulate: network namespaces, links at --rate); "
                          "sets --ranks and --ranks-per-node")
-    ap.add_argument("--rate", default="1gbit", help="with --nodes: each node's link, each direction (tc units)")
+    ap.add_argument("--rate", default=None, help="with --nodes: each node's link, each direction (tc units; "
+                                                 "default 1gbit)")
     ap.add_argument("--model", default="tiny", help="a preset of shard.models")
     for field in ("width", "layers", "heads", "vocab"):
         ap.add_argument(f"--{field}", type=at_least(1), default=None, help=f"the preset's {field}, overridden")
@@ -100,13 +101,17 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--launches", type=at_least(1), default=1,
                     help="launches per run; the one with the median tokens/s is reported, with all of them")
-    ap.add_argument("--out", default="compare-results")
+    ap.add_argument("--out", type=output(directory=True), default="compare-results",
+                    help="the directory the results are written to")
     ap.add_argument("--predict", metavar="PROFILE", default=None,
                     help="also predict each engine run's step (shard/planning/predict.py) with this machine "
                          "profile and the compute time measured here by a compute-only launch")
     ap.add_argument("--worker", help=argparse.SUPPRESS)   # the run, inside its mpiexec launch
     ap.add_argument("--data", help=argparse.SUPPRESS)     # the prepared corpus, for the launches
     args = ap.parse_args(argv)
+    if args.rate is not None and not args.nodes:
+        ap.error(f"--rate {args.rate} shapes emulated nodes' links: give --nodes too")
+    args.rate = args.rate or "1gbit"
     if args.warmup is not None and args.warmup >= args.steps:
         ap.error(f"--warmup ({args.warmup}) must leave timed steps out of --steps ({args.steps})")
     return args
@@ -460,8 +465,8 @@ def main(argv=None) -> None:
         return
     if args.nodes:
         args.ranks, args.ranks_per_node = args.nodes[0] * args.nodes[1], args.nodes[1]
-    names = [n for n in args.runs.split(",") if n]
-    for name in names:
+    runs = args.runs
+    for name in runs:
         parse_run(name)   # a bad name fails here, before anything launches
     if args.ranks_per_node and args.ranks % args.ranks_per_node:
         refuse("shard-compare", f"--ranks-per-node {args.ranks_per_node} does not divide --ranks {args.ranks}")
@@ -485,7 +490,7 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     prepare_data(args)   # once, here: every launch reads it
     rows = []
-    for name in names:
+    for name in runs:
         rows.append(median_launch(args, name))
         print(f"{name}: " + (f"not run ({rows[-1]['not_run']})" if "not_run" in rows[-1] else
                              f"{rows[-1]['tokens_per_s']:.0f} tokens/s"), flush=True)

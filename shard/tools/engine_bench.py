@@ -50,6 +50,7 @@ import sys
 import time
 from pathlib import Path
 
+from runkit.args import output
 from runkit.cpus import available_cores
 
 DEFAULT_STRATEGIES = "ddp,zero1,zero2,zero3,mics,paro-iig,paro-igg,paro-nig"
@@ -79,7 +80,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--algorithm", default="auto", help="pccl algorithm of every collective (default auto)")
     ap.add_argument("--launches", type=int, default=1, help="driver mode: launches per configuration "
                     "(the one with the median step time is reported; default 1)")
-    ap.add_argument("--json", help="driver mode: write all rows to this file")
+    ap.add_argument("--json", type=output(), help="driver mode: write all rows to this file")
     args = ap.parse_args(argv)
     try:
         check(args)

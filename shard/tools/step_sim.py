@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from runkit.args import at_least, fraction, refuse
+from runkit.args import at_least, fraction, names, output, refuse
 from shard.planning.throughput import DEFAULT_MFU
 
 # Ratios the PCCL paper measured with DeepSpeed ZeRO-3 on Frontier, PCCL over RCCL (Section 6.2)
@@ -28,8 +28,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--profile", default="frontier", help="a built-in machine profile or a profile file")
     ap.add_argument("--ranks", default="128:1024", help="world sizes: a, a,b,c or a:b (doubling)")
     ap.add_argument("--ranks-per-node", type=at_least(1), default=None, help="default: the profile's")
-    ap.add_argument("--strategies", default="zero3")
-    ap.add_argument("--comms", default="native,pccl,hierarchical",
+    ap.add_argument("--strategies", type=names, default="zero3")
+    ap.add_argument("--comms", type=names, default="native,pccl,hierarchical",
                     help="collective layers: native (the vendor's), pccl (auto), hierarchical, ho_ring")
     ap.add_argument("--global-batch", type=at_least(1), default=4 * 2 ** 20, help="tokens per step over all ranks")
     ap.add_argument("--seq", type=at_least(1), default=2048)
@@ -40,7 +40,7 @@ def parse(argv=None) -> argparse.Namespace:
                     help="compute efficiency of forward and backward alone (no communication), of the peak")
     ap.add_argument("--peak-tflops", type=fraction(0, float("inf"), low_open=True), default=None,
                     help="default: the profile's device at --precision")
-    ap.add_argument("--json", help="write the rows to this file")
+    ap.add_argument("--json", type=output(), help="write the rows to this file")
     return ap.parse_args(argv)
 
 
@@ -91,7 +91,7 @@ def simulate(args) -> list[dict]:
             topology_for(ranks, profile, args.ranks_per_node, None)
     except (ValueError, OSError, TopologyError) as e:
         refuse("shard-sim", str(e))
-    strategies = [s for s in args.strategies.split(",") if s]
+    strategies = args.strategies
     try:
         for s in strategies:
             Strategy.parse(s)
@@ -100,7 +100,7 @@ def simulate(args) -> list[dict]:
     micro = {ranks: workload(args, ranks) for ranks in worlds}
     tflops = peak(args, profile)
     rate = ComputeRate.on(profile, tflops * 1e12 * args.mfu, f"{args.mfu:.0%} of {tflops} TFLOP/s")
-    comms = [c for c in args.comms.split(",") if c]
+    comms = args.comms
     for c in comms:
         if c not in COMMS:
             refuse("shard-sim", f"unknown collective layer {c!r}; expected one of {tuple(COMMS)}")

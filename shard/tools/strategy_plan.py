@@ -15,7 +15,7 @@ import json
 
 from pccl.tuning import profiles
 from pccl.tuning.profiles import topology_for
-from runkit.args import at_least, fraction, refuse
+from runkit.args import at_least, fraction, names, refuse
 from runkit.sizes import parse_size
 from shard.engine.config import OBJECTIVES
 from shard.engine.strategy import STRATEGIES
@@ -45,7 +45,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
     ap.add_argument("--prefetch", type=at_least(0), default=1)
     ap.add_argument("--objective", default="throughput", choices=OBJECTIVES)
-    ap.add_argument("--strategies", default=None, help="comma-separated; default: all 14 of PaRO's Table 1")
+    ap.add_argument("--strategies", type=names, default=None, help="comma-separated; default: all 14 of PaRO's Table 1")
     ap.add_argument("--groups", default=None,
                     help="comma-separated group sizes, or 'all' (every divisor); default: half a node to 4 nodes")
     ap.add_argument("--algorithms", default="auto", help="comma-separated pccl algorithms to evaluate each with")
@@ -92,7 +92,7 @@ def from_args(args: argparse.Namespace) -> tuple[Job, Cluster, dict]:
         groups = [int(g) for g in args.groups.split(",") if g.strip()]
     keywords = {"objective": args.objective, "groups": groups, "predict_all": args.predict_all,
                 "algorithms": tuple(a for a in args.algorithms.split(",") if a),
-                "strategies": tuple(s for s in args.strategies.split(",") if s) if args.strategies else STRATEGIES}
+                "strategies": tuple(args.strategies) if args.strategies else STRATEGIES}
     return job, cluster, keywords
 
 

@@ -53,6 +53,14 @@ CASES = [
     ("shard-compare", ["--seq", "0"], "expected an integer >= 1"),
     ("shard-compare", ["--launches", "0"], "expected an integer >= 1"),
     ("shard-compare", ["--width", "0"], "expected an integer >= 1"),
+    ("shard-compare", ["--runs", ","], "expected one name or more, comma-separated, got ','"),   # (an empty table)
+    ("shard-compare", ["--rate", "1mbit"], "--rate 1mbit shapes emulated nodes' links: give --nodes too"),
+    ("shard-compare", ["--out", "/dev/null"], "/dev/null is a file, not a directory"),   # (after the launches)
+    ("shard-sim", ["--strategies", ","], "expected one name or more"),
+    ("shard-sim", ["--comms", ""], "expected one name or more"),
+    ("shard-sim", ["--json", "/tmp"], "/tmp is a directory; name the file to write"),   # (after the rows)
+    ("shard-plan", ["--world", "8", "--strategies", ","], "expected one name or more"),   # (min() of nothing)
+    ("pccl-bench", ["--json", "/nonexistent/x.json"], "is in /nonexistent, which does not exist"),
     ("shard-sim", ["--micro-batch", "0"], "expected an integer >= 1, got 0"),
     ("shard-sim", ["--ranks-per-node", "-1"], "expected an integer >= 1, got -1"),
     ("shard-sim", ["--prefetch", "-1"], "expected an integer >= 0, got -1"),
