@@ -397,10 +397,10 @@ def snapshot(path) -> Path:
 def parameters(snap: Path):
     """(name, values) of every parameter of the model a verified snapshot holds, each in
     full, fp32, on the CPU, one at a time, from its files alone (any world size or
-    strategy wrote it): what an export streams. Raises CheckpointError if it is damaged."""
+    strategy wrote it): what an export streams. Raises CheckpointError if it is damaged,
+    at once (not at the first value)."""
     names, read = parameter_reader(snap)
-    for name in names:
-        yield name, read(name)
+    return ((name, read(name)) for name in names)
 
 
 def parameter_reader(snap: Path):

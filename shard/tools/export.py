@@ -41,15 +41,19 @@ def main(argv=None) -> int:
 
     try:
         snap = checkpoint.snapshot(args.path)
+        params = checkpoint.parameters(snap)   # verified against its manifest, before anything is read of it
         cfg = snapshot_config(snap)
         found = run_tokenizer(snap)
-        beside = dict(tokenizer.named_files(found)) if found is not None and found.exists() else {}
+        if found is not None and not found.exists():   # (a data cache cleaned since: it was dropped, silently)
+            raise FileNotFoundError(f"the run's tokenizer {found} (its config.yaml's built.tokenizer) is gone: "
+                                    "restore it, or export from a run that has one")
+        beside = dict(tokenizer.named_files(found)) if found is not None else {}
         tokens = {}
         if beside:   # its ids in config.json: transformers' generate() stops at its end-of-text token
             used = tokenizer.load(found, documents=False)
             tokens = {"eos_token_id": used.eos_id, "bos_token_id": used.prefix[0] if used.prefix else None}
         start = time.perf_counter()
-        out = save_pretrained((cfg, checkpoint.parameters(snap)), args.out, PRECISIONS[args.dtype],
+        out = save_pretrained((cfg, params), args.out, PRECISIONS[args.dtype],
                               int(args.shard_size * 1e9), beside, tokens)
     except (checkpoint.CheckpointError, OSError, ValueError) as e:
         print(f"shard-export: {e}", file=sys.stderr)

@@ -131,7 +131,14 @@ def run_tokenizer(snap: Path) -> Path | None:
     for run in (snap.parent.parent, snap.parent, snap):
         config = run / "config.yaml"
         if config.is_file():
-            built = yaml.safe_load(config.read_text()).get("built") or {}
+            try:
+                written = yaml.safe_load(config.read_text())
+            except yaml.YAMLError as e:
+                raise ValueError(f"{config} is not the run's YAML: {' '.join(str(e).split())}") from None
+            if not isinstance(written, dict):
+                raise ValueError(f"{config} is not the run's configuration (a YAML {type(written).__name__}, not a "
+                                 "mapping)")
+            built = written.get("built") or {}
             found = built.get("tokenizer") or built.get("data")   # runs before streamed data recorded "data" only
             return Path(found) if found else None
     return None

@@ -74,6 +74,18 @@ def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, ca
     cut.mkdir()
     assert export.main([str(cut), "--out", str(tmp_path / "x")]) == 2   # (it said: "LATEST is missing")
     assert f"{cut / 'meta.json'} is missing (the snapshot is incomplete)" in capsys.readouterr().err
+    # a damaged run's files: one line and exit 2 (were tracebacks), and a recorded tokenizer
+    # that is gone is no export without one
+    config = tmp_path / "run" / "config.yaml"
+    for text, message in ((": : :", "config.yaml is not the run's YAML: "),
+                          ("- a", "config.yaml is not the run's configuration (a YAML list, not a mapping)"),
+                          ("built:\n  tokenizer: /nonexistent/tok.json\n", "the run's tokenizer /nonexistent/tok.json "
+                                                                            "(its config.yaml's built.tokenizer) is "
+                                                                            "gone")):
+        config.write_text(text)
+        assert export.main([str(tmp_path / "run"), "--out", str(tmp_path / "x")]) == 2
+        assert message in capsys.readouterr().err, text
+    assert not (tmp_path / "x").exists()
     with pytest.raises(SystemExit) as refused:   # it wrote one file per tensor
         export.main([str(tmp_path / "run"), "--out", str(tmp_path / "y"), "--shard-size", "0"])
     assert refused.value.code == 2 and "expected a number above 0" in capsys.readouterr().err
