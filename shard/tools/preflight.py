@@ -71,6 +71,9 @@ def check(resolved: dict) -> GPTConfig:
     """Check every key of a resolved shard-train configuration (a plain dict, as
     OmegaConf.to_container(cfg, resolve=True) gives); ConfigError names the first bad one.
     Returns the model configuration it builds on the way."""
+    missing = [path for path, value in _leaves(resolved) if value == "???"]
+    if missing:   # (OmegaConf's mark of a value the config leaves to the command line)
+        raise ConfigError(f"{missing[0]} has no value (??? in its config): give one, {missing[0]}=...")
     Settings.of(resolved)
     model = model_config(resolved["model"])
     train = resolved["train"]
@@ -84,6 +87,15 @@ def check(resolved: dict) -> GPTConfig:
         raise ConfigError(f"optim.min_lr={rates['min_lr']} must not exceed optim.lr={rates['lr']}{preset}")
     _data(resolved["data"], model)
     return model
+
+
+def _leaves(node, prefix: str = ""):
+    """(dotted path, value) of every leaf of a nested dict."""
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def model_config(m: dict) -> GPTConfig:

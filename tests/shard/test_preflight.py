@@ -157,6 +157,11 @@ def test_cross_key_checks():
     with pytest.raises(preflight.ConfigError, match=r"model.vocab=100 \(the tokenizer's vocabulary, data.vocab_size "
                                                     r"being null\): data spec: vocab_size must be an int >= 260"):
         preflight.check(with_value(resolved, "model.vocab", 100))
+    # a value the config leaves to the command line (???) is named as such (it was "??? is not a
+    # Hugging Face model directory", "files must be a non-empty list of paths, got '???'")
+    for group, key in (("model=hf", "model.path"), ("data=text", "data.files")):
+        with pytest.raises(preflight.ConfigError, match=rf"^{key} has no value \(\?\?\? in its config\): give one"):
+            preflight.check(composed([group]))
     # ... and only where the error is about the vocabulary (every unknown key's message lists vocab_size)
     with pytest.raises(preflight.ConfigError, match=r"^data spec: unknown key\(s\) \['documentz'\]"):
         preflight.check(with_value(resolved, "data.documentz", 100))
