@@ -85,6 +85,9 @@ def tokenize_corpus(patterns: list[str], tokenizer_path, out, field: str = "text
                 shards = list(pool.map(_shard, tasks))
         else:
             shards = [_shard(t) for t in tasks]
+        if not any(s["documents"] for s in shards):   # (a directory no run could train on)
+            raise readers.CorpusError(f"{', '.join(map(str, patterns))}: no documents (records with text in "
+                                      f"{field!r}) to tokenize")
         manifest = {"format": FORMAT, "dtype": token_dtype(tok.vocab_size).name, "vocab_size": tok.vocab_size,
                     "eos_id": tok.eos_id, "prefix": list(tok.prefix), "field": field, "shards": shards,
                     "documents": sum(s["documents"] for s in shards), "tokens": sum(s["tokens"] for s in shards)}

@@ -359,6 +359,10 @@ def test_a_corpus_tokenized_once_streams_the_same_rows_as_its_text(corpus_dir, t
     assert step_rows(tokens, 6) == step_rows(text, 6)
     with pytest.raises(FileExistsError, match="exists and is not empty"):
         tokenize_corpus([str(corpus_dir / "*")], tok_path, out)
+    (tmp_path / "empty.jsonl").write_text("")   # no documents: no directory no run could train on (was exit 0)
+    with pytest.raises(readers.CorpusError, match="empty.jsonl: no documents"):
+        tokenize_corpus([str(tmp_path / "empty.jsonl")], tok_path, tmp_path / "none", workers=0)
+    assert not (tmp_path / "none").exists()
     other = byte_bpe(tmp_path / "other", "gpt2")
     with pytest.raises(readers.CorpusError, match="tokenized with another tokenizer"):
         corpus_of_tokens = corpus(corpus_dir, str(other / "tokenizer.json"), sources=((str(out),),))
