@@ -61,8 +61,8 @@ CORES_PER_RANK = 2   # compute and communication each on a core of its own, as m
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="shard-bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--strategy", help="one strategy (worker mode, under mpiexec); 'none': no communication")
-    ap.add_argument("--strategies", default=DEFAULT_STRATEGIES,
-                    help="driver mode: comma-separated strategies (default %(default)s)")
+    ap.add_argument("--strategies", default=None,
+                    help=f"driver mode: comma-separated strategies (default {DEFAULT_STRATEGIES})")
     ap.add_argument("--ranks", type=int, default=4, help="driver mode: ranks per launch (default 4)")
     ap.add_argument("--group", type=int, default=2, help="group size M (emulated ranks per node; default 2)")
     ap.add_argument("--prefetch", default=None,
@@ -116,8 +116,14 @@ def check(args: argparse.Namespace) -> None:
     if args.strategy:   # worker: the launch's own size is mpiexec's, checked by the engine
         if args.prefetch is not None and len(args.prefetch) != 1:
             raise ValueError(f"one --prefetch value per worker, got {args.prefetch}")
+        driver = [f"--{k}" for k in ("strategies", "json") if getattr(args, k) is not None]
+        if driver:   # (they were ignored: the row printed, no file written, exit 0)
+            raise ValueError(f"{', '.join(driver)}: driver-mode options; --strategy runs one worker")
+        if args.strategy != "none":
+            Strategy.parse(args.strategy)   # (a bad name was a traceback on every rank, after MPI started)
         args.prefetch = args.prefetch[0] if args.prefetch else 0
         return
+    args.strategies = args.strategies or DEFAULT_STRATEGIES
     if args.ranks % args.group:
         divisors = [d for d in range(1, args.ranks + 1) if args.ranks % d == 0]
         raise ValueError(f"--ranks {args.ranks} is not divisible by --group {args.group}; "

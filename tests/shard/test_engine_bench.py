@@ -112,6 +112,9 @@ def test_strategies_that_gather_parameters_run_once_per_prefetch_value():
     (["--steps", "0"], "--steps must be at least 1"),
     (["--width", "129"], "width 129 must be divisible by heads 2 (the model has width // 64 heads"),
     (["--strategy", "zero3", "--prefetch", "0,1"], "one --prefetch value per worker"),
+    (["--strategy", "foo"], "unknown strategy 'foo'"),   # (a traceback on every rank, after MPI started)
+    (["--strategy", "zero3", "--strategies", "zero1", "--json", "x.json"],   # (ignored, exit 0)
+     "--strategies, --json: driver-mode options; --strategy runs one worker"),
     (["--algorithm", "bogus"], "unknown algorithm 'bogus'"),   # (it failed after the compute-only launch)
     (["--algorithm", "bruck"], "bruck"),   # an all-gather alone: the engine reduce-scatters too
 ])
