@@ -574,6 +574,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if args.device == "cuda" and args.calibrate:
         parser.error("--calibrate measures host buffers; leave out --device cuda")
     world = MPI.COMM_WORLD.size
+    itemsize = DATATYPES[args.datatype].itemsize
+    if not size_sweep(args.minbytes, args.maxbytes, args.stepfactor, world, itemsize):   # (it printed "no rows")
+        parser.error(f"no size from --minbytes {args.minbytes} to --maxbytes {args.maxbytes} splits into {world} "
+                     f"blocks of whole {args.datatype} elements: give --maxbytes {world * itemsize} or more")
     if args.ranks_per_node is not None and world % args.ranks_per_node:
         parser.error(f"--ranks-per-node {args.ranks_per_node} does not divide the {world} ranks")
     if args.device == "cuda" and visible_gpus() == 0:
@@ -656,6 +660,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         todo, skipped_rows = runs(collective, args, comms, gpus)
         for why, labels in skipped_rows.items():
             note(f"# skipped {', '.join(labels)}: {why}")
+        if not todo and args.algorithms:
+            note(f"# skipped {collective}: none of --algorithms {','.join(args.algorithms)} runs it")
         for nbytes in sizes:
             case = Case(collective, nbytes, dtype, args.op, world.rank, ranks, args.device)
             for row in measure(case, todo, args, world):

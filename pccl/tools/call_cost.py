@@ -40,6 +40,8 @@ def main(argv=None) -> None:
     ap.add_argument("--executor", choices=("cpp", "python"), default="cpp")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.bytes % 4:   # (it timed the float32 elements that fit, and reported the bytes asked)
+        ap.error(f"--bytes must be a multiple of 4 (float32 elements), got {args.bytes}")
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
     comm = pccl.init(executor=args.executor)

@@ -1,4 +1,4 @@
-"""Bad flags of every command-line tool (pccl-bench, pccl-sim, shard-compare, shard-sim,
+"""Bad flags of every command-line tool (pccl-bench, pccl-sim, pccl-call-cost, shard-compare, shard-sim,
 shard-plan, the convergence benchmark), table-driven:
 each is refused by the argument parser, before any MPI job, measurement or launch, with
 a message naming the flag and what was expected."""
@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from pccl.tools import bench, sim
+from pccl.tools import bench, call_cost, sim
 from shard.tools import compare, convergence, step_sim, strategy_plan
 
-TOOLS = {"pccl-bench": bench.parse_args, "pccl-sim": sim.parse_args, "shard-compare": compare.parse,
+TOOLS = {"pccl-bench": bench.parse_args, "pccl-sim": sim.parse_args,
+         "pccl-call-cost": call_cost.main, "shard-compare": compare.parse,
          "shard-sim": step_sim.parse, "shard-plan": strategy_plan.parse, "convergence": convergence.parse}
 CASES = [
     ("pccl-bench", ["-b", "12Q"], "size must be"),
@@ -34,6 +35,7 @@ CASES = [
     ("pccl-bench", ["--intra", "smoke"], "invalid choice"),
     ("pccl-bench", ["--device", "tpu"], "invalid choice"),
     ("pccl-bench", ["--device", "cuda", "--calibrate", "p.json"], "--calibrate measures host buffers"),
+    ("pccl-call-cost", ["--bytes", "7"], "--bytes must be a multiple of 4 (float32 elements), got 7"),
     ("pccl-sim", ["--profile", "nowhere"], "no profile 'nowhere'"),
     ("pccl-sim", ["--size", "0"], "--size must be positive"),
     ("pccl-sim", ["--ranks", "0"], "--ranks must be positive"),
@@ -61,6 +63,7 @@ CASES = [
     ("shard-sim", ["--json", "/tmp"], "/tmp is a directory; name the file to write"),   # (after the rows)
     ("shard-plan", ["--world", "8", "--strategies", ","], "expected one name or more"),   # (min() of nothing)
     ("pccl-bench", ["--json", "/nonexistent/x.json"], "is in /nonexistent, which does not exist"),
+    ("pccl-bench", ["-b", "1", "-e", "2"], "no size from --minbytes 1 to --maxbytes 2 splits into 1 blocks"),
     ("shard-sim", ["--micro-batch", "0"], "expected an integer >= 1, got 0"),
     ("shard-sim", ["--ranks-per-node", "-1"], "expected an integer >= 1, got -1"),
     ("shard-sim", ["--prefetch", "-1"], "expected an integer >= 0, got -1"),
