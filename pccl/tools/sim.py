@@ -160,10 +160,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         for name in args.codecs:
             codec(name)
             args.profile_obj.codec_rate(name.removeprefix("p2p:"))
-        args.ranks_list = doubling_range(args.ranks, int)
-        args.sizes = doubling_range(args.size, parse_size)
     except ValueError as e:
         parser.error(str(e))
+    for flag, text, parse in (("--ranks", args.ranks, int), ("--size", args.size, parse_size)):
+        try:   # (a bad one said "invalid literal for int() with base 10", naming no flag)
+            setattr(args, "ranks_list" if flag == "--ranks" else "sizes", doubling_range(text, parse))
+        except ValueError as e:
+            parser.error(f"{flag} {text}: {e}; expected N, N,M,... or N:M (doubling)")
     if not args.ranks_list or min(args.ranks_list) < 1:
         parser.error(f"--ranks must be positive, got {args.ranks!r}")
     if not args.sizes or min(args.sizes) < 1:

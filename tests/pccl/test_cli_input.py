@@ -39,7 +39,7 @@ CASES = [
     ("pccl-sim", ["--profile", "nowhere"], "no profile 'nowhere'"),
     ("pccl-sim", ["--size", "0"], "--size must be positive"),
     ("pccl-sim", ["--ranks", "0"], "--ranks must be positive"),
-    ("pccl-sim", ["--ranks", "x"], "x"),
+    ("pccl-sim", ["--ranks", "x"], "--ranks x: invalid literal"),   # (it named no flag)
     ("pccl-sim", ["--ranks-per-node", "0"], "expected an integer >= 1"),
     ("pccl-sim", ["--nics-per-node", "-2"], "expected an integer >= 1"),
     ("pccl-sim", ["--collective", "gossip"], "invalid choice"),

@@ -403,3 +403,7 @@ def test_network_tier_profiles_carry_sources_and_bad_values_say_why():
                          ({"nics_per_node": True}, "nics_per_node must be a positive integer, got True")):
         with pytest.raises(ValueError, match=message):
             make_profile(**bad)
+    text = {**profiles.load("generic").to_dict()}
+    text["intra"] = {**text["intra"], "bandwidth_GBps": "fast"}   # (float() said only "could not convert")
+    with pytest.raises(ValueError, match=r"here.json: not a valid profile \(TypeError: 'fast' is a string"):
+        Profile.from_dict(text, origin="here.json")

@@ -282,11 +282,16 @@ class Profile:
     def from_dict(cls, data: dict, origin: str = "profile") -> "Profile":
         # Rounded (bytes/s to 1e-3, seconds to 1e-15) so that a file's number reads back as
         # itself after a round trip through to_dict.
+        def number(value) -> float:
+            if isinstance(value, str):   # (float() would take "1e9", and say of "fast" nothing of where)
+                raise TypeError(f"{value!r} is a string, not a number")
+            return float(value)
+
         def gbps(value) -> float:
-            return round(float(value) * 1e9, 3)
+            return round(number(value) * 1e9, 3)
 
         def us(value) -> float:
-            return round(float(value) * 1e-6, 15)
+            return round(number(value) * 1e-6, 15)
 
         try:
             def link(d: dict) -> Link:
@@ -344,7 +349,7 @@ def load(name_or_path) -> Profile:
                          f"or the path of a profile file (pccl-bench --calibrate writes one)")
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"profile file {path} is not valid JSON: {e}") from None
     return Profile.from_dict(data, origin=str(path))
 
