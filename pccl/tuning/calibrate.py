@@ -46,7 +46,8 @@ REPEATS = 5
 # What the MPI library's own collectives run, by the whole buffer's bytes, from its
 # selection code (the library name as MPI_Get_library_version reports it).
 NATIVE_SELECTION = {
-    "MPICH": ({"all_gather": [[524288, "recursive_doubling"], [None, "ring"]],
+    "MPICH": ({"all_gather": [[81920, ["recursive_doubling", "bruck"]], [524288, ["recursive_doubling", "ring"]],
+                              [None, "ring"]],
                "reduce_scatter": [[524288, "recursive_halving"], [None, "pairwise"]],
                "all_reduce": [[9, "recursive_doubling"], [None, "rabenseifner"]]},
               "MPICH's default selection (maint/tuning/coll/mpir/generic.json, compiled into "

@@ -252,12 +252,15 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: Lev
     ranks in group order), one rank per class of pccl.tuning.symmetry (`exact`: every rank,
     each from its own schedule); `scale` converts the group schedule's blocks into caller
     blocks. "native" (either form, NATIVES) is opaque: it is counted as the schedule `natives` names for the
-    collective (the profile's native algorithms), else as the ring. `codec`: the blocks
+    collective (the profile's native algorithms; of a pair, by whether the group's size is a power of two),
+    else as the ring. `codec`: the blocks
     travel compressed with it (collective-level, or per message for a "p2p:" codec)."""
     native = algorithm in NATIVES
+    lay = symmetry.layout(topology, level)
     if native:
         algorithm = dict(natives).get(collective, "ring")
-    lay = symmetry.layout(topology, level)
+        if not isinstance(algorithm, str):   # (on a power-of-two group, on any other)
+            algorithm = algorithm[0] if lay.size & (lay.size - 1) == 0 else algorithm[1]
     size, kind = lay.size, "none" if exact else symmetry_of(algorithm, lay.size)
     cls = symmetry.classes(topology, lay, kind, exact)
     node, nic, group = places(topology)

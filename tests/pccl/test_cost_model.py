@@ -12,7 +12,7 @@ import torch
 from pccl import plans
 from pccl.algorithms import algorithms_for
 from pccl.core.topology import Topology
-from pccl.tuning import cost_model, profiles
+from pccl.tuning import calibrate, cost_model, profiles
 from pccl.tuning.profiles import Link, Network, Profile
 from pccl.tuning.selection import Tuner, bucket, forced
 
@@ -125,7 +125,8 @@ def test_native_is_counted_as_the_profiles_schedule():
         make_profile(native_algorithms=(("all_gather", "pairwise"),))
 
 
-MPICH_BANDS = (("all_gather", ((524288, "recursive_doubling"), (None, "ring"))),
+MPICH_BANDS = (("all_gather", ((81920, ("recursive_doubling", "bruck")), (524288, ("recursive_doubling", "ring")),
+                               (None, "ring"))),
                ("reduce_scatter", ((524288, "recursive_halving"), (None, "pairwise"))),
                ("all_reduce", ((9, "recursive_doubling"), (None, "rabenseifner"))))
 
@@ -145,6 +146,23 @@ def test_native_is_counted_as_its_librarys_schedule_for_each_size_band():
     assert list(vector) == [cost_model.predict("all_gather", "native", topo, mpich, int(n)) for n in sizes]
     assert Profile.from_dict(mpich.to_dict()).native_algorithms == mpich.native_algorithms
     assert Profile.from_dict(json.loads(json.dumps(mpich.to_dict()))) == mpich
+    # MPICH's all-gather on a group whose size is no power of two: Bruck below 80 KiB, the
+    # ring above (it was counted as recursive doubling, folded: 4x the ring at 256 KiB on 12)
+    twelve = Topology.regular(12, 4)
+    for n, schedule in ((4 << 10, "bruck"), (256 << 10, "ring"), (MB, "ring")):
+        assert cost_model.predict("all_gather", "native", twelve, mpich, n) == \
+            cost_model.predict("all_gather", schedule, twelve, mpich, n), n
+    # ... and a plan's native phases by their level's size (4 ranks a node: recursive doubling)
+    three_nodes = Topology.regular(12, 4)
+    spec = plans.Hierarchical(intra="native", inter="ring")
+    assert cost_model.predict("all_gather", spec, three_nodes, mpich, 4 << 10) == \
+        cost_model.predict("all_gather", plans.Hierarchical(intra="recursive_doubling", inter="ring"), three_nodes,
+                           mpich, 4 << 10)
+    assert calibrate.NATIVE_SELECTION["MPICH"][0]["all_gather"] == [[81920, ["recursive_doubling", "bruck"]],
+                                                                     [524288, ["recursive_doubling", "ring"]],
+                                                                     [None, "ring"]]
+    with pytest.raises(ValueError, match="no schedule nor a pair"):
+        make_profile(native_algorithms=(("all_gather", ((None, ("ring", "bruck", "ring")),)),))
     with pytest.raises(ValueError, match="must ascend and end with one for every larger size"):
         make_profile(native_algorithms=(("all_gather", ((512, "ring"),)),))
     with pytest.raises(ValueError, match="must ascend"):

@@ -22,7 +22,9 @@ A profile describes one kind of node and its links:
   native  what the transport's own collective ("native") runs, as its documentation
           says: the schedule per collective, one for every size or one per size band
           ([[below bytes, schedule], ..., [null, schedule]], the whole buffer's bytes, as
-          MPICH's thresholds count them; default ring), and whether it stripes each
+          MPICH's thresholds count them; default ring; a schedule may be a pair
+          [on a power-of-two group, on any other], as MPICH's all-gather runs recursive
+          doubling on the one and Bruck on the other), and whether it stripes each
           inter-node hop over all of a node's NICs, as NCCL's and RCCL's channels do
           (Cray MPICH sends a rank's traffic through one NIC)
   calibration  measured/predicted time of each algorithm auto chooses among (the
@@ -110,7 +112,8 @@ class Profile:
     native_stripes_nics: bool = False
     network: Optional[Network] = None   # the tier above the node, where the machine has one
     # ((collective, ((below bytes, schedule), ..., (inf, schedule))), ...); a name alone
-    # stands for every size; collectives not named: ring
+    # stands for every size; collectives not named: ring. A schedule may be a pair: (on
+    # groups of a power-of-two size, on others)
     native_algorithms: tuple = ()
     codecs: tuple = ()              # ((codec name, CodecRate), ...)
     # ((collective, reduction class, algorithm name, ((bytes, measured/predicted), ...)), ...)
@@ -171,21 +174,26 @@ class Profile:
         """((below bytes, schedule), ...) of a native entry: a name (every size) or size bands
         ending in one for every larger size (inf; null in a file)."""
         bands = ((math.inf, bands),) if isinstance(bands, str) else tuple(
-            (math.inf if below is None else below, name) for below, name in bands)
+            (math.inf if below is None else below, name if isinstance(name, str) else tuple(name))
+            for below, name in bands)
         where = f"profile {self.name!r}: native.algorithms[{collective!r}]"
-        for _, algorithm in bands:
-            if algorithm not in GENERATORS.get(collective, {}):
-                raise ValueError(f"{where} = {algorithm!r} is not a schedule of that collective; expected one of "
-                                 f"{tuple(GENERATORS.get(collective, ()))}")
+        for _, schedule in bands:
+            if not isinstance(schedule, str) and len(schedule) != 2:
+                raise ValueError(f"{where}: {list(schedule)!r} is no schedule nor a pair [on a power-of-two "
+                                 "group, on any other]")
+            for algorithm in (schedule,) if isinstance(schedule, str) else schedule:
+                if algorithm not in GENERATORS.get(collective, {}):
+                    raise ValueError(f"{where} = {algorithm!r} is not a schedule of that collective; expected one "
+                                     f"of {tuple(GENERATORS.get(collective, ()))}")
         limits = [below for below, _ in bands]
         if not bands or limits[-1] != math.inf or limits != sorted(set(limits)):
             raise ValueError(f"{where}: size bands must ascend and end with one for every larger size "
                              f"([null, schedule]), got {bands!r}")
         return bands
 
-    def native_algorithm(self, collective: str, nbytes: float = 0) -> str:
+    def native_algorithm(self, collective: str, nbytes: float = 0):
         """The schedule the transport's own `collective` of `nbytes` (the whole buffer) is
-        counted as."""
+        counted as: a name, or a pair (on a power-of-two group, on any other)."""
         for below, name in dict(self.native_algorithms).get(collective, ((math.inf, "ring"),)):
             if nbytes < below:
                 return name
@@ -263,8 +271,9 @@ class Profile:
                            "source": self.sources.get("reduce", "")},
                 "copy": {"bandwidth_GBps": self.copy_bandwidth / 1e9, "source": self.sources.get("copy", "")},
                 "native": {"stripes_nics": self.native_stripes_nics,
-                           "algorithms": {c: bands[0][1] if len(bands) == 1 else
-                                          [[None if b == math.inf else b, name] for b, name in bands]
+                           "algorithms": {c: bands[0][1] if len(bands) == 1 and isinstance(bands[0][1], str) else
+                                          [[None if b == math.inf else b, name if isinstance(name, str) else
+                                            list(name)] for b, name in bands]
                                           for c, bands in self.native_algorithms},
                            "source": self.sources.get("native", "")},
                 "codecs": {name: {"encode_GBps": r.encode / 1e9, "decode_GBps": r.decode / 1e9,
