@@ -51,13 +51,13 @@ def checked(check: Callable[[str], object]) -> Callable[[str], str]:
     return parse
 
 
-def unwritable(path: Path, directory: bool = False) -> str:
+def unwritable(path: Path, directory: bool = False, parents: bool = False) -> str:
     """Why a file (a `directory`) cannot be written at `path`, or "": a file's directory
-    must be a writable directory (a directory's nearest existing ancestor: it is made with
-    its parents), and the path itself no directory (no file)."""
+    must be a writable directory, or where the writer makes it (`parents`; a directory is
+    made so always) its nearest existing ancestor; the path itself no directory (no file)."""
     if path.is_dir() if not directory else (path.exists() and not path.is_dir()):
         return "is a directory; name the file to write" if not directory else "is a file, not a directory"
-    if not directory and not path.parent.exists():
+    if not (directory or parents) and not path.parent.exists():
         return f"is in {path.parent}, which does not exist"
     ancestor = path if directory and path.is_dir() else path.parent
     while not ancestor.exists():
@@ -69,11 +69,12 @@ def unwritable(path: Path, directory: bool = False) -> str:
     return ""
 
 
-def output(directory: bool = False) -> Callable[[str], str]:
+def output(directory: bool = False, parents: bool = False) -> Callable[[str], str]:
     """An argparse type: a path a file (a `directory`) can be written at, checked before the
-    tool's work ("-": standard output), so minutes of measuring are not lost to a typo."""
+    tool's work ("-": standard output), so minutes of measuring are not lost to a typo;
+    `parents`: the tool makes a file's missing directories."""
     def parse(text: str) -> str:
-        why = "" if text == "-" and not directory else unwritable(Path(text), directory)
+        why = "" if text == "-" and not directory else unwritable(Path(text), directory, parents)
         if why:
             raise argparse.ArgumentTypeError(f"{text} {why}")
         return text

@@ -228,7 +228,8 @@ class FutureWork(dist.Work):
 
 
 class ProcessGroupPccl(dist.ProcessGroup):
-    _coalesced: Optional[list] = None   # the Works issued since _start_coalescing
+    _coalesced: Optional[list] = None   # the Works issued inside the coalescing block
+    _fast = None   # the Work of the latest fast-path coalesced call (torch makes it as a block ends)
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, global_ranks: list[int],
                  options: Optional[Options] = None):
@@ -447,17 +448,19 @@ class ProcessGroupPccl(dist.ProcessGroup):
 
     # torch's coalescing with a device (`_coalescing_manager(device=...)`, DeepSpeed's
     # coalesced calls): the calls inside run as they are issued, in one order on every rank,
-    # and torch waits on the Work _end_coalescing returns alone, so it stands for all of them.
+    # and torch waits on the Work _end_coalescing returns alone, so it stands for all of them:
+    # those issued while torch holds the block open, and the fast-path call it makes (the
+    # captured all-reduces, all-gathers, reduce-scatters) as it closes it.
 
     def _start_coalescing(self, device) -> None:
-        if self._coalesced is not None:
-            raise RuntimeError("pccl backend: coalescing started twice on one group without its end")
-        self._coalesced = []
+        # (a list left over: the last block raised, and torch never called _end_coalescing)
+        self._coalesced, self._fast = [], None
 
     def _end_coalescing(self, device) -> "FutureWork":
         if self._coalesced is None:
             raise RuntimeError("pccl backend: coalescing ended on a group where it had not started")
-        works, self._coalesced = self._coalesced, None
+        works = self._coalesced + ([self._fast] if self._fast is not None else [])
+        self._coalesced, self._fast = None, None
         return all_of(works)
 
     # What is forwarded.
@@ -567,14 +570,24 @@ def all_of(works: list, result=()) -> FutureWork:
     return FutureWork(torch.futures.collect_all([w.get_future() for w in works]).then(finished))
 
 
+# What torch calls as a coalescing block closes, with the calls it captured
+FAST_PATH = ("allreduce_coalesced", "all_gather_single_coalesced", "reduce_scatter_single_coalesced")
+
+
 def _kept_while_coalescing(method):
-    """`method` (a collective returning a Work), its Work also kept between _start_coalescing
-    and _end_coalescing."""
+    """`method` (a collective returning a Work), its Work also kept for _end_coalescing:
+    while torch holds this group's coalescing block open, or as a fast-path call (only the
+    latest: outside a block one is no one's to wait for, and is dropped with the next)."""
+    fast = method.__name__ in FAST_PATH
+
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         work = method(self, *args, **kwargs)
-        if self._coalesced is not None and work is not None:
-            self._coalesced.append(work)
+        if work is not None and self._coalesced is not None:
+            if fast:
+                self._fast = work
+            elif self in c10d._world.pg_coalesce_state:
+                self._coalesced.append(work)
         return work
     return call
 

@@ -561,7 +561,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         help="codecs (int8, bf16, fp16, zfp:RATE) to add rows for: each algorithm (not native) again with "
              "compression, with its max and RMS error against the exact result")
     add("--json", metavar="PATH", type=output(), default=None, help="write the rows as JSON ('-': stdout, no table)")
-    add("--calibrate", metavar="PATH", type=output(), default=None,
+    add("--calibrate", metavar="PATH", type=output(parents=True), default=None,
         help="instead of timing collectives, measure this machine's profile (alpha, bandwidths, and "
              "every algorithm auto chooses among, the native one too, at 4 B, 16 B, ... up to --maxbytes) "
              "and write it to PATH, for PCCL_PROFILE and pccl-sim --profile")

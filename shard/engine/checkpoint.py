@@ -383,8 +383,8 @@ def snapshot(path) -> Path:
     path = Path(path)
     if (path / "meta.json").is_file():
         return path
-    if path.name.startswith("snap-"):   # a snapshot without its manifest (a save cut short, or removed)
-        raise CheckpointError(problems(path))
+    if path.name.startswith("snap-") and not (path / "checkpoints").is_dir() and not (path / "LATEST").is_file():
+        raise CheckpointError(problems(path))   # a snapshot without its manifest (a save cut short, or removed)
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
     for _ in range(LATEST_READS):   # a running job may replace the one LATEST named as it is read

@@ -19,7 +19,7 @@ import torch
 
 from pccl.compression.codecs import codec
 from pccl.tuning.selection import compression_problem
-from shard.engine.strategy import Strategy, StrategyError
+from shard.engine.strategy import Scope, Strategy, StrategyError
 from shard.engine.units import MIN_SHARD_NUMEL
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -90,9 +90,19 @@ class OptimizerConfig:
 
 
 OBJECTIVES = ("throughput", "memory")
-# The collectives each codec compresses: the parameters' all-gathers; the gradients'
-# reductions (reduce-scatters, and the all-reduces of replicated units and DDP)
-COMPRESSED = {"compress_params": ("all_gather",), "compress_grads": ("reduce_scatter", "all_reduce")}
+
+
+def compressed_collectives(strategy, name: str) -> tuple:
+    """The collectives `strategy` certainly runs compressed with the codec of `name`
+    (compress_params, compress_grads): the parameters' all-gathers (unless nothing is
+    sharded); the gradients' reduce-scatters where they are sharded, their all-reduce
+    where not. (A unit too small to shard all-reduces its gradients besides: known only
+    with the model.) None while strategy="auto" is to be chosen."""
+    if not isinstance(strategy, Strategy):
+        return ()
+    if name == "compress_params":
+        return () if strategy.letters == "NNN" else ("all_gather",)
+    return ("all_reduce",) if strategy.grads == Scope.N else ("reduce_scatter",)
 
 
 @dataclass(frozen=True)
@@ -199,7 +209,7 @@ class EngineConfig:
                 raise SettingError(name, f"{name} with {carried}={getattr(self, carried)}: {e}") from None
             # an algorithm that cannot run its collectives compressed (the transport's own, a
             # compressed all-gather on HO-Ring) would fail only at the first forward
-            for collective in COMPRESSED[name] if value is not None else ():
+            for collective in compressed_collectives(self.strategy, name) if value is not None else ():
                 problem = compression_problem(algorithm_for(self.algorithm, collective), collective, value)
                 if problem:
                     raise SettingError(name, f"{name}={value} with algorithm {self.algorithm!r}: {problem}")

@@ -58,7 +58,7 @@ def test_a_profile_without_the_codecs_speed_says_how_to_get_it(tmp_path):
     path = tmp_path / "p.json"
     PROFILE.save(path)
     assert profiles.load(path) == PROFILE   # codec speeds round-trip through the file
-    with pytest.raises(ValueError, match="call must be a number >= 0"):
+    with pytest.raises(ValueError, match="call must be a finite number >= 0"):
         Profile(**{**PROFILE.__dict__, "codecs": (("int8", CodecRate(1e9, 1e9, -1.0)),)})
 
 

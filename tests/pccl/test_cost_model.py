@@ -161,6 +161,9 @@ def test_native_is_counted_as_its_librarys_schedule_for_each_size_band():
     assert calibrate.NATIVE_SELECTION["MPICH"][0]["all_gather"] == [[81920, ["recursive_doubling", "bruck"]],
                                                                      [524288, ["recursive_doubling", "ring"]],
                                                                      [None, "ring"]]
+    # a pair alone stands for every size
+    assert make_profile(native_algorithms=(("all_gather", ("recursive_doubling", "bruck")),)).native_algorithm(
+        "all_gather", 4) == ("recursive_doubling", "bruck")
     with pytest.raises(ValueError, match="no schedule nor a pair"):
         make_profile(native_algorithms=(("all_gather", ((None, ("ring", "bruck", "ring")),)),))
     with pytest.raises(ValueError, match="must ascend and end with one for every larger size"):

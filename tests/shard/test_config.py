@@ -23,7 +23,9 @@ from shard.engine.strategy import Strategy, StrategyError
     # an algorithm that cannot run its collective compressed: at construction, not the first forward
     (lambda: EngineConfig(algorithm="native", compress_params="int8"), ValueError,
      ["compress_params=int8 with algorithm 'native'", "pccl cannot encode"]),
-    (lambda: EngineConfig(algorithm={"reduce_scatter": "ring", "all_reduce": "native"}, compress_grads="int8"),
+    (lambda: EngineConfig(strategy="ddp", algorithm={"reduce_scatter": "ring", "all_reduce": "native"},
+                          compress_grads="int8"), ValueError, ["compress_grads=int8", "'native' is the transport's"]),
+    (lambda: EngineConfig(strategy="zero3", algorithm={"reduce_scatter": "native"}, compress_grads="int8"),
      ValueError, ["compress_grads=int8", "'native' is the transport's own collective"]),
     (lambda: EngineConfig(algorithm="ho_ring", compress_params="int8"), ValueError,
      ["a compressed all-gather cannot run HO-Ring"]),
@@ -52,6 +54,16 @@ def test_bad_values_are_refused_naming_the_field_and_what_was_expected(build, er
         build()
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_a_codec_is_checked_against_the_collectives_the_strategy_compresses():
+    """zero2/zero3 reduce-scatter their gradients and send the all-reduces uncompressed: an
+    all-reduce the transport runs itself is no obstacle to compressed gradients there (it
+    was refused, and those settings train); nor an all-gather where nothing is sharded."""
+    native_all_reduce = {"all_gather": "ring", "reduce_scatter": "ring", "all_reduce": "native"}
+    for strategy in ("zero2", "zero3", "auto"):
+        EngineConfig(strategy=strategy, algorithm=native_all_reduce, compress_grads="int8")
+    EngineConfig(strategy="ddp", algorithm="native", compress_params="int8")
 
 
 def test_keywords_build_the_same_config():

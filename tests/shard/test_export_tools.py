@@ -117,6 +117,19 @@ def test_shard_generate_samples_what_transformers_would(tmp_path, capsys):
         assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_a_run_directory_named_like_a_snapshot_is_a_run_directory(tmp_path):
+    """A run's out_dir may be named snap-...: its checkpoints/LATEST is read, not taken for a
+    snapshot without its manifest (what a snap-* directory without meta.json is)."""
+    run = tmp_path / "snap-lr3e-4"
+    (run / "checkpoints" / "snap-00000010-00000000000000ab").mkdir(parents=True)
+    (run / "checkpoints" / "snap-00000010-00000000000000ab" / "meta.json").write_text("{}")
+    (run / "checkpoints" / "LATEST").write_text("snap-00000010-00000000000000ab")
+    assert checkpoint.snapshot(run) == run / "checkpoints" / "snap-00000010-00000000000000ab"
+    (run / "checkpoints" / "snap-00000020-00000000000000cd").mkdir()   # a save cut short
+    with pytest.raises(checkpoint.CheckpointError, match="meta.json is missing"):
+        checkpoint.snapshot(run / "checkpoints" / "snap-00000020-00000000000000cd")
+
+
 def test_shard_generate_takes_the_newest_run_of_a_directory_of_runs(tmp_path):
     for name in ("a", "b"):
         (tmp_path / name / "checkpoints").mkdir(parents=True)

@@ -173,6 +173,8 @@ class Profile:
     def _bands(self, collective: str, bands) -> tuple:
         """((below bytes, schedule), ...) of a native entry: a name (every size) or size bands
         ending in one for every larger size (inf; null in a file)."""
+        if isinstance(bands, (list, tuple)) and len(bands) == 2 and all(isinstance(b, str) for b in bands):
+            bands = ((math.inf, tuple(bands)),)   # a pair for every size
         bands = ((math.inf, bands),) if isinstance(bands, str) else tuple(
             (math.inf if below is None else below, name if isinstance(name, str) else tuple(name))
             for below, name in bands)

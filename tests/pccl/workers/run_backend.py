@@ -271,6 +271,17 @@ with _coalescing_manager(device=DEVICE, async_ops=True) as cm:
 cm.wait()
 check(all(torch.equal(o.cpu(), torch.arange(1.0, p + 1).repeat_interleave(2)) for o in gathered) and
       not sent.any(), "coalescing with a device: every call inside ran, and the Work waited for them")
+try:   # a call refused inside: torch never ends the block, and the group must not stay in it
+    with _coalescing_manager(device=DEVICE, async_ops=True):
+        dist.all_reduce(torch.ones(2, device=DEVICE), op=dist.ReduceOp.PRODUCT)
+except ValueError:
+    pass
+dist.all_reduce(torch.ones(2, device=DEVICE))
+kept = list(dist.group.WORLD._coalesced or ())
+with _coalescing_manager(device=DEVICE, async_ops=True) as cm:   # (it raised "coalescing started twice")
+    dist.broadcast(sent, 0)
+cm.wait()
+check(not kept, f"after a refused call inside a coalescing block, calls outside it are not kept: {kept}")
 
 # Bad input: a clear error before anything is sent, and the group still works.
 for bad, expected in ((lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.PRODUCT), "ReduceOp.PRODUCT"),
