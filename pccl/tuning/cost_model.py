@@ -253,8 +253,8 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: Lev
     each from its own schedule); `scale` converts the group schedule's blocks into caller
     blocks. "native" (either form, NATIVES) is opaque: it is counted as the schedule `natives` names for the
     collective (the profile's native algorithms; of a pair, by whether the group's size is a power of two),
-    else as the ring. `codec`: the blocks
-    travel compressed with it (collective-level, or per message for a "p2p:" codec)."""
+    else as the ring. `codec`: the blocks travel compressed with it (collective-level, or per message for a
+    "p2p:" codec)."""
     native = algorithm in NATIVES
     lay = symmetry.layout(topology, level)
     if native:
