@@ -129,9 +129,9 @@ def _communicator(c, device: torch.device) -> pccl.Communicator:
 
 def check_algorithms(comm: pccl.Communicator, algorithm, device: torch.device) -> None:
     """comm.algorithm resolved on `comm` for `device` tensors, each collective, before any
-    runs: a form its
-    transport has not (MPI's nonblocking collective over gloo), or a plan it cannot build,
-    is a setting to fix, refused in one line, not a traceback at the first forward."""
+    runs: a form its transport has not (MPI's nonblocking collective over gloo), or a plan
+    it cannot build, is a setting to fix, refused in one line, not a traceback at the first
+    forward."""
     for collective in pccl.COLLECTIVES:
         try:
             comm.selector.resolve(collective, algorithm_for(algorithm, collective), 1 << 20, device.type)
