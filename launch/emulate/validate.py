@@ -73,7 +73,7 @@ def crossing(collective: str, algorithm: str, topology: Topology, prof: profiles
     """(rank, peer, bytes) of every message between nodes in one call, read off the
     schedules (MPI's own collectives: the schedule the profile counts them as)."""
     if algorithm == "native":
-        algorithm = prof.native_algorithm(collective)
+        algorithm = profiles.for_group(prof.native_algorithm(collective), topology.size)
     spec = plans.NAMED.get(algorithm, algorithm)
     for rank in range(topology.size):
         for peer, nbytes in traffic.sent(collective, spec, topology, rank, count, itemsize).items():

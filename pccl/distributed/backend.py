@@ -570,8 +570,10 @@ def all_of(works: list, result=()) -> FutureWork:
     return FutureWork(torch.futures.collect_all([w.get_future() for w in works]).then(finished))
 
 
-# What torch calls as a coalescing block closes, with the calls it captured
-FAST_PATH = ("allreduce_coalesced", "all_gather_single_coalesced", "reduce_scatter_single_coalesced")
+# What torch calls as a coalescing block closes, with the calls it captured (torch 2.11
+# calls the all-gather's and reduce-scatter's "into_tensor" and "tensor" forms)
+FAST_PATH = ("allreduce_coalesced", "all_gather_single_coalesced", "allgather_into_tensor_coalesced",
+             "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced")
 
 
 def _kept_while_coalescing(method):

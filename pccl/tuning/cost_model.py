@@ -58,7 +58,7 @@ from pccl.ir.plan import Combine, Concurrent, Fill, Permute, Phase
 from pccl.ir.schedule import Kind
 from pccl.ir.schedule import runs as runs_of
 from pccl.tuning import symmetry
-from pccl.tuning.profiles import Profile
+from pccl.tuning.profiles import Profile, for_group
 from pccl.tuning.symmetry import Level
 
 
@@ -258,9 +258,7 @@ def group_counts(collective: str, algorithm: str, topology: Topology, level: Lev
     native = algorithm in NATIVES
     lay = symmetry.layout(topology, level)
     if native:
-        algorithm = dict(natives).get(collective, "ring")
-        if not isinstance(algorithm, str):   # (on a power-of-two group, on any other)
-            algorithm = algorithm[0] if lay.size & (lay.size - 1) == 0 else algorithm[1]
+        algorithm = for_group(dict(natives).get(collective, "ring"), lay.size)
     size, kind = lay.size, "none" if exact else symmetry_of(algorithm, lay.size)
     cls = symmetry.classes(topology, lay, kind, exact)
     node, nic, group = places(topology)

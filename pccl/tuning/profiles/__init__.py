@@ -93,6 +93,14 @@ class CodecRate:
     source: str = ""
 
 
+def for_group(schedule, size: int) -> str:
+    """A native band's schedule for a group of `size` ranks: the name, or of a pair (on a
+    power-of-two group, on any other) the one that applies."""
+    if isinstance(schedule, str):
+        return schedule
+    return schedule[0] if size & (size - 1) == 0 else schedule[1]
+
+
 def _finite(value, low: float, open_low: bool = False) -> bool:
     """Whether `value` is a finite number (not a bool) above `low` (or from it): an infinite
     latency made the predictions NaN, and shard-sim's replay of them never ended."""
