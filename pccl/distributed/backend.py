@@ -45,7 +45,6 @@ from pccl.core.topology import Topology
 from pccl.runtime import transport_kinds
 from pccl.runtime.communicator import Communicator, on_callers_stream
 from pccl.runtime.rendezvous import mpi_world
-from pccl.runtime.transport import free_mpi
 
 ReduceOp = dist.ReduceOp
 # Keyed by the op's kind (a ReduceOp object in options wraps it as .op).
@@ -259,7 +258,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
                 self._comms["cpu"] = self._communicator(comm)   # which duplicates it
             finally:
                 if comm is not mpi_world():
-                    free_mpi(comm)
+                    comm.Free()
 
     def _communicator(self, comm) -> Communicator:
         return Communicator(comm, executor=self.options.executor if self.transport == "mpi" else None,

@@ -22,6 +22,13 @@ def as_bytes(t: torch.Tensor):
     return t.view(torch.uint8).numpy()
 
 
+def free_mpi(comm: MPI.Comm) -> None:
+    """MPI_Comm_free `comm`, unless it is freed already or MPI has finalized (at interpreter
+    exit)."""
+    if not MPI.Is_finalized() and comm != MPI.COMM_NULL:
+        comm.Free()
+
+
 class MpiPythonExecutor(ScheduleExecutor):
     def __init__(self, comm: MPI.Comm, timeout: float):
         super().__init__()
@@ -36,8 +43,8 @@ class MpiPythonExecutor(ScheduleExecutor):
     def release(self) -> None:
         """Free its duplicate of the communicator (not once broken: requests it cancelled may
         still be pending)."""
-        if not self.broken and not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
-            self.comm.Free()
+        if not self.broken:
+            free_mpi(self.comm)
 
     def _done(self, reqs, peers: list[int]) -> bool:
         """Testall; an MPI error (a message longer than its receive: ranks passed other

@@ -280,6 +280,8 @@ class Transport:
                 raise ValueError("an 'mpi' sub-communicator needs a Communicator built on an mpi4py communicator")
             if barrier is not None:
                 barrier()
+            from pccl.executors.mpi_python import free_mpi
+
             split = self.mpi_comm.Split(index, members.index(self.rank))
             try:
                 return Transport(split, self.executor, self.timeout)   # which duplicates it
@@ -324,16 +326,10 @@ class Transport:
             if hasattr(executor, "release"):
                 executor.release()
         if self.mpi_comm is not None:
+            from pccl.executors.mpi_python import free_mpi
+
             free_mpi(self.mpi_comm)
             self.mpi_comm = None
-
-
-def free_mpi(comm) -> None:
-    """MPI_Comm_free `comm`, unless MPI has finalized (at interpreter exit)."""
-    from mpi4py import MPI
-
-    if not MPI.Is_finalized() and comm != MPI.COMM_NULL:
-        comm.Free()
 
 
 # What a chosen call runs, on the flat buffers: (output, input), or (tensor,) for all_reduce.

@@ -162,9 +162,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
             args.profile_obj.codec_rate(name.removeprefix("p2p:"))
     except ValueError as e:
         parser.error(str(e))
-    for flag, text, parse in (("--ranks", args.ranks, int), ("--size", args.size, parse_size)):
+    for flag, field, text, parse in (("--ranks", "ranks_list", args.ranks, int),
+                                     ("--size", "sizes", args.size, parse_size)):
         try:   # (a bad one said "invalid literal for int() with base 10", naming no flag)
-            setattr(args, "ranks_list" if flag == "--ranks" else "sizes", doubling_range(text, parse))
+            setattr(args, field, doubling_range(text, parse))
         except ValueError as e:
             parser.error(f"{flag} {text}: {e}; expected N, N,M,... or N:M (doubling)")
     if not args.ranks_list or min(args.ranks_list) < 1:

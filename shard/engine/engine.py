@@ -52,7 +52,7 @@ def compile_forward(module: nn.Module, backend=True) -> None:
     module.forward = torch.compile(module.forward, **({} if backend is True else {"backend": backend}))
 
 
-_PLACEMENT = ("name", "params", "shapes", "offsets", "padded", "start", "end")
+_PLACEMENT = ("params", "shapes", "offsets", "padded", "start", "end")   # of a unit, beside its name
 
 
 def _placement_difference(theirs: dict, mine: dict) -> Optional[str]:

@@ -102,8 +102,9 @@ def main(argv=None) -> int:
     from shard.engine.checkpoint import CheckpointError
     from shard.models.generate import check_seed, generate
 
-    try:   # every sample's seed, before the model loads
-        check_seed(args.seed), check_seed(args.seed + args.samples - 1)
+    try:   # every sample's seed (seed, seed + 1, ...), before the model loads
+        for seed in (args.seed, args.seed + args.samples - 1):
+            check_seed(seed)
     except ValueError as e:
         ap.error(f"--seed {args.seed} with --samples {args.samples}: {e}")
 

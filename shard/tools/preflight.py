@@ -71,7 +71,7 @@ def check(resolved: dict) -> GPTConfig:
     """Check every key of a resolved shard-train configuration (a plain dict, as
     OmegaConf.to_container(cfg, resolve=True) gives); ConfigError names the first bad one.
     Returns the model configuration it builds on the way."""
-    missing = [path for path, value in _leaves(resolved) if value == "???"]
+    missing = [path for path, value in dotted(resolved).items() if value == "???"]
     if missing:   # (OmegaConf's mark of a value the config leaves to the command line)
         raise ConfigError(f"{missing[0]} has no value (??? in its config): give one, {missing[0]}=...")
     Settings.of(resolved)
@@ -89,13 +89,15 @@ def check(resolved: dict) -> GPTConfig:
     return model
 
 
-def _leaves(node, prefix: str = ""):
-    """(dotted path, value) of every leaf of a nested dict."""
-    for key, value in node.items():
+def dotted(tree: dict, prefix: str = "") -> dict:
+    """{"optim.lr": 0.001, ...}: every leaf of a resolved configuration by its dotted key."""
+    flat = {}
+    for key, value in tree.items():
         if isinstance(value, dict):
-            yield from _leaves(value, f"{prefix}{key}.")
+            flat.update(dotted(value, f"{prefix}{key}."))
         else:
-            yield f"{prefix}{key}", value
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def model_config(m: dict) -> GPTConfig:

@@ -237,17 +237,6 @@ def _data_spec(d, vocab: int, model_dir: Optional[str]) -> dict:
     return spec
 
 
-def _settings(tree: dict, prefix: str = "") -> dict:
-    """{"optim.lr": 0.001, ...}: every leaf of a resolved configuration by its dotted key."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_settings(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def check_same_config(comm: pccl.Communicator, device: torch.device, resolved: dict) -> None:
     """Every rank runs rank 0's configuration (collective): a rank launched with another
     (an override on some nodes only) trained its shard at its own learning rate, silently,
@@ -255,7 +244,7 @@ def check_same_config(comm: pccl.Communicator, device: torch.device, resolved: d
     what differs. train.out_dir may (a time in its default): rank 0's is every rank's."""
     if comm.size == 1:
         return
-    mine = {k: v for k, v in _settings(resolved).items() if k != "train.out_dir"}
+    mine = {k: v for k, v in preflight.dotted(resolved).items() if k != "train.out_dir"}
     theirs = comm.broadcast_object(mine)
     differing = sorted(set(mine) ^ set(theirs) | {k for k in set(mine) & set(theirs) if mine[k] != theirs[k]})
     counts = [int(row[0]) for row in _gather(comm, device, [len(differing)])]
