@@ -7,7 +7,7 @@
 // fits. pccl reduces blocks at any element offset: the few elements before the buffers
 // reach a vector boundary, and those after the last whole vector, go one at a time. When
 // the buffers' offsets differ modulo the vector, a narrower vector (down to one element)
-// is used.
+// is used; a buffer off its element's alignment (an encoding at any byte) moves bytes.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -55,20 +55,41 @@ template <> struct Raw<1> { using type = uint8_t; };
 
 template <typename T, int N> struct Vec { T v[N]; };
 
-// p must be aligned to N * sizeof(T) (the launcher's head guarantees it). memcpy between
-// registers compiles to nothing and keeps the type punning defined.
+// p must be aligned to N * sizeof(T) where N > 1 (the launcher's head guarantees it). One
+// element may sit at any byte: an encoding packed after another in a message (int8's is
+// any number of bytes long) puts a bf16 or fp16 wire value at an odd address, which a
+// 2-byte load stops the kernel on (misaligned address), as the CPU's memcpy does not. So
+// a lone element off its alignment moves a byte at a time (the branch is uniform over a
+// buffer). memcpy between registers compiles to nothing and keeps the type punning defined.
+template <typename T>
+__device__ bool off_alignment(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % sizeof(T) != 0;
+}
+
 template <int N, typename T>
 __device__ Vec<T, N> load_vec(const T* p) {
   static_assert(N * sizeof(T) <= 16, "vectors are at most 16 bytes");
+  Vec<T, N> x;
+  if (N == 1 && off_alignment(p)) {
+    unsigned char b[sizeof(T)];
+    for (size_t k = 0; k < sizeof(T); ++k) b[k] = reinterpret_cast<const unsigned char*>(p)[k];
+    memcpy(&x, b, sizeof b);
+    return x;
+  }
   using R = typename Raw<N * sizeof(T)>::type;
   const R r = *reinterpret_cast<const R*>(p);
-  Vec<T, N> x;
   memcpy(&x, &r, sizeof r);
   return x;
 }
 
 template <int N, typename T>
 __device__ void store_vec(T* p, const Vec<T, N>& x) {
+  if (N == 1 && off_alignment(p)) {
+    unsigned char b[sizeof(T)];
+    memcpy(b, &x, sizeof b);
+    for (size_t k = 0; k < sizeof(T); ++k) reinterpret_cast<unsigned char*>(p)[k] = b[k];
+    return;
+  }
   using R = typename Raw<N * sizeof(T)>::type;
   R r;
   memcpy(&r, &x, sizeof r);

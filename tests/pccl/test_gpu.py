@@ -270,8 +270,9 @@ def test_gpu_codecs_at_element_offsets(name, dtype, n):
     the kernels' scalar heads and narrower vectors. At offset 4 a 2-byte type's 8-value
     vectors straddle int8 groups (the group count is odd for n = 300 and (1 << 16) + 5). An
     encoding packed after another in a message (a schedule's run of blocks) starts at any
-    byte: int8's scales are read and written a byte at a time, where a float load would
-    stop the kernel with a misaligned address."""
+    byte: int8's scales, and a bf16 or fp16 wire value at an odd byte, are read and written a
+    byte at a time, where a float or 2-byte load would stop the kernel with a misaligned
+    address (as the bf16 and fp16 cases at odd bytes did on an H200 before it)."""
     from pccl.compression.codecs import codec
 
     c = codec(name)
