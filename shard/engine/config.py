@@ -150,6 +150,11 @@ class EngineConfig:
     min_shard_numel: int = MIN_SHARD_NUMEL   # smaller units stay replicated (DDP-like)
     algorithm: Union[str, dict] = "auto"   # pccl algorithm of every collective, or a dict per collective name
     activation_checkpointing: bool = False
+    # release each unit's gathered (or cast) parameters after its forward and gather them
+    # again for its backward (True, as ZeRO-3 and FSDP2's default), or keep them until its
+    # backward (False, FSDP2's reshard_after_forward=False): one gather per unit and step
+    # instead of two, for the whole model's parameters in the compute dtype at the peak
+    reshard_after_forward: bool = True
     # torch.compile each unit's forward (as torchtitan compiles each block under FSDP2), the
     # engine's hooks outside the compiled code: False, True (inductor) or a torch.compile
     # backend's name ("aot_eager": the same graphs, no code generation)
@@ -188,6 +193,9 @@ class EngineConfig:
         if not isinstance(self.activation_checkpointing, bool):
             raise SettingError("activation_checkpointing", f"activation_checkpointing must be True or False, got "
                                                            f"{self.activation_checkpointing!r}")
+        if not isinstance(self.reshard_after_forward, bool):
+            raise SettingError("reshard_after_forward", f"reshard_after_forward must be True or False, got "
+                                                        f"{self.reshard_after_forward!r}")
         if not isinstance(self.compile, (bool, str)) or self.compile == "":
             raise SettingError("compile", f"compile must be True, False or a torch.compile backend such as "
                                           f"'inductor', got {self.compile!r}")

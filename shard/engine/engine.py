@@ -373,6 +373,8 @@ class Engine:
                                 "tensor: it gathers a unit's parameters again for its backward when the gradient "
                                 "reaches its output's tensors; return tensors (or tuples, lists, dicts of them), or "
                                 "register the type with torch.utils._pytree")
+            if not self.config.reshard_after_forward:
+                return   # kept for the backward, which releases it (_reduce)
         u.release()
 
     def _count_gather(self, u: ShardedUnit, prefetched: bool) -> None:
@@ -496,8 +498,8 @@ class Engine:
         if not self._micro_batches:
             raise RuntimeError("step() needs at least one backward() since the last step (the optimizer's step "
                                "asks the engine for the gradients of the backward passes since)")
-        if self.root is not None:
-            self.root.release()
+        for u in self.units:   # the root, and what a forward without its backward kept (reshard_after_forward)
+            u.release()
         for handle in self._reductions:
             handle.wait()
         self._reductions, self._settled = [], 0
@@ -637,6 +639,8 @@ class Engine:
                 "size, strategy or units, go through a checkpoint (shard.engine.checkpoint: save, load)")
         for piece, target in zip(state["units"], mine["units"]):
             target["master"].copy_(piece["master"])
+        for u in self.units:   # parameters kept from a forward are the old master's
+            u.release()
         self._refresh("update")
         self.ledger.reset()   # restoring is not training traffic
 

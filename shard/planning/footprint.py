@@ -160,13 +160,14 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
               micro_batch: int, seq_len: int, precision: str = "fp32", reduce_dtype: str = "fp32",
               checkpointing: bool = False, prefetch: int = 1, prefetch_bytes=None,
               min_shard_numel: int = MIN_SHARD_NUMEL, micro_batches: int = 1,
-              landing_buffers: bool = True) -> Footprint:
+              landing_buffers: bool = True, reshard_after_forward: bool = True) -> Footprint:
     """The engine's memory per rank training `cfg` cut into `sizes` (unit_sizes of the
     model) with these settings (EngineConfig's names), `micro_batches` per step.
     `landing_buffers`: the reductions run pccl's schedules, whose received blocks land in a
     workspace (the planner's assumption: the larger; see `workspace` above); False where
     they run the transport's own (MPI's, NCCL's), which keeps its buffers outside torch's
-    allocator."""
+    allocator. `reshard_after_forward=False`: each unit's gathered parameters are kept from
+    its forward to its backward, so the forward ends holding all of them."""
     state = model_state(sizes, strategy, world, group, precision, reduce_dtype, min_shard_numel)
     ce, re = _element(precision), _element(reduce_dtype)
     tokens = micro_batch * seq_len
@@ -192,6 +193,9 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
                 break
             held += full(u) * ce
         ahead = max(ahead, held)
+    kept = not reshard_after_forward   # every unit's gathered parameters, from its forward to its backward
+    if kept:
+        ahead = sum(full(u) for u in runs) * ce
     largest = max((full(u) for u in sizes if u.name != ROOT), default=0)
     root_numel = sum(full(u) for u in sizes if u.name == ROOT)
     # units whose gradients are reduced per micro-batch (a G scope that splits them)
@@ -214,17 +218,20 @@ def footprint(cfg: GPTConfig, sizes: list[UnitSize], strategy: Strategy, world: 
     # recomputation made, the reductions before it in flight) and as it ends (its
     # activations freed, its .grad made and copied into its flat buffer)
     held_through = parts["gathered"] + root_numel * ce + in_flight * re + parts["workspace"]
-    backward, arrived, freed = 0, 0, 0
+    # (kept parameters: those of the units whose backward is done are released)
+    backward, arrived, freed, released = 0, 0, 0, 0
     for u in reversed([u for u in sizes if u.name != ROOT]):
         own = block_bytes(cfg, tokens, ce, checkpointing) if u.name.startswith("blocks.") else 0
-        kept = activations - head_bytes(cfg, tokens, ce) - freed
-        starts = kept + recompute + held_through + arrived
+        left = activations - head_bytes(cfg, tokens, ce) - freed
+        starts = left + recompute + held_through - released + arrived
         arrived += _gradient_bytes(full(u), scoped(u), world, group, reduce_dtype) if one else 0
-        ends = kept - own + held_through + full(u) * ce + arrived
+        ends = left - own + held_through - released + full(u) * ce + arrived
         backward = max(backward, starts, ends)
         freed += own
+        if kept and u in runs:
+            released += full(u) * ce
     moments = {
-        "loss": activations + parts["loss"] + root,
+        "loss": activations + parts["loss"] + root + (ahead if kept else 0),
         "unit backward": backward,
         # every gradient, and the largest per-step reduction's landing buffer (and its result
         # before the cast)

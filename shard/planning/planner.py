@@ -64,6 +64,7 @@ class Job:
     prefetch: int = 1
     prefetch_bytes: Optional[int] = None
     min_shard_numel: int = MIN_SHARD_NUMEL
+    reshard_after_forward: bool = True
     name: str = "model"
 
     def __post_init__(self) -> None:
@@ -284,7 +285,7 @@ def sized(job: Job, cluster: Cluster, *, strategies=STRATEGIES, groups=None, alg
         f = footprint(job.cfg, sizes, strategy, world, group, micro_batch=job.micro_batch, seq_len=job.seq,
                       precision=job.precision, reduce_dtype=job.reduce, checkpointing=job.checkpointing,
                       prefetch=job.prefetch, prefetch_bytes=job.prefetch_bytes, min_shard_numel=job.min_shard_numel,
-                      micro_batches=job.micro_batches)
+                      micro_batches=job.micro_batches, reshard_after_forward=job.reshard_after_forward)
         memory = {**f.parts, "peak": f.peak, "moment": f.phase}
         for algorithm in algorithms:
             out.append(Candidate(strategy, group, algorithm, memory, f.peak <= cluster.usable,
@@ -321,7 +322,8 @@ def make_plan(job: Job, cluster: Cluster, *, objective: str = "throughput", stra
                                   algorithm=c.algorithm,
                                   precision=job.precision, reduce_dtype=job.reduce, prefetch=job.prefetch,
                                   prefetch_bytes=job.prefetch_bytes, min_shard_numel=job.min_shard_numel,
-                                  activation_checkpointing=job.checkpointing)
+                                  activation_checkpointing=job.checkpointing,
+                                  reshard_after_forward=job.reshard_after_forward)
     if objective == "memory":
         key = lambda c: (c.memory["peak"], -c.step["tokens_per_s"])   # noqa: E731
     else:
@@ -375,7 +377,8 @@ def plan_for(model: torch.nn.Module, comm, config: EngineConfig, workload: Optio
         raise PlanError("strategy='auto' measures the device it plans for: give the engine a real device "
                         "(device=)")
     job = Job(cfg, workload.seq, workload.micro_batch, workload.micro_batches, config.precision, config.reduce_dtype,
-              config.activation_checkpointing, config.prefetch, config.prefetch_bytes, config.min_shard_numel)
+              config.activation_checkpointing, config.prefetch, config.prefetch_bytes, config.min_shard_numel,
+              config.reshard_after_forward)
     peak, _ = peak_tflops(device, config.precision)
     memory = config.auto.memory or device_memory(device, comm.topology.ranks_per_node)
     flops = peak * 1e12 * DEFAULT_MFU if peak else measured_flops(cfg, workload, device, config.precision)

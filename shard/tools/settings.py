@@ -263,6 +263,7 @@ class Strategy(Section):
     prefetch_bytes: Any = checked_by("EngineConfig")   # cap on the bytes prefetched units hold
     min_shard_numel: Any = checked_by("EngineConfig")  # smaller units stay replicated
     activation_checkpointing: Any = checked_by("EngineConfig")
+    reshard_after_forward: Any = checked_by("EngineConfig")   # false: keep each unit's parameters to its backward
     reduce_dtype: Any = checked_by("EngineConfig")     # gradient reduction dtype: fp32 | bf16 | fp16
     auto: Optional[Auto] = section(Auto, optional=True)   # how strategy=auto chooses
 

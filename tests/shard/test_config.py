@@ -42,6 +42,7 @@ from shard.engine.strategy import Strategy, StrategyError
     (lambda: EngineConfig(algorithm=3), ValueError, ["algorithm must be a pccl algorithm name", "got 3"]),
     (lambda: EngineConfig(activation_checkpointing="yes"), ValueError,
      ["activation_checkpointing must be True or False", "'yes'"]),
+    (lambda: EngineConfig(reshard_after_forward=0), ValueError, ["reshard_after_forward must be True or False", "0"]),
     (lambda: EngineConfig(optimizer={"lr": 1e-3}), TypeError, ["unexpected keyword argument 'optimizer'"]),
     (lambda: OptimizerConfig.given(None, {"lr": 0}), ValueError, ["lr must be a positive number", "0"]),
     (lambda: OptimizerConfig.given(None, {"learning_rate": 1e-3}), TypeError,

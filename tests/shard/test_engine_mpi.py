@@ -209,6 +209,20 @@ def test_prefetch_starts_each_gather_before_the_unit_runs(report, ranks, group):
     assert run["gathers/prefetch=1"] == {"needed": units * passes * steps, "prefetched": (units - 1) * passes}
 
 
+@pytest.mark.parametrize("ranks,group", CONFIGS, ids=[f"p{p}g{g}" for p, g in CONFIGS])
+def test_keeping_each_units_parameters_to_its_backward_trains_alike_and_gathers_once(report, ranks, group):
+    """reshard_after_forward=False: the same losses and parameters as gathering again for
+    the backward, bit for bit; the backward sends only the gradients' reductions, so its
+    bytes fall by exactly the forward's gathers (every unit gathered once per micro-batch
+    either way in the forward), and the update's are unchanged."""
+    run = equivalence(report, ranks, group)["reshard"]
+    assert run["same_losses"] and run["same_state"]
+    (forward, backward, update), kept = run["released"], run["kept"]
+    assert kept[0] == forward and kept[2] == update
+    assert backward - kept[1] == forward
+    assert (forward > 0) == (ranks > 1)   # one rank gathers nothing
+
+
 @pytest.mark.parametrize("case,expected", [
     ("unknown", "StrategyError: unknown strategy 'zero9'"),
     ("principle", "Principle 1"),

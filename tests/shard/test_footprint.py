@@ -3,6 +3,7 @@ memory_report for every strategy, and its peak against the bytes a training step
 measured by a hook that sees every tensor torch allocates (a TorchDispatchMode that adds
 each new storage's bytes and subtracts them when the storage is freed)."""
 import weakref
+from functools import partial
 
 import pytest
 import torch
@@ -78,20 +79,22 @@ class LiveBytes(TorchDispatchMode):
                                  GPTConfig(vocab=512, context=128, width=256, layers=4, heads=4),
                                  GPTConfig(vocab=8192, context=128, width=64, layers=2, heads=4),   # the loss
                                  GPTConfig.preset("llama_tiny", context=128)])
-@pytest.mark.parametrize("strategy,precision,checkpointing,micro_batches", [
-    ("zero3", "fp32", False, 2), ("zero3", "fp32", True, 2), ("zero3", "bf16", False, 1), ("zero3", "bf16", False, 2),
-    ("NGG", "bf16", False, 1), ("NGG", "bf16", True, 2)])
+@pytest.mark.parametrize("strategy,precision,checkpointing,micro_batches,reshard", [
+    ("zero3", "fp32", False, 2, True), ("zero3", "fp32", True, 2, True), ("zero3", "bf16", False, 1, True),
+    ("zero3", "bf16", False, 2, True), ("NGG", "bf16", False, 1, True), ("NGG", "bf16", True, 2, True),
+    ("zero3", "bf16", False, 1, False), ("zero3", "bf16", True, 2, False), ("NGG", "bf16", False, 2, False)])
 def test_the_peak_is_within_10_percent_of_a_measured_step(comm, engines, cfg, strategy, precision, checkpointing,
-                                                          micro_batches):
+                                                          micro_batches, reshard):
     """One rank, one or two micro-batches per step: the peak of the backward passes and of
-    the whole step against the model's. The lanes run their collectives on the loop's
-    thread (as they do over NCCL), so the hook, which sees one thread, sees them too."""
+    the whole step against the model's, with each unit's parameters released after its
+    forward (reshard) or kept to its backward. The lanes run their collectives on the
+    loop's thread (as they do over NCCL), so the hook, which sees one thread, sees them too."""
     micro_batch, seq = 2, 128
     with LiveBytes() as live:
         model = GPT(cfg)
         sizes = unit_sizes(model)
         engine = Engine(model, comm, strategy=strategy, precision=precision, reduce_dtype=precision,
-                        activation_checkpointing=checkpointing)
+                        activation_checkpointing=checkpointing, reshard_after_forward=reshard)
         engines.append(engine)
         optimizer = ShardedAdamW(engine)
         engine.gathers.inline = engine.reductions.inline = True
@@ -104,7 +107,8 @@ def test_the_peak_is_within_10_percent_of_a_measured_step(comm, engines, cfg, st
             optimizer.step()
         del model
     f = footprint(cfg, sizes, Strategy.parse(strategy), 1, 1, micro_batch=micro_batch, seq_len=seq,
-                  precision=precision, reduce_dtype=precision, checkpointing=checkpointing, micro_batches=micro_batches)
+                  precision=precision, reduce_dtype=precision, checkpointing=checkpointing, micro_batches=micro_batches,
+                  reshard_after_forward=reshard)
     held = f.peak - f.moments[f.phase]   # the model state (without gradients with one micro-batch a step)
     predicted_backward = held + max(f.moments["loss"], f.moments["unit backward"])
     assert 0.9 <= predicted_backward / backward <= 1.1, (predicted_backward, backward, f.moments)
@@ -185,3 +189,74 @@ def test_a_world_of_one_keeps_no_copy_of_the_master_weights(comm, engines):
     assert all(u.full is None for u in engine.units if u is not engine.root)
     assert all(p.numel() == 0 for u in engine.units if u is not engine.root for p in u.flat.params)
     assert engine.memory_report()["parameters"] == 0
+
+
+def test_keeping_parameters_from_forward_to_backward_casts_once_and_trains_alike(comm, engines):
+    """reshard_after_forward=False at world 1 in bf16: each unit's cast is made once per
+    micro-batch (its forward's, kept for its backward) instead of twice, the parameters are
+    released by the backward, and the losses and master weights after three steps of two
+    micro-batches are bit for bit those of the default (the same casts, made once)."""
+    cfg = GPTConfig(vocab=256, context=32, width=64, layers=3, heads=4)
+    batches = [torch.randint(0, cfg.vocab, (2, 17), generator=torch.Generator().manual_seed(s)) for s in range(6)]
+    runs = {}
+    for reshard in (True, False):
+        torch.manual_seed(0)
+        engine = Engine(GPT(cfg), comm, strategy="zero3", precision="bf16", reshard_after_forward=reshard)
+        engines.append(engine)
+        optimizer = ShardedAdamW(engine, lr=1e-2)
+        casts, start = [], type(engine.units[1]).start_gather
+
+        def counted(unit, lane, stage, start=start):
+            casts.append(unit.full is None)
+            start(unit, lane, stage)
+        engine_units = [u for u in engine.units if u is not engine.root]
+        for u in engine_units:
+            u.start_gather = partial(counted, u)
+        losses = []
+        for step in range(3):
+            for tokens in batches[2 * step:2 * step + 2]:
+                loss = next_token_loss(engine, tokens)
+                assert all((u.full is None) == reshard for u in engine_units)   # kept to the backward, or not
+                engine.backward(loss)
+                assert all(u.full is None for u in engine_units)   # the backward released them
+                losses.append(loss.item())
+            optimizer.step()
+        runs[reshard] = losses, engine.master.clone(), sum(casts)
+    (kept_losses, kept_master, kept_casts), (losses, master, casts) = runs[False], runs[True]
+    assert kept_losses == losses and torch.equal(kept_master, master)
+    units = len(engine_units)
+    assert (casts, kept_casts) == (2 * units * 6, units * 6)
+
+
+def test_the_model_counts_the_parameters_kept_from_forward_to_backward(comm, engines):
+    """Where parameters outweigh activations (a wide model, 2 x 16 tokens, two micro-batches
+    a step, so the second forward runs beside the first one's gradients), the step's bytes
+    above the model state without gradients, measured, against the model's, with the
+    parameters released after each unit's forward and kept to its backward: the two differ
+    by more than the 10% allowed either way (measured: 1.28x), so a model that ignored the
+    setting would fail here."""
+    cfg = GPTConfig(vocab=256, context=16, width=256, layers=4, heads=4)
+    tokens = torch.randint(0, cfg.vocab, (2, 17), generator=torch.Generator().manual_seed(0))
+    measured = {}
+    for reshard in (True, False):
+        with LiveBytes() as live:
+            model = GPT(cfg)
+            sizes = unit_sizes(model)
+            engine = Engine(model, comm, strategy="zero3", precision="bf16", reduce_dtype="bf16",
+                            reshard_after_forward=reshard)
+            engines.append(engine)
+            optimizer = ShardedAdamW(engine)
+            engine.gathers.inline = engine.reductions.inline = True
+            for step in range(2):   # the second step is measured: optimizer state exists
+                before = live.peak = live.now
+                for _ in range(2):
+                    engine.backward(next_token_loss(engine, tokens))
+                measured[reshard] = live.peak - before
+                optimizer.step()
+            del model
+        f = footprint(cfg, sizes, Strategy.parse("zero3"), 1, 1, micro_batch=2, seq_len=16, precision="bf16",
+                      reduce_dtype="bf16", micro_batches=2, reshard_after_forward=reshard)
+        predicted = f.peak - (sum(model_state(sizes, Strategy.parse("zero3"), 1, 1, "bf16", "bf16").values()) -
+                              f.parts["gradients"])
+        assert 0.9 <= predicted / measured[reshard] <= 1.1, (reshard, predicted, measured[reshard], f.moments)
+    assert measured[False] > 1.25 * measured[True], measured   # > 1.1 / 0.9: no one prediction passes both

@@ -110,6 +110,7 @@ def equivalence(group: int) -> dict:
         if name == "GGG":
             report_bf16_gathers(report)
             report_prefetch(report)
+            report_reshard(report, group)
         grad_norms, states = round_trip(strategy, group)
         if RANK == 0:
             report[f"{name}/round_trip"] = {"grad_norms": grad_norms, "max_diff": max(
@@ -132,6 +133,25 @@ def report_prefetch(report: dict) -> None:
             optimizer.step()
         report[f"gathers/prefetch={prefetch}"] = engine.comm_report()["gathers"]
         engine.close()
+
+
+def report_reshard(report: dict, group: int) -> None:
+    """ZeRO-3 with each unit's gathered parameters kept from its forward to its backward
+    (reshard_after_forward=False) and released and gathered again (the default): whether
+    the losses and final parameters are the same bit for bit, and the bytes each stage
+    sent (ring, summed over ranks)."""
+    runs = {}
+    for reshard in (True, False):
+        engine, _, losses = engine_run("mlp", "zero3", STEPS, group, algorithm="ring", reshard_after_forward=reshard)
+        sent = engine.comm_report()
+        runs[reshard] = losses, engine.full_state_dict(), comm_sum(
+            [sent[s]["intra"] + sent[s]["inter"] for s in ("forward", "backward", "update")])
+        engine.close()
+    if RANK == 0:
+        (losses, state, traffic), (kept_losses, kept_state, kept_traffic) = runs[True], runs[False]
+        report["reshard"] = {"same_losses": losses == kept_losses,
+                             "same_state": all(torch.equal(state[k], kept_state[k]) for k in state),
+                             "released": traffic, "kept": kept_traffic}
 
 
 def report_bf16_gathers(report: dict) -> None:
