@@ -278,12 +278,15 @@ def deepspeed_config(args) -> dict:
 
 class EngineRun(Run):
     """The shard engine with a strategy, its collectives on a layer of COMMS, its
-    parameters and gradients sent compressed by `codec` (None: uncompressed), and with
-    `compiled` each unit's forward compiled."""
+    parameters and gradients sent compressed by `codec` (None: uncompressed), with `kept`
+    each unit's parameters kept from its forward to its backward (reshard_after_forward=
+    False), and with `compiled` each unit's forward compiled."""
 
-    def __init__(self, strategy: str, comm: str, codec: Optional[str] = None, compiled: bool = False) -> None:
-        self.strategy, self.comm, self.codec, self.compiled = strategy, comm, codec, compiled
-        self.name = f"{strategy}-{comm}" + (f"+{codec}" if codec else "") + ("+compile" if compiled else "")
+    def __init__(self, strategy: str, comm: str, codec: Optional[str] = None, compiled: bool = False,
+                 kept: bool = False) -> None:
+        self.strategy, self.comm, self.codec, self.compiled, self.kept = strategy, comm, codec, compiled, kept
+        self.name = (f"{strategy}-{comm}" + (f"+{codec}" if codec else "") + ("+keep" if kept else "") +
+                     ("+compile" if compiled else ""))
         self.comm_at_state: Optional[dict] = None
 
     def set_up(self, model, world, args) -> None:
@@ -300,7 +303,8 @@ class EngineRun(Run):
                          interruptible=transport == "mpi")   # as shard-train
         self.engine = Engine(model.to(device), comm, EngineConfig(
             strategy=self.strategy, algorithm=COMMS[self.comm], group_size=args.ranks_per_node or world.size,
-            precision=args.precision, compile=self.compiled, compress_params=self.codec, compress_grads=self.codec))
+            precision=args.precision, compile=self.compiled, compress_params=self.codec, compress_grads=self.codec,
+            reshard_after_forward=not self.kept))
         self.optimizer = ShardedAdamW(self.engine, betas=BETAS, eps=EPS, weight_decay=0.0)
         self.params, self.world = model.cfg.num_params(), world.size
         self.half = args.precision == "bf16"   # PaRO's mixed precision: bf16 parameters and gradients
@@ -333,6 +337,8 @@ class EngineRun(Run):
                 "table2_bytes": {part: table2[part] for part in STATE_PARTS}}
 
 
+FLAGS = ("keep", "compile")   # a run name's extras that are not codecs
+
 PLAIN = {"eager": lambda: EagerRun(False), "eager-compile": lambda: EagerRun(True),
          "fsdp2": lambda: Fsdp2Run("gloo"), "fsdp2-compile": lambda: Fsdp2Run("gloo", compiled=True),
          "fsdp2-pccl": lambda: Fsdp2Run("pccl"), "deepspeed-zero3": DeepSpeedRun}
@@ -340,21 +346,20 @@ PLAIN = {"eager": lambda: EagerRun(False), "eager-compile": lambda: EagerRun(Tru
 
 def parse_run(name: str) -> Run:
     """The run a name stands for: eager, eager-compile, fsdp2, fsdp2-compile, fsdp2-pccl,
-    deepspeed-zero3 or STRATEGY-COMM[+CODEC][+compile]; a clear error for a name the tool
-    does not know, before anything launches."""
+    deepspeed-zero3 or STRATEGY-COMM[+CODEC][+keep][+compile]; a clear error for a name the
+    tool does not know, before anything launches."""
     from shard.engine.strategy import Strategy
 
     if name in PLAIN:
         return PLAIN[name]()
     run, *extras = name.split("+")
-    compiled = "compile" in extras
-    codecs = [e for e in extras if e != "compile"]
+    codecs = [e for e in extras if e not in FLAGS]
     if len(codecs) > 1:
-        refuse("shard-compare", f"run {name!r} names two codecs; expected STRATEGY-COMM[+CODEC][+compile]")
+        refuse("shard-compare", f"run {name!r} names two codecs; expected STRATEGY-COMM[+CODEC][+keep][+compile]")
     strategy, _, comm = run.rpartition("-")
     if comm not in COMMS or not strategy:
         refuse("shard-compare", f"unknown run {run!r}; expected one of {tuple(PLAIN)} or "
-                                f"STRATEGY-COMM[+CODEC][+compile] with COMM one of {tuple(COMMS)}")
+                                f"STRATEGY-COMM[+CODEC][+keep][+compile] with COMM one of {tuple(COMMS)}")
     try:   # an unknown codec or strategy: one line, not a traceback
         if codecs:
             from pccl.compression.codecs import codec
@@ -363,13 +368,13 @@ def parse_run(name: str) -> Run:
         Strategy.parse(strategy)
     except ValueError as e:
         refuse("shard-compare", f"run {name!r}: {e}")
-    return EngineRun(strategy, comm, codecs[0] if codecs else None, compiled)
+    return EngineRun(strategy, comm, codecs[0] if codecs else None, "compile" in extras, "keep" in extras)
 
 
 def loss_tolerance(name: str, precision: str = "fp32") -> float:
     """The tolerance agreement() holds a run to: a compressed run (+CODEC) does other math
     on purpose, and bf16 runs round differently in each framework."""
-    compressed = any(e != "compile" for e in name.split("+")[1:])
+    compressed = any(e not in FLAGS for e in name.split("+")[1:])
     if compressed:
         return COMPRESSED_LOSS_TOLERANCE
     return BF16_LOSS_TOLERANCE if precision == "bf16" else LOSS_TOLERANCE

@@ -208,7 +208,7 @@ def test_each_run_name_maps_to_its_run_and_bad_names_say_what_was_expected():
         assert type(run) is EngineRun and (run.strategy, run.comm, run.codec) == (strategy, comm, codec), name
         assert run.name == name
     expected = (r"expected one of \('eager', 'eager-compile', 'fsdp2', 'fsdp2-compile', 'fsdp2-pccl', "
-                r"'deepspeed-zero3'\) or STRATEGY-COMM\[\+CODEC\]\[\+compile\] with COMM one of "
+                r"'deepspeed-zero3'\) or STRATEGY-COMM\[\+CODEC\]\[\+keep\]\[\+compile\] with COMM one of "
                 r"\('native', 'pccl', 'hierarchical', 'ho_ring'\)")
     for bad in ("fsdp3", "zero3-gloo", "zero3", "-native", "deepspeed-zero2", "zero3-gloo+int8"):
         with pytest.raises(SystemExit, match=f"unknown run '{bad.partition('+')[0]}'; {expected}"):
@@ -241,6 +241,9 @@ def test_plain_pytorch_and_compiled_runs_by_name():
         parse_run("zero3-pccl+int8+bf16")
     assert loss_tolerance("zero3-pccl+compile") == 1e-4 and loss_tolerance("zero3-pccl+compile", "bf16") == 2 ** -8
     assert loss_tolerance("zero3-pccl+int8+compile") == 0.02
+    kept = parse_run("zero3-pccl+keep+compile")   # reshard_after_forward=False: the same math, held alike
+    assert kept.kept and kept.compiled and kept.codec is None and kept.name == "zero3-pccl+keep+compile"
+    assert not parse_run("zero3-pccl").kept and loss_tolerance("zero3-pccl+keep", "bf16") == 2 ** -8
 
 
 def test_emulated_nodes_launch_through_launch_emulate():
