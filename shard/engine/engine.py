@@ -293,7 +293,10 @@ class Engine:
 
     def _refresh(self, stage: str) -> None:
         """Parameter shards of their own from the master weights (units whose shard is the
-        master's need nothing: a world of 1, DDP, ZeRO-3 and MiCS have none)."""
+        master's need nothing: a world of 1, DDP, ZeRO-3 and MiCS have none); parameters a
+        forward kept (reshard_after_forward=False) are the old master's, and are released."""
+        for u in self.units:
+            u.release()
         if all(u.local_refresh for u in self.units):
             return
 
@@ -387,7 +390,9 @@ class Engine:
         if not ahead or current not in order:
             return
         at = order.index(current)
-        held = sum(u.held_bytes for u in self.units if u is not current and u is not self.root)
+        # the units ahead whose gathers started (those behind are released, or kept for their
+        # backward: reshard_after_forward=False; neither is a prefetch)
+        held = sum(u.held_bytes for u in order[at + 1:])
         for u in order[at + 1:at + 1 + ahead]:
             if u.casts_params:   # made when needed: nothing to overlap
                 continue
@@ -461,7 +466,10 @@ class Engine:
             return None
         self._this_backward.append(u)
         u.pending = u.trainable
-        self._count_gather(u, u.ensure_gathered(self.gathers, "backward"))
+        kept = u.full is not None and u.gathering is None   # from its forward (reshard_after_forward=False)
+        prefetched = u.ensure_gathered(self.gathers, "backward")
+        if not kept:
+            self._count_gather(u, prefetched)
         self._prefetch(self._backward_order, u, "backward")
         self._mark("backward", u)
         return None
@@ -639,8 +647,6 @@ class Engine:
                 "size, strategy or units, go through a checkpoint (shard.engine.checkpoint: save, load)")
         for piece, target in zip(state["units"], mine["units"]):
             target["master"].copy_(piece["master"])
-        for u in self.units:   # parameters kept from a forward are the old master's
-            u.release()
         self._refresh("update")
         self.ledger.reset()   # restoring is not training traffic
 

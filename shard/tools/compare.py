@@ -400,7 +400,7 @@ def predicted(args, rows: list[dict], probe: dict) -> None:
         p = predict_step(model, topology, profile, Workload(args.seq, args.batch, args.micro), rate,
                          shared_cores=True, strategy=run.strategy, algorithm=COMMS[run.comm],
                          group_size=topology.ranks_per_node,   # CPU ranks: cores compute and drive MPI
-                         precision=args.precision)
+                         precision=args.precision, reshard_after_forward=not run.kept)
         r.update(predicted_step_s=p["step_s"], predicted_tokens_per_s=p["tokens_per_s"],
                  predicted_exposed_s=p["exposed_s"], predicted_compute_s=p["compute_s"],
                  predicted_comm_s=p["comm_s"], prediction_error=p["step_s"] / r["step_time_s"] - 1,

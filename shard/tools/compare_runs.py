@@ -353,6 +353,11 @@ def parse_run(name: str) -> Run:
     if name in PLAIN:
         return PLAIN[name]()
     run, *extras = name.split("+")
+    if run in PLAIN:
+        refuse("shard-compare", f"run {name!r}: +CODEC, +keep and +compile apply to the engine's runs "
+                                f"(STRATEGY-COMM) only; {run!r} takes none")
+    if len(set(extras)) < len(extras):
+        refuse("shard-compare", f"run {name!r} names a suffix twice; expected STRATEGY-COMM[+CODEC][+keep][+compile]")
     codecs = [e for e in extras if e not in FLAGS]
     if len(codecs) > 1:
         refuse("shard-compare", f"run {name!r} names two codecs; expected STRATEGY-COMM[+CODEC][+keep][+compile]")

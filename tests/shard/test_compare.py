@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from shard.tools.compare import compared, markdown
+from shard.tools.compare import compared, markdown, parse
 from shard.tools.compare_runs import DeepSpeedRun, EngineRun, Fsdp2Run, parse_run
 from tests.support.mpirun import ROOT, job_env
 
@@ -121,7 +121,7 @@ def test_rounding_agrees_and_a_real_divergence_is_flagged(tmp_path):
     is flagged, in fp32 and in bf16 alike. (The previous rule, 2% of the loss in bf16,
     passed the lost gradients.)"""
     from shard.models import GPT
-    from shard.tools.compare import learning_rates, model_config, parse, prepare_data, rank_batches, step_batches
+    from shard.tools.compare import learning_rates, model_config, prepare_data, rank_batches, step_batches
     from shard.tools.compare_runs import EagerRun, agreement, loss_tolerance
 
     args = parse(["--ranks", "1", "--steps", "8", "--batch", "4", "--seq", "32", "--width", "64", "--layers", "2",
@@ -244,6 +244,22 @@ def test_plain_pytorch_and_compiled_runs_by_name():
     kept = parse_run("zero3-pccl+keep+compile")   # reshard_after_forward=False: the same math, held alike
     assert kept.kept and kept.compiled and kept.codec is None and kept.name == "zero3-pccl+keep+compile"
     assert not parse_run("zero3-pccl").kept and loss_tolerance("zero3-pccl+keep", "bf16") == 2 ** -8
+    for bad, said in (("fsdp2+keep", "apply to the engine's runs"), ("fsdp2-pccl+keep", "'fsdp2-pccl' takes none"),
+                      ("eager+compile", "apply to the engine's runs"), ("zero3-pccl+keep+keep", "a suffix twice")):
+        with pytest.raises(SystemExit, match=said):
+            parse_run(bad)
+
+
+def test_the_prediction_of_a_keep_run_has_no_backward_gathers():
+    """--predict predicts each engine run as it runs: +keep (reshard_after_forward=False)
+    gathers no parameters in the backward, so less communication than ZeRO-3's default."""
+    from shard.tools.compare import predicted
+
+    args = parse(["--ranks", "2", "--width", "64", "--seq", "32", "--batch", "2", "--predict", "emulated-1gbit"])
+    rows = [{"name": name, "step_time_s": 1.0} for name in ("zero3-native", "zero3-native+keep")]
+    predicted(args, rows, {"fb_s": 1e-3, "update_s_per_element": 1e-9})
+    default, kept = rows
+    assert 0 < kept["predicted_comm_s"] < default["predicted_comm_s"]
 
 
 def test_emulated_nodes_launch_through_launch_emulate():

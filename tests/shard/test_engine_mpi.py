@@ -214,13 +214,26 @@ def test_keeping_each_units_parameters_to_its_backward_trains_alike_and_gathers_
     """reshard_after_forward=False: the same losses and parameters as gathering again for
     the backward, bit for bit; the backward sends only the gradients' reductions, so its
     bytes fall by exactly the forward's gathers (every unit gathered once per micro-batch
-    either way in the forward), and the update's are unchanged."""
+    either way in the forward), and the update's are unchanged; the gathers counted are the
+    forward's, and a prefetch cap counts only the gathers started ahead, not the units the
+    forward kept behind."""
     run = equivalence(report, ranks, group)["reshard"]
     assert run["same_losses"] and run["same_state"]
     (forward, backward, update), kept = run["released"], run["kept"]
     assert kept[0] == forward and kept[2] == update
     assert backward - kept[1] == forward
     assert (forward > 0) == (ranks > 1)   # one rank gathers nothing
+    gathers, capped = run["gathers"], run["capped"]
+    units = 5   # the MLP's
+    if ranks == 1:   # fp32 at world 1: nothing gathered, nothing counted
+        assert gathers["kept"] == gathers["released"] == capped["kept"] == {"needed": 0, "prefetched": 0}
+        return
+    # kept: the backward gathers nothing, and counts nothing
+    assert gathers["kept"]["needed"] * 2 == gathers["released"]["needed"]
+    # prefetch capped at two units' bytes: every unit but the first finds its gather started,
+    # whatever the forward kept behind it
+    assert capped["kept"] == {"needed": units, "prefetched": units - 1}
+    assert capped["released"] == {"needed": 2 * units, "prefetched": 2 * (units - 1)}
 
 
 @pytest.mark.parametrize("case,expected", [

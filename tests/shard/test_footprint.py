@@ -260,3 +260,21 @@ def test_the_model_counts_the_parameters_kept_from_forward_to_backward(comm, eng
                               f.parts["gradients"])
         assert 0.9 <= predicted / measured[reshard] <= 1.1, (reshard, predicted, measured[reshard], f.moments)
     assert measured[False] > 1.25 * measured[True], measured   # > 1.1 / 0.9: no one prediction passes both
+
+
+def test_parameters_a_forward_kept_are_not_used_once_the_master_changes(comm, engines):
+    """reshard_after_forward=False: a forward whose backward never comes keeps each unit's
+    cast; once the master weights change (written, then refresh(), as a user may), the next
+    forward computes with the new ones, as the default's does."""
+    cfg = GPTConfig(vocab=256, context=32, width=64, layers=3, heads=4)
+    tokens = torch.randint(0, cfg.vocab, (2, 17), generator=torch.Generator().manual_seed(0))
+    losses = {}
+    for reshard in (True, False):
+        torch.manual_seed(0)
+        engine = Engine(GPT(cfg), comm, strategy="zero3", precision="bf16", reshard_after_forward=reshard)
+        engines.append(engine)
+        next_token_loss(engine, tokens)   # no backward
+        engine.master.mul_(0.5)
+        engine.refresh()
+        losses[reshard] = next_token_loss(engine, tokens).item()
+    assert losses[False] == losses[True]

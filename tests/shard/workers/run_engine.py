@@ -138,20 +138,39 @@ def report_prefetch(report: dict) -> None:
 def report_reshard(report: dict, group: int) -> None:
     """ZeRO-3 with each unit's gathered parameters kept from its forward to its backward
     (reshard_after_forward=False) and released and gathered again (the default): whether
-    the losses and final parameters are the same bit for bit, and the bytes each stage
-    sent (ring, summed over ranks)."""
+    the losses and final parameters are the same bit for bit, the bytes each stage sent
+    (ring, summed over ranks), the gathers counted, and those of one step with prefetch
+    capped at two units' bytes (the orders known from the step before)."""
     runs = {}
     for reshard in (True, False):
         engine, _, losses = engine_run("mlp", "zero3", STEPS, group, algorithm="ring", reshard_after_forward=reshard)
         sent = engine.comm_report()
         runs[reshard] = losses, engine.full_state_dict(), comm_sum(
-            [sent[s]["intra"] + sent[s]["inter"] for s in ("forward", "backward", "update")])
+            [sent[s]["intra"] + sent[s]["inter"] for s in ("forward", "backward", "update")]), sent["gathers"]
+        engine.close()
+    capped = {}
+    for reshard in (True, False):
+        torch.manual_seed(0)
+        model = MLP()
+        engine, optimizer = sharded(model, comm, strategy="zero3", units=model.units(), min_shard_numel=0,
+                                    reshard_after_forward=reshard,
+                                    prefetch_bytes=2 * 4 * (max(sum(p.numel() for p in u.parameters())
+                                                                for u in model.units()) + N))
+        x, y = my_micro_batch(global_batch("mlp", 0), 0)
+        for step in range(2):
+            engine.comm_report(reset=True)
+            engine.backward(mlp_loss(engine(x), y))
+            optimizer.step()
+        capped[reshard] = engine.comm_report()["gathers"]
         engine.close()
     if RANK == 0:
-        (losses, state, traffic), (kept_losses, kept_state, kept_traffic) = runs[True], runs[False]
+        (losses, state, traffic, gathers), (kept_losses, kept_state, kept_traffic, kept_gathers) = \
+            runs[True], runs[False]
         report["reshard"] = {"same_losses": losses == kept_losses,
                              "same_state": all(torch.equal(state[k], kept_state[k]) for k in state),
-                             "released": traffic, "kept": kept_traffic}
+                             "released": traffic, "kept": kept_traffic,
+                             "gathers": {"released": gathers, "kept": kept_gathers},
+                             "capped": {"released": capped[True], "kept": capped[False]}}
 
 
 def report_bf16_gathers(report: dict) -> None:
