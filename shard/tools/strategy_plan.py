@@ -43,6 +43,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
     ap.add_argument("--reduce-dtype", default=None, choices=("fp32", "bf16", "fp16"), help="default: --precision")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
+    ap.add_argument("--keep-parameters", action="store_true",
+                    help="keep each unit's gathered parameters from its forward to its backward "
+                         "(the engine's reshard_after_forward=False): one gather per unit and micro-batch")
     ap.add_argument("--prefetch", type=at_least(0), default=1)
     ap.add_argument("--objective", default="throughput", choices=OBJECTIVES)
     ap.add_argument("--strategies", type=names, default=None, help="comma-separated; default: all 14 of PaRO's Table 1")
@@ -84,7 +87,8 @@ def from_args(args: argparse.Namespace) -> tuple[Job, Cluster, dict]:
     cluster = Cluster(topology, profile, memory, rate, args.headroom, peak, args.shared_cores)
     job = Job.for_global_batch(cfg, args.world, args.global_batch, args.seq, args.micro_batch,
                                precision=args.precision, reduce_dtype=args.reduce_dtype,
-                               checkpointing=args.checkpointing, prefetch=args.prefetch, name=args.model)
+                               checkpointing=args.checkpointing, prefetch=args.prefetch,
+                               reshard_after_forward=not args.keep_parameters, name=args.model)
     groups = None
     if args.groups == "all":
         groups = group_sizes(args.world, topology.ranks_per_node, every=True)
@@ -100,7 +104,8 @@ def table(plan: StrategyPlan) -> str:
     c, job = plan.cluster, plan.job
     head = [f"# {job.name}: {job.cfg.num_params() / 1e9:.3g}B parameters, {job.micro_batches} micro-batch(es) of "
             f"{job.micro_batch} x {job.seq} tokens per rank per step, {job.precision}"
-            f"{', activation checkpointing' if job.checkpointing else ''}, prefetch {job.prefetch}",
+            f"{', activation checkpointing' if job.checkpointing else ''}, prefetch {job.prefetch}"
+            f"{', parameters kept to the backward' if not job.reshard_after_forward else ''}",
             f"# {c.topology.size} ranks ({c.topology.ranks_per_node} per node), profile {c.profile.name}, "
             f"{in_gib(c.memory)} per device, {in_gib(c.usable)} usable",
             *(f"# assumed: {a}" for a in plan.assumptions),

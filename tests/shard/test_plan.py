@@ -150,6 +150,21 @@ def test_shard_plan_prints_json_with_chosen_and_rows(capsys):
     assert out["cluster"]["memory_bytes"] == 40 * GIB
 
 
+def test_shard_plan_with_parameters_kept_counts_them_and_drops_the_backward_gathers(capsys):
+    """--keep-parameters (reshard_after_forward=False): the gathered parameters grow to the
+    whole model's in bf16 (the root and a unit's before), and the predicted communication
+    falls (no gathers in the backward)."""
+    rows = {}
+    for keep in ([], ["--keep-parameters"]):
+        main(["--model", "gpt_125m", "--world", "8", "--ranks-per-node", "8", "--profile", "dgx-h100",
+              "--global-batch", str(8 * 2048 * 2), "--strategies", "zero3", "--json", *keep])
+        rows[bool(keep)] = json.loads(capsys.readouterr().out)["chosen"]
+    kept, default = rows[True], rows[False]
+    params = GPTConfig.preset("gpt_125m").num_params()
+    assert kept["memory"]["gathered"] >= 2 * params > 2 * default["memory"]["gathered"]   # bf16: 2 bytes each
+    assert kept["memory"]["peak"] > default["memory"]["peak"] and kept["comm_s"] < default["comm_s"]
+
+
 def test_shard_plan_refuses_bad_input(capsys):
     with pytest.raises(SystemExit, match="not a whole number of micro-batches"):
         main(["--world", "1000", "--profile", "frontier"])
