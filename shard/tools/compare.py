@@ -66,14 +66,24 @@ import time
 from pathlib import Path
 
 from runkit.args import at_least, names, output, refuse
-from shard.tools.compare_runs import BETAS, COMMS, EPS, EngineRun, agreement, autocast, loss_tolerance, parse_run
+from shard.tools.compare_runs import (
+    BETAS,
+    COMMS,
+    ENGINE_RUN,
+    EPS,
+    EngineRun,
+    agreement,
+    autocast,
+    loss_tolerance,
+    parse_run,
+)
 
 
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="shard-compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=names, default="fsdp2,fsdp2-pccl,zero3-native,zero3-pccl",
                     help="comma-separated: eager, eager-compile, fsdp2, fsdp2-compile, fsdp2-pccl, deepspeed-zero3, "
-                         "STRATEGY-COMM[+CODEC][+keep][+compile]")
+                         f"{ENGINE_RUN}")
     ap.add_argument("--ranks", type=at_least(1), default=2)
     ap.add_argument("--ranks-per-node", type=at_least(1), default=None, help="emulated nodes of consecutive ranks")
     ap.add_argument("--nodes", type=nodes, default=None, metavar="NxM",

@@ -338,6 +338,7 @@ class EngineRun(Run):
 
 
 FLAGS = ("keep", "compile")   # a run name's extras that are not codecs
+ENGINE_RUN = "STRATEGY-COMM[+CODEC][+keep][+compile]"   # how an engine run is named
 
 PLAIN = {"eager": lambda: EagerRun(False), "eager-compile": lambda: EagerRun(True),
          "fsdp2": lambda: Fsdp2Run("gloo"), "fsdp2-compile": lambda: Fsdp2Run("gloo", compiled=True),
@@ -346,8 +347,8 @@ PLAIN = {"eager": lambda: EagerRun(False), "eager-compile": lambda: EagerRun(Tru
 
 def parse_run(name: str) -> Run:
     """The run a name stands for: eager, eager-compile, fsdp2, fsdp2-compile, fsdp2-pccl,
-    deepspeed-zero3 or STRATEGY-COMM[+CODEC][+keep][+compile]; a clear error for a name the
-    tool does not know, before anything launches."""
+    deepspeed-zero3 or ENGINE_RUN; a clear error for a name the tool does not know, before
+    anything launches."""
     from shard.engine.strategy import Strategy
 
     if name in PLAIN:
@@ -357,14 +358,14 @@ def parse_run(name: str) -> Run:
         refuse("shard-compare", f"run {name!r}: +CODEC, +keep and +compile apply to the engine's runs "
                                 f"(STRATEGY-COMM) only; {run!r} takes none")
     if len(set(extras)) < len(extras):
-        refuse("shard-compare", f"run {name!r} names a suffix twice; expected STRATEGY-COMM[+CODEC][+keep][+compile]")
+        refuse("shard-compare", f"run {name!r} names a suffix twice; expected {ENGINE_RUN}")
     codecs = [e for e in extras if e not in FLAGS]
     if len(codecs) > 1:
-        refuse("shard-compare", f"run {name!r} names two codecs; expected STRATEGY-COMM[+CODEC][+keep][+compile]")
+        refuse("shard-compare", f"run {name!r} names two codecs; expected {ENGINE_RUN}")
     strategy, _, comm = run.rpartition("-")
     if comm not in COMMS or not strategy:
         refuse("shard-compare", f"unknown run {run!r}; expected one of {tuple(PLAIN)} or "
-                                f"STRATEGY-COMM[+CODEC][+keep][+compile] with COMM one of {tuple(COMMS)}")
+                                f"{ENGINE_RUN} with COMM one of {tuple(COMMS)}")
     try:   # an unknown codec or strategy: one line, not a traceback
         if codecs:
             from pccl.compression.codecs import codec
