@@ -18,6 +18,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from types import CodeType
 from typing import Callable, Optional, Union
 
 import torch
@@ -45,11 +46,28 @@ WRAPPED = "_wrapped_by_shard_engine"
 REDUCING_AT_ONCE = 2
 
 
+# a calling frame of its own per module class: see compile_forward
+_CALLERS: dict[type, CodeType] = {}
+
+
 def compile_forward(module: nn.Module, backend=True) -> None:
     """torch.compile the module's forward alone, so hooks on the module run around it,
     outside the compiled code (as torchtitan compiles each block under FSDP2). `backend`:
-    True for torch.compile's default (inductor), or a backend's name."""
-    module.forward = torch.compile(module.forward, **({} if backend is True else {"backend": backend}))
+    True for torch.compile's default (inductor), or a backend's name.
+
+    dynamo keeps its compiled variants (each shape, grad mode) per code object, at most
+    torch._dynamo.config.recompile_limit (8) of them, and runs the rest uncompiled. torch
+    compiles a torch.nn module's forward (an embedding, a LayerNorm) through one wrapper
+    shared by all of them, so a model's root modules, trained and then evaluated at a few
+    shapes, filled that one budget. The forward is called here from a frame whose code
+    object is its class's own: one budget per class, and instances of a class (the blocks)
+    still share their compiled graphs."""
+    forward = module.forward
+
+    def call(*args, **kwargs):
+        return forward(*args, **kwargs)
+    call.__code__ = _CALLERS.setdefault(type(module), call.__code__.replace(co_name=f"{type(module).__name__}_forward"))
+    module.forward = torch.compile(call, **({} if backend is True else {"backend": backend}))
 
 
 _PLACEMENT = ("params", "shapes", "offsets", "padded", "start", "end")   # of a unit, beside its name

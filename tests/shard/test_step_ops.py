@@ -160,6 +160,30 @@ def test_compiled_units_train_as_the_eager_engine(comm, engines, strategy, check
     assert losses["aot_eager"] == pytest.approx(losses[False], rel=1e-5)
 
 
+def test_each_compiled_module_class_keeps_its_own_budget_of_compiled_variants(comm, engines):
+    """dynamo compiles at most recompile_limit (8) variants (shapes, grad modes) per code
+    object and runs the rest uncompiled; torch's own wrapper for a torch.nn module's forward
+    is one code object for all of them. A GPT trained, then evaluated without gradients at
+    three shapes, then trained again: each compiled module class has a budget of its own, so
+    no variant is refused (with torch's wrapper, the root's embeddings and LayerNorm filled
+    the one budget and the ninth variant was refused: fail_on_recompile_limit_hit raises)."""
+    cfg = dataclasses.replace(gpt(2, width=64), context=32)
+    optimizer = built(comm, engines, cfg, strategy="zero3", precision="bf16", compile="aot_eager")
+    engine = optimizer.engine
+    tokens = torch.randint(0, cfg.vocab, (2, 17), generator=torch.Generator().manual_seed(0))
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        for shapes in ([], [(2, 17), (1, 9), (3, 13)], []):
+            for batch, length in shapes:
+                with torch.no_grad():
+                    next_token_loss(engine, torch.randint(0, cfg.vocab, (batch, length)))
+            for _ in range(2):
+                engine.backward(next_token_loss(engine, tokens))
+                optimizer.step()
+    compiled = [engine.model.embed, engine.model.head, *(u.unit.module for u in engine.units if u is not engine.root)]
+    callers = {type(m): m.forward._torchdynamo_orig_callable.__code__ for m in compiled}
+    assert len(set(callers.values())) == len(callers)   # one frame per class, shared by its instances
+
+
 def test_one_rank_waits_for_no_communication(comm, engines):
     """A world of 1 hands nothing to the lanes: no exposed communication, no other waits."""
     cfg = gpt(2, width=64)
