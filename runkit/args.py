@@ -82,10 +82,15 @@ def output(directory: bool = False, parents: bool = False) -> Callable[[str], st
     return parse
 
 
+def comma_names(text: str) -> list[str]:
+    """The names in comma-separated `text`, stripped, empty ones left out."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def names(text: str) -> list[str]:
     """An argparse type: comma-separated names, at least one (',' named none, and a tool
     printed an empty table with exit status 0)."""
-    given = [name.strip() for name in text.split(",") if name.strip()]
+    given = comma_names(text)
     if not given:
         raise argparse.ArgumentTypeError(f"expected one name or more, comma-separated, got {text!r}")
     return given

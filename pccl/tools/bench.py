@@ -34,7 +34,7 @@ from pccl.tools.cli import comma_list, size_arg, size_sweep, time_calls
 from pccl.tuning import self_calibration
 from pccl.tuning.calibrate import calibrate
 from pccl.tuning.cost_model import calibrated
-from runkit.args import at_least, output
+from runkit.args import at_least, comma_names, output
 from runkit.files import write_atomic
 from runkit.sizes import parse_size
 
@@ -520,7 +520,7 @@ def write_json(rows: list[Row], path: str) -> None:
 
 def codec_list(text: str) -> list[str]:
     """An argparse type: a comma-separated list of codec names (pccl.compression.codecs)."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
+    names = comma_names(text)
     try:
         for name in names:
             codec(name)

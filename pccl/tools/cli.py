@@ -9,6 +9,7 @@ from typing import Callable
 
 from mpi4py import MPI
 
+from runkit.args import comma_names
 from runkit.sizes import parse_size
 
 
@@ -79,7 +80,7 @@ def size_arg(text: str) -> int:
 def comma_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
     """An argparse type: a comma-separated list of names from `choices`."""
     def parse(text: str) -> list[str]:
-        names = [name.strip() for name in text.split(",") if name.strip()]
+        names = comma_names(text)
         unknown = [name for name in names if name not in choices]
         if unknown or not names:
             raise argparse.ArgumentTypeError(f"expected a comma list from {', '.join(choices)}, got {text!r}")

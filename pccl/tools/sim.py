@@ -33,7 +33,7 @@ from pccl.core.topology import Topology, TopologyError
 from pccl.tuning import cost_model, profiles
 from pccl.tuning.profiles import topology_for
 from pccl.tuning.selection import Tuner
-from runkit.args import at_least, refuse
+from runkit.args import at_least, comma_names, refuse
 from runkit.files import write_atomic
 from runkit.sizes import doubling_range, parse_size, size_label
 
@@ -156,7 +156,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         args.profile_obj = profiles.load(args.profile)
-        args.codecs = tuple(c.strip() for c in args.compression.split(",") if c.strip())
+        args.codecs = tuple(comma_names(args.compression))
         for name in args.codecs:
             codec(name)
             args.profile_obj.codec_rate(name.removeprefix("p2p:"))
