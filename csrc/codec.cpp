@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "extrema.h"
 #include "numeric.h"
 #include "quantize.h"
 
@@ -21,16 +22,9 @@ PCCL_MULTIVERSION void widen(float* __restrict dst, const H* __restrict src, int
   if (op < 0) {
     for (int64_t i = 0; i < n; ++i) dst[i] = num::Num<H>::load(src[i]);
   } else if (op == static_cast<int>(Op::Max)) {
-    // a NaN wins, as in reduce.cpp's MaxOp and MinOp
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = num::Num<H>::load(src[i]);
-      dst[i] = dst[i] > v || dst[i] != dst[i] ? dst[i] : v;
-    }
+    for (int64_t i = 0; i < n; ++i) dst[i] = extrema::larger(dst[i], num::Num<H>::load(src[i]));
   } else if (op == static_cast<int>(Op::Min)) {
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = num::Num<H>::load(src[i]);
-      dst[i] = dst[i] < v || dst[i] != dst[i] ? dst[i] : v;
-    }
+    for (int64_t i = 0; i < n; ++i) dst[i] = extrema::smaller(dst[i], num::Num<H>::load(src[i]));
   } else {
     for (int64_t i = 0; i < n; ++i) dst[i] += num::Num<H>::load(src[i]);
   }

@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "extrema.h"
 #include "numeric.h"
 
 namespace pccl {
@@ -71,11 +72,9 @@ void decode(T* x, const int8_t* q, const char* scales, int64_t n, int op) {
       if (op < 0) {
         out = Num<T>::store(v);
       } else if (op == static_cast<int>(Op::Max)) {
-        const float a = Num<T>::load(out);
-        out = Num<T>::store(a > v || a != a ? a : v);   // a NaN wins, as in reduce.cpp's MaxOp
+        out = Num<T>::store(extrema::larger(Num<T>::load(out), v));
       } else if (op == static_cast<int>(Op::Min)) {
-        const float a = Num<T>::load(out);
-        out = Num<T>::store(a < v || a != a ? a : v);
+        out = Num<T>::store(extrema::smaller(Num<T>::load(out), v));
       } else {
         out = Num<T>::store(Num<T>::load(out) + v);
       }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "extrema.h"
 #include "numeric.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -29,11 +30,8 @@ using num::f16;
 using num::Num;
 
 struct SumOp { template <typename T> static T apply(T a, T b) { return a + b; } };
-// A NaN on either side wins, as torch.maximum and the Python executor have it: `a > b ? a
-// : b` alone kept b when a was NaN, so a NaN on one rank vanished or not by the schedule's
-// order and the ranks ended with different results. Equal values (+0 and -0) give b.
-struct MaxOp { template <typename T> static T apply(T a, T b) { return a > b || a != a ? a : b; } };
-struct MinOp { template <typename T> static T apply(T a, T b) { return a < b || a != a ? a : b; } };
+struct MaxOp { template <typename T> static T apply(T a, T b) { return extrema::larger(a, b); } };
+struct MinOp { template <typename T> static T apply(T a, T b) { return extrema::smaller(a, b); } };
 
 // dst may alias a (element-wise, so that is safe); the compiler versions the loop for it.
 template <typename T, typename O>
@@ -56,12 +54,15 @@ PCCL_MULTIVERSION void divide(T* __restrict buf, int64_t n, typename Num<T>::Acc
 #define PCCL_AVX2_FN __attribute__((target("avx2,f16c")))
 
 // MAXPS and MINPS return the second operand unless the first compares greater (less):
-// MaxOp's and MinOp's rule once a NaN in the first is put back.
+// extrema.h's rule once ties take the AND (OR) of the bits and a NaN in the first is put back.
 template <typename O> struct Combine8 {
   PCCL_AVX2_FN __m256 operator()(__m256 a, __m256 b) const {
     if constexpr (std::is_same_v<O, SumOp>) return _mm256_add_ps(a, b);
-    const __m256 m = std::is_same_v<O, MaxOp> ? _mm256_max_ps(a, b) : _mm256_min_ps(a, b);
-    return _mm256_blendv_ps(m, a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    constexpr bool larger = std::is_same_v<O, MaxOp>;
+    const __m256 m = larger ? _mm256_max_ps(a, b) : _mm256_min_ps(a, b);
+    const __m256 tie = larger ? _mm256_and_ps(a, b) : _mm256_or_ps(a, b);
+    const __m256 tied = _mm256_blendv_ps(m, tie, _mm256_cmp_ps(a, b, _CMP_EQ_OQ));
+    return _mm256_blendv_ps(tied, a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
   }
 };
 

@@ -50,9 +50,8 @@ __global__ void __launch_bounds__(kCodecGroup) int8_encode_kernel(char* out, con
 
 // op(a, v): a decoded value v reduced into a (op >= 0; where op < 0, callers store v).
 __device__ inline float decoded(int op, float a, float v) {
-  // a NaN wins, as in the CPU's kernels
-  return op == static_cast<int>(Op::Max)   ? (a > v || a != a ? a : v)
-         : op == static_cast<int>(Op::Min) ? (a < v || a != a ? a : v)
+  return op == static_cast<int>(Op::Max)   ? extrema::larger(a, v)
+         : op == static_cast<int>(Op::Min) ? extrema::smaller(a, v)
                                            : a + v;
 }
 

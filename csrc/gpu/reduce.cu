@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../extrema.h"
 #include "compat.h"
 #include "gpu.h"
 
@@ -41,9 +42,9 @@ template <> struct Num<bfloat16_t> {
 };
 
 struct SumOp { template <typename T> __device__ static T apply(T a, T b) { return a + b; } };
-// a NaN on either side wins, as on the CPU (csrc/reduce.cpp) and in torch.maximum
-struct MaxOp { template <typename T> __device__ static T apply(T a, T b) { return a > b || a != a ? a : b; } };
-struct MinOp { template <typename T> __device__ static T apply(T a, T b) { return a < b || a != a ? a : b; } };
+// the CPU's rule (csrc/extrema.h): a NaN on either side wins; max(+0, -0) is +0, min -0
+struct MaxOp { template <typename T> __device__ static T apply(T a, T b) { return extrema::larger(a, b); } };
+struct MinOp { template <typename T> __device__ static T apply(T a, T b) { return extrema::smaller(a, b); } };
 
 // One load/store instruction of B bytes (the vector types compile to 128/64-bit accesses).
 template <int B> struct Raw;

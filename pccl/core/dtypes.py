@@ -22,6 +22,7 @@ OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 # (its own kernels) where MPI's built-in ones reduce fp32, fp64 and the integers.
 HALF = (torch.float16, torch.bfloat16)
 REDUCTION_CLASSES = ("full", "half")
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}   # a float's bits, by its size
 
 
 def reduction_class(dtype: torch.dtype) -> str:
@@ -34,10 +35,19 @@ def reduce_(dst: torch.Tensor, src: torch.Tensor, op: str) -> None:
     divides once at the end)."""
     if op in ("sum", "avg"):
         dst.add_(src)
-    elif op == "max":
-        torch.maximum(dst, src, out=dst)
-    else:
-        torch.minimum(dst, src, out=dst)
+        return
+    # The native kernels' rule (csrc/extrema.h): a NaN on either side wins, as torch.maximum
+    # has it; between +0 and -0, max is +0 and min -0, where torch returns either operand.
+    # Ties take the AND (max) or the OR (min) of the two bit patterns: equal values have
+    # equal bits, except zeros, whose sign alone moves.
+    if not dst.is_floating_point():
+        (torch.maximum if op == "max" else torch.minimum)(dst, src, out=dst)
+        return
+    bits, theirs = dst.view(_BITS[dst.element_size()]), src.view(_BITS[dst.element_size()])
+    tied = dst == src
+    tie = bits & theirs if op == "max" else bits | theirs
+    (torch.maximum if op == "max" else torch.minimum)(dst, src, out=dst)
+    torch.where(tied, tie, bits, out=bits)
 
 
 def average_(tensor: torch.Tensor, size: int) -> None:

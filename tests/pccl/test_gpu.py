@@ -159,6 +159,43 @@ def test_gpu_divide_is_the_cpus_true_division(dtype, n):
 
 
 @needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("n", [6, 4099])
+def test_gpu_max_and_min_of_zeros_sign_them_as_the_cpu_does(dtype, op, n):
+    """+0 against -0 in either order: the CPU kernel's bits (max +0, min -0), not the order
+    of operands, as torch.maximum's would be."""
+    from tests.pccl.test_kernels import zeros_of_both_signs
+
+    stream = torch.cuda.current_stream()
+    a, b = zeros_of_both_signs(dtype, n)
+    for first, second in ((a, b), (b, a)):
+        cpu = torch.empty_like(first)
+        _native.reduce(cpu.data_ptr(), first.data_ptr(), second.data_ptr(), n, DTYPES[dtype], OPS[op])
+        x, y = first.cuda(), second.cuda()
+        _native.gpu_reduce(x.data_ptr(), x.data_ptr(), y.data_ptr(), n, DTYPES[dtype], OPS[op], stream.cuda_stream)
+        stream.synchronize()
+        assert torch.equal(x.cpu().view(torch.uint8), cpu.view(torch.uint8))
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", ["int8", "bf16", "fp16"])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_gpu_decode_and_max_or_min_signs_zeros_as_the_cpu_does(name, op):
+    from pccl.compression.codecs import codec
+    from tests.pccl.test_kernels import zeros_of_both_signs
+
+    c = codec(name)
+    a, b = zeros_of_both_signs(torch.float32, 300)
+    encoded = torch.empty(c.encoded_nbytes(b.numel(), b.dtype), dtype=torch.uint8)
+    c.encode(b, encoded)
+    cpu, gpu = a.clone(), a.cuda()
+    c.decode(encoded, cpu, op)
+    c.decode(encoded.cuda(), gpu, op)
+    assert torch.equal(gpu.cpu().view(torch.int32), cpu.view(torch.int32))
+
+
+@needs_gpu
 @pytest.mark.mpi
 @pytest.mark.parametrize("gpu_aware", ["0", "1"])
 def test_gpu_collectives_match_cpu_on_two_ranks(gpu_aware, monkeypatch):

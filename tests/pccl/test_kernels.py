@@ -4,7 +4,8 @@ import torch
 from mpi4py import MPI  # noqa: F401 - loads libmpi for the native module
 
 from pccl import _native
-from pccl.core.dtypes import DTYPES, OPS
+from pccl.core.dtypes import DTYPES, OPS, reduce_
+from tests.pccl.workers.cases import reduce_reference
 
 TORCH_REF = {
     "sum": torch.add,
@@ -48,6 +49,53 @@ def test_max_and_min_keep_a_nan_on_either_side_as_torch_does(dtype, op, n):
         dst = torch.empty_like(a)
         _native.reduce(dst.data_ptr(), first.data_ptr(), second.data_ptr(), n, DTYPES[dtype], OPS[op])
         assert torch.equal(dst.isnan(), expected.isnan()) and torch.equal(dst.nan_to_num(), expected.nan_to_num())
+
+
+def zeros_of_both_signs(dtype, n):
+    """Every pairing of +0 and -0 (a, b), repeated to n values, with some other values between."""
+    a = torch.tensor([0.0, -0.0, 0.0, -0.0, 1.0, -0.0], dtype=dtype).repeat(n // 6 + 1)[:n]
+    b = torch.tensor([0.0, 0.0, -0.0, -0.0, -0.0, -1.0], dtype=dtype).repeat(n // 6 + 1)[:n]
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("n", [6, 1000])   # the scalar loop, and the vector loop (AVX2 for fp32, fp16, bf16)
+@pytest.mark.parametrize("kernel", ["native", "python"])
+def test_max_and_min_of_zeros_sign_them_alike_in_either_order(dtype, op, n, kernel):
+    """max(+0, -0) is +0 and min(+0, -0) is -0, whichever side each comes from (IEEE
+    754-2019's maximum and minimum), in the C++ kernels and the Python executor's alike.
+    torch.maximum returns either operand there, so a schedule's order of operands decided
+    the sign and ranks ended with different zeros."""
+    a, b = zeros_of_both_signs(dtype, n)
+    expected = reduce_reference([a, b], op).to(dtype)
+    assert expected.signbit()[:4].tolist() == ([False, False, False, True] if op == "max" else
+                                               [False, True, True, True])
+    for first, second in ((a, b), (b, a)):
+        dst = first.clone()
+        if kernel == "native":
+            _native.reduce(dst.data_ptr(), first.data_ptr(), second.data_ptr(), n, DTYPES[dtype], OPS[op])
+        else:
+            reduce_(dst, second, op)
+        assert torch.equal(dst, expected) and torch.equal(dst.signbit(), expected.signbit())
+
+
+@pytest.mark.parametrize("name", ["int8", "bf16", "fp16"])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_decode_and_max_or_min_signs_zeros_as_the_kernels_do(name, op):
+    """A decoded +0 or -0 met with the accumulator's zero of either sign (the codecs keep a
+    zero's sign: int8's 0 * scale is +0)."""
+    from pccl.compression.codecs import codec
+
+    c = codec(name)
+    a, b = zeros_of_both_signs(torch.float32, 300)
+    encoded = torch.empty(c.encoded_nbytes(b.numel(), b.dtype), dtype=torch.uint8)
+    c.encode(b, encoded)
+    decoded = c.round_trip(b)
+    acc = a.clone()
+    c.decode(encoded, acc, op)
+    expected = reduce_reference([a, decoded], op).float()
+    assert torch.equal(acc, expected) and torch.equal(acc.signbit(), expected.signbit())
 
 
 def true_quotient(a: torch.Tensor, divisor: int) -> torch.Tensor:

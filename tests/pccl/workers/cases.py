@@ -66,26 +66,38 @@ def combos(collective: str, p: int):
 
 
 def make_input(rank: int, numel: int, dtype: torch.dtype, salt: int) -> torch.Tensor:
+    """Small integers; in a floating-point dtype about half of the zeros are -0, so that max
+    and min meet zeros of both signs."""
     g = torch.Generator().manual_seed(rank * 1_000_003 + salt)
-    return torch.randint(-16, 17, (numel,), generator=g, dtype=torch.int64).to(dtype)
+    x = torch.randint(-16, 17, (numel,), generator=g, dtype=torch.int64).to(dtype)
+    if dtype.is_floating_point:
+        x[(x == 0) & (torch.rand(numel, generator=g) < 0.5)] = -0.0
+    return x
 
 
 def reduce_reference(inputs: list[torch.Tensor], op: str) -> torch.Tensor:
+    """The reduction over ranks in float64; a max or min of zeros is signed as IEEE 754-2019's
+    maximum and minimum sign it: max is -0 only where no rank holds +0, min is -0 where any
+    rank holds -0."""
     stacked = torch.stack([t.double() for t in inputs])
     if op == "sum":
         return stacked.sum(0)
     if op == "avg":
         return stacked.sum(0) / len(inputs)
-    if op == "max":
-        return stacked.max(0).values
-    return stacked.min(0).values
+    result = stacked.max(0).values if op == "max" else stacked.min(0).values
+    zero = stacked == 0
+    negative = ~(zero & ~stacked.signbit()).any(0) if op == "max" else (zero & stacked.signbit()).any(0)
+    return torch.where(result == 0, torch.where(negative, -0.0, 0.0).double(), result)
 
 
-def matches(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+def matches(actual: torch.Tensor, expected: torch.Tensor, signs: bool = False) -> bool:
     """Bit for bit, every op: the references of reduce_reference rounded to the dtype once
     (a quotient computed in float64 and rounded to float32, fp16 or bf16 is the correctly
-    rounded one, since 53 >= 2 * 24 + 2)."""
-    return torch.equal(actual, expected.to(actual.dtype))
+    rounded one, since 53 >= 2 * 24 + 2). Zeros of either sign match unless `signs`: pccl's
+    max and min sign them (csrc/extrema.h), the transports' own collectives as their library
+    does."""
+    expected = expected.to(actual.dtype)
+    return torch.equal(actual, expected) and (not signs or torch.equal(actual.signbit(), expected.signbit()))
 
 
 # Two-level plans: emulated topologies (ranks, ranks per node), plan specs, level transports.

@@ -7,9 +7,11 @@ from mpi4py import MPI
 from tests.pccl.workers.cases import make_input, matches, reduce_reference
 
 
-def run_case(comm, collective, algorithm, dtype, op, n, salt) -> bool:
-    """One call of `collective` on `comm`; True when this rank's result is right."""
+def run_case(comm, collective, algorithm, dtype, op, n, salt, signs: bool = False) -> bool:
+    """One call of `collective` on `comm`; True when this rank's result is right (with
+    `signs`, a max's or min's zeros' signs too: matches)."""
     p, rank = comm.size, comm.rank
+    signs = signs and op in ("max", "min")
     if collective == "all_gather":
         inputs = [make_input(r, n, dtype, salt) for r in range(p)]
         out = torch.full((n * p,), -99, dtype=dtype)
@@ -22,15 +24,16 @@ def run_case(comm, collective, algorithm, dtype, op, n, salt) -> bool:
         comm.reduce_scatter(out, mine, op=op, algorithm=algorithm)
         untouched = torch.equal(mine, inputs[rank])
         expected = reduce_reference(inputs, op)[rank * n:(rank + 1) * n]
-        return untouched and matches(out, expected)
+        return untouched and matches(out, expected, signs)
     inputs = [make_input(r, n, dtype, salt) for r in range(p)]
     buf = inputs[rank].clone()
     comm.all_reduce(buf, op=op, algorithm=algorithm)
-    return matches(buf, reduce_reference(inputs, op))
+    return matches(buf, reduce_reference(inputs, op), signs)
 
 
-def run_group(comm, collective, algorithm, cases) -> list[str]:
-    """Every (dtype, op, count) case; the failures, each agreed on by all ranks. The ranks
+def run_group(comm, collective, algorithm, cases, signs: bool = False) -> list[str]:
+    """Every (dtype, op, count) case; the failures, each agreed on by all ranks (`signs`: the
+    zeros' signs checked, where pccl's kernels reduce throughout). The ranks
     compare notes once, at the end: an MPI call per case would spin on the cores that the
     ranks still computing need."""
     world = MPI.COMM_WORLD
@@ -38,7 +41,7 @@ def run_group(comm, collective, algorithm, cases) -> list[str]:
     for salt, (dtype, op, n) in enumerate(cases):
         label = f"{str(dtype).replace('torch.', '')} {op} n={n}"
         try:
-            if not run_case(comm, collective, algorithm, dtype, op, n, salt):
+            if not run_case(comm, collective, algorithm, dtype, op, n, salt, signs):
                 wrong[salt] = label
         except Exception as e:  # noqa: BLE001 - reported per case
             wrong[salt] = f"{label}: {type(e).__name__}: {e}"

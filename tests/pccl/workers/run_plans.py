@@ -71,7 +71,8 @@ def main() -> None:
         whole = spec in PLAN_TRANSPORTS[transport][2]
         cases = list((combos if whole else light_combos)(collective, p))
         try:
-            report[group_id(transport, collective, spec)] = run_group(comms[transport], collective, SPECS[spec], cases)
+            report[group_id(transport, collective, spec)] = run_group(comms[transport], collective, SPECS[spec], cases,
+                                                                      signs=spec in AGREEING_PLANS)
         except Exception:  # noqa: BLE001
             report[group_id(transport, collective, spec)] = [traceback.format_exc()]
     for label, comm in comms.items():
