@@ -12,9 +12,10 @@ renamed), learns whether every rank succeeded, and only then writes the manifest
 (meta.json: every file's size and checksum, the world size, group, strategy, counters, the
 parameters' layout and the caller's extra state, such as the data position and model
 config), replaces LATEST (an atomic rename) and removes snapshots beyond the newest
-`keep`. A crash, or a failed write on any rank (a full disk), at any point leaves LATEST
-naming a complete snapshot; a failed save removes its partial snapshot and raises on
-every rank, naming the intact one.
+`keep` (one that a reader is opening stays until a later save: pinned()). A crash, or a
+failed write on any rank (a full disk), at any point leaves LATEST naming a complete
+snapshot; a failed save removes its partial snapshot and raises on every rank, naming the
+intact one.
 
 Loading verifies the snapshot first (every rank reads its share of the files against the
 manifest; a missing, truncated or corrupted file is named with what is wrong) and raises
@@ -36,10 +37,12 @@ write nothing.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import shutil
 import uuid
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
@@ -195,7 +198,50 @@ def commit(root: Path, snap: Path, meta: dict, keep: int) -> None:
     write_atomic(root / "LATEST", lambda f: f.write(snap.name.encode()))
     fsync_dir(root)
     for old in stale(root, snap, keep):
-        shutil.rmtree(old, ignore_errors=True)
+        remove_unread(old)
+
+
+# Readers and retention. A reader (an export, a generation, another job's load) pins a
+# snapshot while it verifies and opens its files: a shared flock on its manifest. Retention
+# removes a snapshot only under an exclusive one, taken without waiting, and leaves a pinned
+# one to a later save (stale() lists it again). Once open, the files outlive their removal
+# (torch.load maps them), so the pin ends there. Where the filesystem has no flock (some
+# Lustre and NFS mounts), neither side locks, as before: a reader can still find the
+# snapshot gone, and says so (problems()).
+
+@contextmanager
+def pinned(snap: Path):
+    """Hold `snap` against retention inside the block (nothing where it has no manifest:
+    there is nothing to read, and problems() says why)."""
+    try:
+        manifest_file = open(snap / "meta.json", "rb")
+    except OSError:
+        yield
+        return
+    with manifest_file:
+        try:
+            fcntl.flock(manifest_file, fcntl.LOCK_SH)   # waits only for a removal under way
+        except OSError:
+            pass
+        yield
+
+
+def remove_unread(snap: Path) -> bool:
+    """Remove `snap` unless a reader has it pinned; whether it was removed."""
+    try:
+        manifest_file = open(snap / "meta.json", "rb")
+    except OSError:   # no manifest: a save cut short, which nobody reads
+        shutil.rmtree(snap, ignore_errors=True)
+        return True
+    with manifest_file:
+        try:
+            fcntl.flock(manifest_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError:
+            pass
+        shutil.rmtree(snap, ignore_errors=True)
+        return True
 
 
 def _save_tensors(obj, f) -> None:
@@ -301,19 +347,25 @@ def latest(path) -> Path:
     return root / pointer.read_text().strip()
 
 
-def choose(engine, path, fallback: bool) -> tuple[Path, list[str]]:
+def choose(engine, path, fallback: bool, pin: ExitStack) -> tuple[Path, list[str]]:
     """The snapshot to load: the one LATEST names, or with `fallback` the newest intact one;
     and the snapshots skipped, with why. Every rank checks its share of each candidate's
     files (hashing runs on all ranks at once) and the ranks agree on the outcome
-    (collective). Raises CheckpointError on every rank when there is none to load."""
+    (collective); the one chosen stays pinned (against retention) until `pin` closes.
+    Raises CheckpointError on every rank when there is none to load."""
     root, skipped = Path(path), []
     rank, world = engine.layout.rank, engine.layout.world
     candidates = snapshots(root) if fallback else [latest(root)] if (root / "LATEST").is_file() else []
     for i in range(engine.agree(len(candidates))):   # rank 0's list decides
         snap = candidates[i] if i < len(candidates) else None
+        held = ExitStack()
+        if snap is not None:
+            held.enter_context(pinned(snap))
         mine = problems(snap, (rank, world)) if snap is not None else "this rank does not see it"
         if not engine.total(int(mine is not None)):
+            pin.enter_context(held)
             return snap, skipped
+        held.close()
         if rank == 0:   # the failure path: rank 0 words it, from its own view when it found nothing
             skipped.append(f"{snap.name}: {mine or problems(snap) or 'damaged, as another rank found'}")
     if rank != 0:
@@ -408,11 +460,12 @@ def parameter_reader(snap: Path):
     a verified snapshot in full, fp32, on the CPU, from its files alone, in any order: a
     model filled one parameter at a time holds one parameter more than itself. Raises
     CheckpointError if the snapshot is damaged."""
-    problem = problems(snap)
-    if problem:
-        raise CheckpointError(problem)
-    meta = json.loads((snap / "meta.json").read_text())
-    source, shapes = _Source(snap, meta), meta["params"]
+    with pinned(snap):
+        problem = problems(snap)
+        if problem:
+            raise CheckpointError(problem)
+        meta = json.loads((snap / "meta.json").read_text())
+        source, shapes = _Source(snap, meta), meta["params"]
 
     def read(name: str) -> torch.Tensor:
         values = torch.empty(shapes[name], dtype=torch.float32)
@@ -427,11 +480,12 @@ def load(engine, optimizer, path, fallback: bool = False) -> Restored:
     first: a damaged snapshot raises CheckpointError naming the file (with `fallback`, the
     newest intact one is loaded instead, and Restored.skipped says which were passed over;
     see choose()). Collective."""
-    snap, skipped = choose(engine, path, fallback)
-    meta = json.loads((snap / "meta.json").read_text())
-    mine = _state(engine, optimizer)   # which pieces this rank holds
-    _check_model(mine, meta)
-    source = _Source(snap, meta)
+    with ExitStack() as pin:
+        snap, skipped = choose(engine, path, fallback, pin)
+        meta = json.loads((snap / "meta.json").read_text())
+        mine = _state(engine, optimizer)   # which pieces this rank holds
+        _check_model(mine, meta)
+        source = _Source(snap, meta)
     units = []
     for u in mine["units"]:
         lo, hi = u["start"], u["end"]

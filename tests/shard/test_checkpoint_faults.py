@@ -142,6 +142,40 @@ def test_snapshots_are_kept_as_asked_and_an_abandoned_future_is_removed(comm, en
         save(optimizer, tmp_path, keep=0)
 
 
+@pytest.mark.parametrize("reader", ["export", "load"])
+def test_a_snapshot_being_read_outlives_the_retention_of_a_running_save(comm, engines, tmp_path, monkeypatch,
+                                                                         reader):
+    """shard-export (or another job's load) verifies a snapshot's files, hashing them all
+    (minutes for a 7B run's), while the live run saves again and its retention (keep=1)
+    would remove that snapshot: the read goes on, and a later save removes it."""
+    optimizer = trained(engines, comm, 1)
+    save(optimizer, tmp_path, extra={"step": 1}, keep=1)
+    snap = ckpt.latest(tmp_path)
+    expected = optimizer.engine.full_state_dict()
+    verify = ckpt.problems
+    removed_midway = []
+
+    def problems_as_a_save_commits(*args):
+        """Verification, with the live run's next save committing (keep=1) in the middle."""
+        train_step(optimizer, "mlp", len(removed_midway) + 1)
+        save(optimizer, tmp_path, extra={"step": 2}, keep=1)
+        removed_midway.append(not snap.exists())
+        return verify(*args)
+    monkeypatch.setattr(ckpt, "problems", problems_as_a_save_commits)
+    if reader == "export":
+        got = dict(ckpt.parameters(snap))
+    else:
+        loader = trained(engines, comm, 0)
+        assert load(loader, snap.parent).snapshot == snap
+        got = loader.engine.full_state_dict()
+    assert removed_midway == [False]
+    assert got.keys() == expected.keys() and all(torch.equal(got[k], v) for k, v in expected.items())
+    monkeypatch.setattr(ckpt, "problems", verify)
+    assert snap.exists() and len(ckpt.snapshots(tmp_path)) == 2   # pinned: kept past keep=1 ...
+    save(optimizer, tmp_path, extra={"step": 3}, keep=1)
+    assert ckpt.snapshots(tmp_path) == [ckpt.latest(tmp_path)]   # ... until the next save
+
+
 def test_an_async_snapshot_holds_the_state_of_its_step_while_training_goes_on(comm, engines, tmp_path, monkeypatch):
     """save() returns before anything is written (the writer is held back here), training
     changes the live state, and the snapshot still holds the state of its step: the same
