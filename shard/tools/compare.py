@@ -52,7 +52,9 @@ that loss has moved from its first step): runs doing the same math differ by rou
 the loss itself and of every update, whose drift grows as training moves the weights,
 while a real divergence is a share of the movement itself (compare_runs.agreement has the
 measurements). A run that does not agree is marked diverged and gets no speed-up. DIR
-gets compare.json, compare.md and compare.png.
+gets compare.json, compare.md and compare.png. `--profile STEPS` runs STEPS more steps of
+each run under torch.profiler, after the measured ones, and writes where each run's step
+went (its kernels on GPUs, its operators on CPUs) to DIR/profile-RUN.txt and compare.json.
 """
 from __future__ import annotations
 
@@ -77,6 +79,8 @@ from shard.tools.compare_runs import (
     loss_tolerance,
     parse_run,
 )
+
+PROFILE_ROWS = 20   # --profile: the operators and kernels each run's row lists
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -116,6 +120,10 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--predict", metavar="PROFILE", default=None,
                     help="also predict each engine run's step (shard/planning/predict.py) with this machine "
                          "profile and the compute time measured here by a compute-only launch")
+    ap.add_argument("--profile", type=at_least(0), default=0, metavar="STEPS",
+                    help="after the measured steps, STEPS more under torch.profiler: each run's operators and "
+                         "kernels by the time they took, per step (DIR/profile-RUN.txt, and the first "
+                         f"{PROFILE_ROWS} in compare.json)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)   # the run, inside its mpiexec launch
     ap.add_argument("--data", help=argparse.SUPPRESS)     # the prepared corpus, for the launches
     args = ap.parse_args(argv)
@@ -262,6 +270,10 @@ def worker(args: argparse.Namespace) -> dict:
     measured = Throughput(cfg.flops_per_token(args.seq), p, peak).measure(p * args.micro * args.batch * args.seq,
                                                                           step_time)
     memory = torch.cuda.max_memory_allocated(device) if gpu else peak_rss_bytes()
+    if rank == 0:   # before any profiled step: a state dict may hold the live tensors
+        torch.save(final, Path(args.out) / f"{name}.pt")
+    if args.profile:
+        fields.update(profiled(run, batches, rates[-1], args.profile, device))
     row = {"name": name, "ranks": p, "model": args.model, "params": cfg.num_params(), "device": str(device),
            "precision": args.precision, "mfu": measured["mfu"],
            "tokens_per_s": p * args.micro * args.batch * args.seq / step_time, "step_time_s": step_time,
@@ -270,10 +282,28 @@ def worker(args: argparse.Namespace) -> dict:
            "peak_mem_bytes": world.allreduce(memory, op=max_op()),
            "losses": losses, **fields}
     run.close()
-    if rank == 0:
-        torch.save(final, Path(args.out) / f"{name}.pt")
-        return row
-    return {}
+    return row if rank == 0 else {}
+
+
+def profiled(run, batches, lr: float, steps: int, device) -> dict:
+    """`steps` more steps of `run` under torch.profiler, after the measured ones, whose
+    figures it leaves alone: "profile", the PROFILE_ROWS operators and kernels that took the
+    most time of their own per step (GPU kernels' time on the device, on CPUs the host's),
+    with how often each ran per step, and "profile_table", torch's table of them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if gpu else [])]) as prof:
+        for _ in range(steps):
+            run.step(step_batches(batches, device), lr)
+        if gpu:
+            torch.cuda.synchronize(device)
+    key = "self_device_time_total" if gpu else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    top = [{"name": e.key, "self_ms_per_step": getattr(e, key) / 1e3 / steps, "calls_per_step": e.count / steps}
+           for e in events[:PROFILE_ROWS] if getattr(e, key) > 0]
+    return {"profile": top, "profile_table": prof.key_averages().table(sort_by=key, row_limit=3 * PROFILE_ROWS)}
 
 
 def compute_only(args, model, world) -> dict:
@@ -330,6 +360,8 @@ def launch_command(args: argparse.Namespace, name: str) -> list[str]:
               f"--device={args.device}", f"--precision={args.precision}", f"--out={args.out}", f"--data={args.data}"]
     worker += [f"--{k}={getattr(args, k)}" for k in ("width", "layers", "heads", "vocab") if getattr(args, k)]
     worker += [f"--{k}={getattr(args, k)}" for k in ("warmup", "lr") if getattr(args, k) is not None]
+    if args.profile:
+        worker.append(f"--profile={args.profile}")
     if args.ranks_per_node:
         worker.append(f"--ranks-per-node={args.ranks_per_node}")
     if not args.nodes:
@@ -504,6 +536,10 @@ def main(argv=None) -> None:
         rows.append(median_launch(args, name))
         print(f"{name}: " + (f"not run ({rows[-1]['not_run']})" if "not_run" in rows[-1] else
                              f"{rows[-1]['tokens_per_s']:.0f} tokens/s"), flush=True)
+    for r in rows:
+        table = r.pop("profile_table", None)
+        if table is not None:
+            (out / f"profile-{r['name']}.txt").write_text(table)
     rows = compared(rows)
     if args.predict:
         probe = launch(args, "compute")

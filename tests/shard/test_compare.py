@@ -86,6 +86,30 @@ def test_micro_batches_paro_iig_and_the_predictor(tmp_path, corpus):
     assert "compute only:" in run.stdout
 
 
+@pytest.mark.mpi
+def test_profiled_steps_follow_the_measured_ones_and_change_nothing_reported(tmp_path, corpus):
+    """--profile 2: two more steps under torch.profiler, after the measured ones: the row
+    and the saved state are those of a launch without it (plain PyTorch's state dict holds
+    its live tensors), and each run gains where its step went."""
+    def compare(out, *extra):
+        run = subprocess.run([sys.executable, "-m", "shard.tools.compare", "--ranks", "1", "--steps", "2",
+                              "--model", "tiny", "--width", "64", "--layers", "2", "--runs", "eager,zero3-pccl",
+                              "--out", str(out), *extra, *corpus], env=job_env(), capture_output=True, text=True,
+                             timeout=600, cwd=ROOT)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        return {r["name"]: r for r in json.loads((out / "compare.json").read_text())["runs"]}
+    plain, profiled = compare(tmp_path / "plain"), compare(tmp_path / "profiled", "--profile", "2")
+    for name in ("eager", "zero3-pccl"):
+        assert profiled[name]["losses"] == plain[name]["losses"] and len(plain[name]["losses"]) == 2
+        mine, theirs = torch.load(tmp_path / "profiled" / f"{name}.pt"), torch.load(tmp_path / "plain" / f"{name}.pt")
+        assert all(torch.equal(mine[k], theirs[k]) for k in theirs), name
+        assert "profile" not in plain[name] and "profile_table" not in profiled[name]
+        top = {e["name"]: e for e in profiled[name]["profile"]}
+        # the tiny GPT's matrix products: 2 blocks x 4 linears (forward, 2 backward) + the head's
+        assert top["aten::mm"]["calls_per_step"] >= 24 and top["aten::mm"]["self_ms_per_step"] > 0, top
+        assert "aten::mm" in (tmp_path / "profiled" / f"profile-{name}.txt").read_text()
+
+
 def row(name, losses, tokens):
     return {"name": name, "losses": losses, "tokens_per_s": tokens, "step_time_s": 1.0, "exposed_comm_s": None,
             "sent_bytes_per_rank": 1, "peak_mem_bytes": 1}
