@@ -4,9 +4,9 @@
 // A NaN on either side wins, as in torch.maximum: `a > b ? a : b` alone kept b when a was
 // NaN, so a NaN on one rank vanished or not by the schedule's order of operands. Between +0
 // and -0, max takes +0 and min -0, as IEEE 754-2019's maximum and minimum do, where
-// torch.maximum keeps its first operand: which operand comes first is the schedule's
-// choice, so ranks ended with zeros of different signs (and 1 / x with infinities of
-// different signs). Equal values have the same bits, except +0 and -0: there max is the
+// torch.maximum returns either operand (by their order and its kernel's path): which
+// operand comes first is the schedule's choice, so ranks ended with zeros of different
+// signs (and 1 / x with infinities of different signs). Equal values have the same bits, except +0 and -0: there max is the
 // AND of the two bit patterns and min their OR, which moves only the sign.
 #pragma once
 #include <cstdint>
