@@ -29,8 +29,16 @@ def mpi_world():
     return MPI.COMM_WORLD
 
 
-def init_torch_distributed(backend: str, timeout: float, pg_options=None) -> None:
+def init_torch_distributed(backend: str, timeout: float, pg_options=None, same_backend: bool = True) -> None:
+    """torch.distributed's default group on `backend`, made unless it exists. An existing
+    one on another backend is refused with `same_backend` (what runs over the default group
+    itself: pccl.init's communicator, pccl.distributed's group), kept without (groups made
+    with a backend of their own, dist.new_group's, which any default group can make)."""
     if dist.is_initialized():
+        if same_backend and dist.get_backend() != backend:
+            raise ValueError(f"torch.distributed's default group is already on backend {dist.get_backend()!r}, and "
+                             f"this asks for {backend!r}: destroy it first (torch.distributed."
+                             f"destroy_process_group()), or ask for {dist.get_backend()!r}")
         return
     span = timedelta(seconds=timeout)
     if all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):

@@ -294,7 +294,7 @@ class Transport:
             raise ValueError(f"{transport} sub-communicators number their members in rank order: groups "
                              f"{unordered} would not get the ranks asked; give each group in ascending order")
         world = self.world_ranks()
-        init_torch_distributed(transport, self.timeout)
+        init_torch_distributed(transport, self.timeout, same_backend=False)
         mine = None
         for ranks in groups:
             group = dist.new_group([world[r] for r in ranks], backend=transport)

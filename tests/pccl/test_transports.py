@@ -281,3 +281,15 @@ def test_async_nccl_calls_are_issued_on_the_calling_thread(recorded, monkeypatch
     monkeypatch.setattr(communicator.validation, "check_tensor", lambda *args: None)
     assert comm.all_reduce(cuda_like, algorithm="native", async_op=True) == "stream"
     assert threads == [threading.get_ident()]
+
+
+def test_a_default_group_on_another_backend_is_refused_not_taken(world):
+    """pccl.init(transport=...) and pccl.distributed.init_process_group() run over
+    torch.distributed's default group: one already made on another backend (gloo here) was
+    taken silently, and a pccl-backend call then ran gloo's collectives, whose max keeps
+    neither a NaN nor pccl's signed zeros. Its own backend is still taken."""
+    import pccl.distributed
+
+    with pytest.raises(ValueError, match="default group is already on backend 'gloo', and this asks for 'pccl'"):
+        pccl.distributed.init_process_group()
+    pccl.init(transport="gloo", timeout=10).close()
