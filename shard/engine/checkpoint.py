@@ -197,17 +197,21 @@ def commit(root: Path, snap: Path, meta: dict, keep: int) -> None:
     fsync_dir(snap)
     write_atomic(root / "LATEST", lambda f: f.write(snap.name.encode()))
     fsync_dir(root)
-    for old in stale(root, snap, keep):
+    abandoned, surplus = stale(root, snap, keep)
+    for old in abandoned:   # removed even while read: a fallback resume takes the newest step
+        shutil.rmtree(old, ignore_errors=True)
+    for old in surplus:
         remove_unread(old)
 
 
 # Readers and retention. A reader (an export, a generation, another job's load) pins a
 # snapshot while it verifies and opens its files: a shared flock on its manifest. Retention
-# removes a snapshot only under an exclusive one, taken without waiting, and leaves a pinned
-# one to a later save (stale() lists it again). Once open, the files outlive their removal
-# (torch.load maps them), so the pin ends there. Where the filesystem has no flock (some
-# Lustre and NFS mounts), neither side locks, as before: a reader can still find the
-# snapshot gone, and says so (problems()).
+# removes a surplus snapshot only under an exclusive one, taken without waiting, and leaves
+# a pinned one to a later save (stale() lists it again). Once open, the files outlive their
+# removal (torch.load maps them), so the pin ends there. An abandoned snapshot goes at once,
+# read or not: kept, it would be the newest a fallback resume finds. Where the filesystem
+# has no flock (some Lustre mounts), neither side locks, as before: a reader can still find
+# the snapshot gone, and says so (problems()).
 
 @contextmanager
 def pinned(snap: Path):
@@ -228,18 +232,21 @@ def pinned(snap: Path):
 
 def remove_unread(snap: Path) -> bool:
     """Remove `snap` unless a reader has it pinned; whether it was removed."""
-    try:
-        manifest_file = open(snap / "meta.json", "rb")
-    except OSError:   # no manifest: a save cut short, which nobody reads
-        shutil.rmtree(snap, ignore_errors=True)
-        return True
+    try:   # opened for writing: NFS emulates flock with fcntl locks, whose exclusive lock needs it
+        manifest_file = open(snap / "meta.json", "r+b")
+    except OSError:
+        try:
+            manifest_file = open(snap / "meta.json", "rb")
+        except OSError:   # no manifest: a save cut short, which nobody reads
+            shutil.rmtree(snap, ignore_errors=True)
+            return True
     with manifest_file:
         try:
             fcntl.flock(manifest_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        except OSError:
-            pass
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):   # a reader holds it
+                return False
+            # no flock on this filesystem (ENOLCK, EOPNOTSUPP): removed, as before
         shutil.rmtree(snap, ignore_errors=True)
         return True
 
@@ -262,14 +269,14 @@ def _step(snap: Path) -> int:
     return int(snap.name.split("-")[1])
 
 
-def stale(root: Path, snap: Path, keep: int) -> list[Path]:
-    """The snapshots to remove once `snap` is written: all but the newest `keep` (counting
-    `snap`) before it, and any of a step at or after its own that is not it (a run that
-    resumed from an earlier snapshot abandoned them)."""
+def stale(root: Path, snap: Path, keep: int) -> tuple[list[Path], list[Path]]:
+    """The snapshots to remove once `snap` is written: (abandoned) any of a step at or after
+    its own that is not it (a run that resumed from an earlier snapshot abandoned them), and
+    (surplus) all but the newest `keep` (counting `snap`) before it."""
     others = [s for s in snapshots(root) if s != snap]
     later = [s for s in others if _step(s) >= _step(snap)]
     earlier = [s for s in others if _step(s) < _step(snap)]
-    return later + earlier[keep - 1:]
+    return later, earlier[keep - 1:]
 
 
 def _agree_written(engine, root: Path, snap: Path, problem: Optional[OSError], what: str) -> None:

@@ -41,8 +41,9 @@ def main(argv=None) -> int:
 
     try:
         snap = checkpoint.snapshot(args.path)
-        params = checkpoint.parameters(snap)   # verified against its manifest, before anything is read of it
-        cfg = snapshot_config(snap)
+        with checkpoint.pinned(snap):   # against a live run's retention, until its files and manifest are read
+            params = checkpoint.parameters(snap)   # verified against its manifest, before anything is read of it
+            cfg = snapshot_config(snap)
         found = run_tokenizer(snap)
         if found is not None and not found.exists():   # (a data cache cleaned since: it was dropped, silently)
             raise FileNotFoundError(f"the run's tokenizer {found} (its config.yaml's built.tokenizer) is gone: "

@@ -62,9 +62,11 @@ def load(path: Path, device, tokenizer: str | None):
         from shard.tools.preflight import run_tokenizer, snapshot_config
 
         snap = checkpoint.snapshot(path)
-        _, read = checkpoint.parameter_reader(snap)   # one parameter at a time, not the model twice
+        with checkpoint.pinned(snap):   # against a live run's retention, until its files and manifest are read
+            _, read = checkpoint.parameter_reader(snap)   # one parameter at a time, not the model twice
+            cfg = snapshot_config(snap)
         with torch.device(device):
-            model = GPT(snapshot_config(snap), weights=lambda name, tensor: tensor.copy_(read(name)))
+            model = GPT(cfg, weights=lambda name, tensor: tensor.copy_(read(name)))
         found, corpus = run_tokenizer(snap), True
     chosen = Path(tokenizer) if tokenizer else found
     if chosen is None:

@@ -176,6 +176,24 @@ def test_a_snapshot_being_read_outlives_the_retention_of_a_running_save(comm, en
     assert ckpt.snapshots(tmp_path) == [ckpt.latest(tmp_path)]   # ... until the next save
 
 
+def test_an_abandoned_snapshot_goes_even_while_read_so_a_fallback_resume_never_takes_it(comm, engines, tmp_path):
+    """A run resumed from step 1 abandons the snapshot of step 2 at its next save. Kept
+    because a reader had it pinned, it would be the newest a fallback resume finds."""
+    optimizer = trained(engines, comm, 1)
+    save(optimizer, tmp_path, extra={"step": 1}, keep=2)
+    first = ckpt.latest(tmp_path)
+    train_step(optimizer, "mlp", 1)
+    save(optimizer, tmp_path, extra={"step": 2}, keep=2)
+    abandoned = ckpt.latest(tmp_path)
+    (tmp_path / "LATEST").write_text(first.name)
+    resumed = trained(engines, comm, 0)
+    load(resumed, tmp_path)
+    with ckpt.pinned(abandoned):
+        save(resumed, tmp_path, extra={"step": "resumed"}, keep=2)
+        assert not abandoned.exists()
+    assert load(trained(engines, comm, 0), tmp_path, fallback=True).extra == {"step": "resumed"}
+
+
 def test_an_async_snapshot_holds_the_state_of_its_step_while_training_goes_on(comm, engines, tmp_path, monkeypatch):
     """save() returns before anything is written (the writer is held back here), training
     changes the live state, and the snapshot still holds the state of its step: the same

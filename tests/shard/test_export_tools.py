@@ -34,6 +34,15 @@ def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, ca
     # the run's config.yaml names its tokenizer (a tokenizer.json with its config): it goes out beside the weights
     tokenizer = byte_bpe(tmp_path / "tokenizer", "llama", vocab=300) / "tokenizer.json"
     (tmp_path / "run" / "config.yaml").write_text(f"built:\n  tokenizer: {tokenizer}\n")
+    # a live run's retention as the export has verified and opened the files: the snapshot is
+    # still pinned (its manifest is read next), so the run leaves it to a later save
+    verified = checkpoint.parameters
+
+    def then_retention(snap):
+        params = verified(snap)
+        assert not checkpoint.remove_unread(snap)
+        return params
+    monkeypatch.setattr(checkpoint, "parameters", then_retention)
     assert export.main([str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--dtype", "fp32"]) == 0
     assert "parameters" in capsys.readouterr().out and (tmp_path / "hf" / "config.json").is_file()
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -54,6 +63,7 @@ def test_shard_export_writes_what_transformers_loads(comm, engines, tmp_path, ca
 
     def reader(snap):
         names, read = read_by_name(snap)
+        assert not checkpoint.remove_unread(snap), "shard-generate reads the manifest next: still pinned"
 
         def one(name):
             assert all(ref() is None for ref in alive), "a parameter read before is still held"
