@@ -139,8 +139,10 @@ def files(patterns: list[str]) -> list:
             raise CorpusError(f"data.paths: {pattern!r} matches {unreadable[:3]}, which are not corpus files: "
                               f"expected {'/'.join(JSON + TEXT)} (optionally .gz or .zst), .parquet, a "
                               "datasets directory (save_to_disk) or a token directory (shard-data prepare)")
-        out += [p for p in found if p not in seen]   # patterns that overlap name a file once
-        seen.update(found)
+        for p in found:   # patterns that overlap, or spell one file two ways (a/../a, a symlink), name it once
+            if p.resolve() not in seen:
+                seen.add(p.resolve())
+                out.append(p)
     return out
 
 
@@ -286,7 +288,9 @@ def _json_lines(path: str, field: str, start: int, keep) -> Iterator[tuple[int, 
             yield i, record[field]   # read() skips a null, as a parquet file's, and refuses a non-string
 
 
-def _paragraphs(path: str, start: int, keep) -> Iterator[tuple[int, str]]:
+def paragraphs(path: str, start: int = 0, keep=lambda i: True) -> Iterator[tuple[int, str]]:
+    """(index, text) of a text file's paragraphs, split at lines holding only whitespace
+    (data=files' and data=text's split), from the `start`th, those `keep(index)` takes."""
     with _open_text(path) as f:
         index, lines = 0, []
         for line in f:
@@ -361,7 +365,7 @@ def read(piece: Piece, field: str, start: int = 0, held_out: int = 0) -> Iterato
     if piece.kind == "jsonl":
         records = _json_lines(piece.path, field, start, keep)
     elif piece.kind == "text":
-        records = _paragraphs(piece.path, start, keep)
+        records = paragraphs(piece.path, start, keep)
     elif piece.kind in ("parquet", "arrow"):
         records = _rows(piece, field, start, keep)
     elif piece.kind == "hub":
@@ -382,7 +386,9 @@ def read(piece: Piece, field: str, start: int = 0, held_out: int = 0) -> Iterato
             if text.strip():
                 yield index, text
     except (EOFError, OSError, UnicodeDecodeError, zlib.error) as e:   # a truncated or damaged file
-        raise CorpusError(f"{piece.path} cannot be read after record {index}: {type(e).__name__}: {e}") from None
+        what = "is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "cannot be read"
+        where = f"past record {index}" if index >= start else "before its first record"   # (text is decoded ahead)
+        raise CorpusError(f"{piece.path} {what} ({where}): {type(e).__name__}: {e}") from None
 
 
 def identity(found: list) -> list[dict]:

@@ -2,7 +2,8 @@
 
     synthetic  the project's own corpus (synthetic.py): `documents` documents from `seed`
     text       local files, in the order given: a .txt/.md file is split into documents at
-               blank lines (paragraphs, surrounding whitespace stripped); a .jsonl/.json file
+               blank lines (paragraphs, surrounding whitespace stripped; a line of spaces or
+               tabs is blank, as data=files has it: readers.paragraphs); a .jsonl/.json file
                gives one document per record, its `field`
     hf         a Hub dataset `name` (`config`, `split`), streamed, its first `max_documents`
                records' `field` (needs the network)
@@ -15,6 +16,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from shard.data.readers import paragraphs
 from shard.data.synthetic import synthetic_documents
 
 SOURCES = ("synthetic", "text", "hf", "files")   # files: streamed (stream.py), not loaded here
@@ -45,18 +47,23 @@ def _file_documents(path: Path, field: str, hf_cache) -> Iterator[str]:
     size = path.stat().st_size
     if size < 1 << 16 and not path.read_bytes().strip():   # datasets cannot infer a schema from nothing
         raise ValueError(f"{path}: the file is empty (no documents)")
-    if suffix in TEXT_SUFFIXES:
-        ds = datasets.load_dataset("text", data_files=str(path), sample_by="paragraph", split="train",
-                                   cache_dir=hf_cache)
-        for paragraph in ds["text"]:
-            if paragraph.strip():
-                yield paragraph.strip()
+    if suffix in TEXT_SUFFIXES:   # split as data=files splits it
+        try:
+            yield from (text for _, text in paragraphs(str(path)) if text)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text: {e}") from None
     elif suffix in JSON_SUFFIXES:
-        ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=hf_cache)
+        try:
+            ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=hf_cache)
+        except (datasets.exceptions.DatasetGenerationError, ValueError) as e:   # bad JSON: a traceback's worth
+            raise ValueError(f"{path} cannot be read as JSON lines: {e.__cause__ or e}") from None
         if field not in ds.column_names:
             raise ValueError(f"{path}: no field {field!r} in its records (fields: {ds.column_names}); "
                              f"set `field` to the one holding the text")
-        yield from _texts(({field: t} for t in ds[field]), field, str(path))
+        try:
+            yield from _texts(({field: t} for t in ds[field]), field, str(path))
+        except UnicodeDecodeError as e:   # loaded as they are, its bytes fail as the column is read
+            raise ValueError(f"{path} cannot be read as JSON lines: it is not UTF-8 text: {e}") from None
     else:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; expected one of "
                          f"{TEXT_SUFFIXES + JSON_SUFFIXES}")

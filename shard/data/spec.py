@@ -35,7 +35,7 @@ from typing import Mapping
 from shard.data import readers, tokenizer
 from shard.data.sources import SOURCES, missing_files
 
-FORMAT = 1  # bump when the files a spec produces change, so old cache entries are not reused
+FORMAT = 2  # bump when the files a spec produces change, so old cache entries are not reused (2: text paragraphs)
 DEFAULTS = {"seed": 0, "documents": None, "files": None, "name": None, "config": None, "split": "train",
             "max_documents": None, "field": "text", "tokenizer": None, "vocab_size": None, "val_fraction": 0.01,
             "paths": None, "weights": None, "val_documents": 200, "streams": None, "workers": 1, "streaming": False}

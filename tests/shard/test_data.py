@@ -15,7 +15,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from shard.data import Batches, DataError, TokenData, eval_batches, prepare, synthetic_documents, tokenizer
+from shard.data import Batches, DataError, TokenData, eval_batches, prepare, readers, synthetic_documents, tokenizer
 from shard.data.pack import pack
 from tests.shard.published_tokenizers import byte_bpe
 
@@ -355,6 +355,19 @@ def test_text_source_reads_txt_paragraphs_and_jsonl_records(tmp_path):
     assert prepare(spec, tmp_path / "cache") != entry, "an edited file is another corpus"
     with pytest.raises(ValueError, match="'text'"):
         prepare({**spec, "field": "text"}, tmp_path / "cache")
+    # a line of spaces or a tab is blank, as data=files has it (datasets' paragraphs needed an empty line)
+    (tmp_path / "spaced.txt").write_text("one\nline two\n \npara two\n\t\npara three\n\n\n")
+    data = TokenData(prepare({**spec, "files": [str(tmp_path / "spaced.txt")]}, tmp_path / "cache"))
+    assert [data.decode(t) for t in _split_on(np.asarray(data.train), data.eos_id)
+            + _split_on(np.asarray(data.val), data.eos_id)] == [
+        text for _, text in readers.paragraphs(str(tmp_path / "spaced.txt"))] == ["one\nline two", "para two",
+                                                                                 "para three"]
+    # bytes that are not UTF-8: one line naming the file (datasets' traceback before, for .jsonl)
+    (tmp_path / "latin.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    (tmp_path / "latin.jsonl").write_bytes(b'{"body": "caf\xe9"}\n')
+    for name, message in (("latin.txt", "is not UTF-8 text"), ("latin.jsonl", "cannot be read as JSON lines")):
+        with pytest.raises(ValueError, match=f"{name} {message}"):
+            prepare({**spec, "files": [str(tmp_path / name)]}, tmp_path / "cache")
 
 
 def test_bad_specs_are_refused_with_the_reason(tmp_path):
