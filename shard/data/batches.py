@@ -128,7 +128,8 @@ def eval_batches(tokens: np.ndarray, seq_len: int, micro_batch: int, rank: int, 
     windows = (len(tokens) - 1) // seq_len if len(tokens) else 0
     if windows == 0:
         raise ValueError(f"the evaluation split has {len(tokens)} tokens, fewer than one window of seq_len + 1 = "
-                         f"{seq_len + 1}: hold out more data (val_fraction) or use a smaller seq_len")
+                         f"{seq_len + 1}: hold out more data (data.val_fraction; data.val_documents for data=files) or "
+                         "use a smaller seq_len")
     mine = list(range(rank, count, world))
     filler = mine[0] if mine else 0
     batches = mine + [filler] * (-(-count // world) - len(mine))

@@ -200,6 +200,11 @@ class StreamingBatches:
                 break
         if not documents:
             raise readers.CorpusError(f"{first}: no documents to hold out for validation")
+        others = sum(len(found) for found in self.files) - 1
+        if len(documents) < self.corpus.val_documents and not others:
+            raise readers.CorpusError(f"data.val_documents={self.corpus.val_documents} holds out all {len(documents)} "
+                                      f"documents of {first}, the corpus' only file: none is left to train on; "
+                                      "lower data.val_documents or add files")
         if len(documents) < self.corpus.val_documents:
             warnings.warn(f"data.val_documents={self.corpus.val_documents}, but the first file {first} holds "
                           f"{len(documents)}: validation takes those, and training reads none of that file",

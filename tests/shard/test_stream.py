@@ -305,6 +305,11 @@ def test_a_file_validation_holds_out_whole_leaves_the_others_to_train_on_for_goo
             b.next_step()
         assert b.epoch >= 10
         b.close()
+    # the corpus' only file, all held out: refused as the batches are made (a traceback at step 1 before)
+    with pytest.raises(readers.CorpusError, match="val_documents=20 holds out all 10 documents of .*a.jsonl, the "
+                                                  "corpus' only file: none is left to train on"):
+        StreamingBatches(Corpus(((str(tmp_path / "a.jsonl"),),), (1.0,), "text", tok_path, 20), 32, 2, 1, 0, 1, 0,
+                         streams=1, workers=0)
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "a.jsonl").write_text(json.dumps({"text": "  "}) + "\n")
     (tmp_path / "empty" / "b.jsonl").write_text("\n")
