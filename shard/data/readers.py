@@ -153,6 +153,11 @@ def _manifest(path) -> dict:
         raise CorpusError(f"{path}: its tokens.json cannot be read: {e}") from None
 
 
+def input_of(piece: Piece) -> str:
+    """The input file a token directory's piece was tokenized from (its manifest's "from")."""
+    return _manifest(piece.path)["shards"][piece.group]["from"]
+
+
 def _tokens(piece: Piece, start: int, keep) -> Iterator[tuple[int, np.ndarray]]:
     manifest = _manifest(piece.path)
     name = manifest["shards"][piece.group]["name"]

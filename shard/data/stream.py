@@ -192,7 +192,12 @@ class StreamingBatches:
     def _hold_out(self) -> tuple[tuple[str, int], np.ndarray]:
         first = self.files[0][0]
         documents = []
-        for piece in (p for p in self.pieces[0] if p.path == str(first) and p.stride[0] == 0):
+        tokens = readers.kind_of(first) == "tokens"   # a token directory: its first input file's shards, as in text
+        origin = readers.input_of(self.pieces[0][0]) if tokens else None
+
+        def of_first(p: readers.Piece) -> bool:
+            return p.path == str(first) and (not tokens or readers.input_of(p) == origin)
+        for piece in (p for p in self.pieces[0] if of_first(p) and p.stride[0] == 0):
             whole = readers.Piece(piece.path, piece.kind, piece.rows, piece.group)
             wanted = self.corpus.val_documents - len(documents)
             documents += list(zip(range(wanted), readers.read(whole, self.corpus.field)))
@@ -200,8 +205,7 @@ class StreamingBatches:
                 break
         if not documents:
             raise readers.CorpusError(f"{first}: no documents to hold out for validation")
-        others = sum(len(found) for found in self.files) - 1
-        if len(documents) < self.corpus.val_documents and not others:
+        if len(documents) < self.corpus.val_documents and all(of_first(p) for found in self.pieces for p in found):
             raise readers.CorpusError(f"data.val_documents={self.corpus.val_documents} holds out all {len(documents)} "
                                       f"documents of {first}, the corpus' only file: none is left to train on; "
                                       "lower data.val_documents or add files")

@@ -367,6 +367,15 @@ def test_a_corpus_tokenized_once_streams_the_same_rows_as_its_text(corpus_dir, t
     tokens = ranks(corpus(corpus_dir, tok_path, sources=((str(out),),)), 2)
     assert np.array_equal(tokens[0].validation(), text[0].validation())
     assert step_rows(tokens, 12) == step_rows(text, 12)
+    # validation asks more than the first file holds: all of it, and none of the next file,
+    # as the text is held out (the directory's shards were all "the first file")
+    first = manifest["shards"][0]["documents"]
+    with pytest.warns(UserWarning, match=f"holds {first}: validation takes those"):
+        text = ranks(corpus(corpus_dir, tok_path, val_documents=first + 3), 2)
+        tokens = ranks(corpus(corpus_dir, tok_path, sources=((str(out),),), val_documents=first + 3), 2)
+    assert tokens[0].held_out[1] == text[0].held_out[1] == first
+    assert np.array_equal(tokens[0].validation(), text[0].validation())
+    assert step_rows(tokens, 12) == step_rows(text, 12)
     # more streams than pieces: each piece cut into strided ones, of the text's records
     text = ranks(corpus(corpus_dir, tok_path), 2, streams=16, global_batch=16)
     tokens = ranks(corpus(corpus_dir, tok_path, sources=((str(out),),)), 2, streams=16, global_batch=16)
