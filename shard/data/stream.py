@@ -28,6 +28,7 @@ validation split (validation()), never read for training.
 """
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -162,6 +163,8 @@ class StreamingBatches:
         self.corpus, self.seq_len, self.micro_batch, self.accumulation = corpus, seq_len, micro_batch, accumulation
         self.rank, self.world, self.seed, self.workers = rank, world, seed, workers
         self.tokenizer = tokenizer.load(corpus.tokenizer)
+        # positions are token offsets in documents: what they are offsets of (its files' digest)
+        self.tokenizer_digest = hashlib.sha256(b"".join(f.read_bytes() for f in self.tokenizer.files)).hexdigest()
         self.files = [readers.files(list(s)) for s in corpus.sources]   # globbed (a Hub dataset: listed) once
         self.identity = [readers.identity(found) for found in self.files]
         for found in self.files:
@@ -255,7 +258,7 @@ class StreamingBatches:
     def state_dict(self) -> dict:
         """This rank's streams' positions, and what they are positions in."""
         states = {s: stream.state() for s, stream in zip(self.mine, self._streams)} if self._streams else self._states
-        return {"streams": self.streams, "seed": self.seed, "corpus": self.identity,
+        return {"streams": self.streams, "seed": self.seed, "corpus": self.identity, "tokenizer": self.tokenizer_digest,
                 "pieces": [len(p) for p in self.pieces],
                 "positions": {str(s): list(map(int, v)) for s, v in states.items()}}
 
@@ -270,6 +273,9 @@ class StreamingBatches:
             if state.get(key) != mine:
                 raise ValueError(f"the data position was saved with {key} {state.get(key)!r}, this run has {mine!r}: "
                                  "resuming would read other data")
+        if state.get("tokenizer", self.tokenizer_digest) != self.tokenizer_digest:   # (absent: saved before 2026-11-28)
+            raise ValueError("the data position was saved with another tokenizer (data.tokenizer): its positions are "
+                             "token offsets in that tokenizer's documents, so resuming would read other data")
         if state.get("corpus") != self.identity:
             raise ValueError("the corpus changed since the data position was saved (a file added, removed or "
                              "modified): resuming would read other data")

@@ -286,6 +286,10 @@ def test_streams_that_do_not_fit_the_world_or_the_batch_are_refused_before_readi
     recut = {**state, "pieces": [p + 1 for p in state["pieces"]]}
     with pytest.raises(ValueError, match="cut into .* pieces, this run cuts them into"):
         b.load_state_dict(recut)
+    # positions are token offsets: another tokenizer's (data.tokenizer swapped, same vocabulary size) are refused
+    with pytest.raises(ValueError, match="saved with another tokenizer"):
+        b.load_state_dict({**state, "tokenizer": "0" * 64})
+    b.load_state_dict({k: v for k, v in state.items() if k != "tokenizer"})   # saved before it was kept: taken
     with pytest.raises(ValueError, match="data.weights must be one positive number per source"):
         corpus(corpus_dir, tok_path, weights=(1.0, 2.0))
 
