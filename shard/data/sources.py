@@ -34,6 +34,8 @@ def _texts(records: Iterable[dict], field: str, origin: str) -> Iterator[str]:
             raise ValueError(f"{origin}: record {i} has no field {field!r} (it has {sorted(record)}); "
                              f"set `field` to the one holding the text")
         text = record[field]
+        if text is None:   # a record without text, skipped as data=files skips it (a parquet null)
+            continue
         if not isinstance(text, str):
             raise ValueError(f"{origin}: record {i} field {field!r} is {type(text).__name__}, expected a string")
         if text.strip():

@@ -340,6 +340,7 @@ def test_text_source_reads_txt_paragraphs_and_jsonl_records(tmp_path):
         for i, text in enumerate(story[6:]):
             f.write(json.dumps({"id": i, "body": text}) + "\n")
         f.write(json.dumps({"id": 99, "body": ""}) + "\n")
+        f.write(json.dumps({"id": 98, "body": None}) + "\n")   # skipped, as data=files skips it (was an error)
     spec = {"source": "text", "files": [str(tmp_path / "book.txt"), str(tmp_path / "records.jsonl")],
             "field": "body", "vocab_size": 400, "val_fraction": 0.2}
     entry = prepare(spec, tmp_path / "cache")
