@@ -369,20 +369,19 @@ class ProcessGroupPccl(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         if not self._carries([input]):
-            return self._companion_for("all_gather_into_tensor", output, input)._allgather_base(output, input, opts)
+            return self._companion_for(output, input)._allgather_base(output, input, opts)
         (out,), back = contiguous([output])
         return Completion([self._all_gather(out, input.contiguous(), opts)], [output], back).work()
 
     def reduce_scatter_single(self, output, input, opts=None):
         if not self._carries([input]):
-            return self._companion_for("reduce_scatter_tensor", output, input)._reduce_scatter_base(output, input,
-                                                                                               opts)
+            return self._companion_for(output, input)._reduce_scatter_base(output, input, opts)
         (out,), back = contiguous([output])
         return Completion([self._reduce_scatter(out, input.contiguous(), opts)], [output], back).work()
 
     def allreduce(self, tensors, opts=None):
         if not self._carries(tensors):
-            return self._companion_for("all_reduce", tensors).allreduce(tensors, opts)
+            return self._companion_for(tensors).allreduce(tensors, opts)
         staged, back = contiguous(tensors)
         return Completion([self._all_reduce(t, opts) for t in staged], tensors, back).work()
 
@@ -391,7 +390,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
         of another size than the input (which gloo refuses by name) go to the companion."""
         if not self._carries(inputs) or any(o.numel() != i.numel() for outs, i in zip(output_lists, inputs)
                                             for o in outs):
-            return self._companion_for("all_gather", output_lists, inputs).allgather(output_lists, inputs, opts)
+            return self._companion_for(output_lists, inputs).allgather(output_lists, inputs, opts)
         works, copies = [], []
         for outputs, inp in zip(output_lists, inputs):
             flat = torch.empty((len(outputs),) + tuple(inp.shape), dtype=inp.dtype, device=inp.device)
@@ -407,20 +406,20 @@ class ProcessGroupPccl(dist.ProcessGroup):
         would have started it."""
         if not self._carries(outputs) or any(b.numel() != blocks[0].numel() for blocks in input_lists
                                              for b in blocks):
-            return self._companion_for("reduce_scatter", outputs, input_lists).reduce_scatter(outputs, input_lists,
-                                                                                                 opts)
+            return self._companion_for(outputs, input_lists).reduce_scatter(outputs, input_lists, opts)
         staged, back = contiguous(outputs)
         works = [self._reduce_scatter(out.view(-1), torch.cat([b.reshape(-1) for b in blocks]), opts)
                  for out, blocks in zip(staged, input_lists)]
         return Completion(works, outputs, back).work()
 
     def allreduce_coalesced(self, tensors, opts=None):
+        if not self._carries(tensors):   # (the companion's allreduce takes no coalesced options)
+            return self._companion_for(tensors).allreduce_coalesced(tensors, opts)
         return self.allreduce(tensors, opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         if not self._carries(inputs):
-            return one_by_one(self._companion_for("all_gather_into_tensor", outputs, inputs)._allgather_base, outputs,
-                              inputs, opts)
+            return one_by_one(self._companion_for(outputs, inputs)._allgather_base, outputs, inputs, opts)
         staged, back = contiguous(outputs)
         return Completion([self._all_gather(o, i.contiguous(), opts) for o, i in zip(staged, inputs)], outputs,
                           back).work()
@@ -433,8 +432,7 @@ class ProcessGroupPccl(dist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         if not self._carries(inputs):
-            return one_by_one(self._companion_for("reduce_scatter_tensor", outputs, inputs)._reduce_scatter_base,
-                              outputs, inputs, opts)
+            return one_by_one(self._companion_for(outputs, inputs)._reduce_scatter_base, outputs, inputs, opts)
         staged, back = contiguous(outputs)
         return Completion([self._reduce_scatter(o, i.contiguous(), opts) for o, i in zip(staged, inputs)],
                           outputs, back).work()
@@ -498,18 +496,12 @@ class ProcessGroupPccl(dist.ProcessGroup):
             return outputs
         return FutureWork(work.get_future().then(copy_out))
 
-    def _companion_for(self, what: str, *args):
-        """The companion backend of the first tensor's device in `args`, for `what`. A
-        non-contiguous tensor is refused: gloo reads a strided view as dense memory, and
-        writes outside it (the ops pccl runs itself stage views on contiguous copies)."""
+    def _companion_for(self, *args) -> "Staged":
+        """The companion backend of the first tensor's device in `args`, staging views that
+        are not contiguous (Staged): gloo reads a strided view as dense memory and writes
+        outside it, and a refusal on the one rank holding a view left the others waiting."""
         tensors = list(_tensors(args))
-        strided = next((t for t in tensors if not t.is_contiguous()), None)
-        if strided is not None:
-            raise ValueError(f"pccl backend: {what} of a non-contiguous {strided.dtype} tensor (shape "
-                             f"{tuple(strided.shape)}, stride {strided.stride()}) runs on the companion backend, "
-                             "which reads a strided view as dense memory and would write outside it: pass a "
-                             "contiguous tensor (x.contiguous(), then copy the result back)")
-        return self.companion(tensors[0].device if tensors else torch.device("cpu"))
+        return Staged(self.companion(tensors[0].device if tensors else torch.device("cpu")))
 
     def companion(self, device: torch.device):
         """The backend forwarded calls run on: gloo, made with the group; for CUDA tensors
@@ -551,6 +543,48 @@ def contiguous(tensors: list) -> tuple[list, object]:
     pairs = [(t, t if t.is_contiguous() else t.contiguous()) for t in tensors]
     copies = [(t, c) for t, c in pairs if c is not t]
     return [c for _, c in pairs], (lambda: [t.copy_(c) for t, c in copies]) if copies else None
+
+
+class Staged:
+    """A companion backend whose calls take views that are not contiguous as gloo cannot:
+    each such tensor is passed as a contiguous copy, written back into the view once the
+    call completes (every staged tensor: an input's copy holds its own values), so every
+    rank forwards the call whatever its tensors' layout, as pccl's own calls stage them."""
+
+    def __init__(self, backend):
+        self._backend = backend
+
+    def __getattr__(self, name: str):
+        method = getattr(self._backend, name)
+
+        def call(*args, **kwargs):
+            copies = []
+            work = method(*_staged(args, copies), **{k: _staged(v, copies) for k, v in kwargs.items()})
+            if not copies or work is None:
+                return work
+
+            def back(future):
+                value = future.value()   # raises the call's error
+                for view, copy in copies:
+                    view.copy_(copy)
+                return value
+            return FutureWork(work.get_future().then(back))
+        return call
+
+
+def _staged(obj, copies: list):
+    """`obj` (a tensor, or lists and tuples of them, nested) with each tensor that is not
+    contiguous replaced by a contiguous copy, (view, copy) appended to `copies`."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_contiguous():
+            return obj
+        copies.append((obj, obj.contiguous()))
+        return copies[-1][1]
+    if isinstance(obj, list):
+        return [_staged(item, copies) for item in obj]
+    if type(obj) is tuple:
+        return tuple(_staged(item, copies) for item in obj)
+    return obj
 
 
 def one_by_one(single, outputs, inputs, opts) -> "FutureWork":
@@ -595,7 +629,7 @@ def _kept_while_coalescing(method):
 
 def _forward(name: str):
     def forwarded(self, *args, **kwargs):
-        return getattr(self._companion_for(name, *args), name)(*args, **kwargs)
+        return getattr(self._companion_for(*args), name)(*args, **kwargs)
 
     forwarded.__name__ = name
     forwarded.__doc__ = f"{name}: not a pccl algorithm; run by the companion backend"

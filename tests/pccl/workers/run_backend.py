@@ -156,6 +156,18 @@ check(torch.equal(t, torch.full((3,), float(p - 1))), "broadcast")
 t = torch.full((3,), float(rank + 1))
 dist.reduce(t, dst=0)
 check(rank != 0 or torch.equal(t, torch.full((3,), p * (p + 1) / 2)), "reduce")
+# a view that is not contiguous on one rank only: staged there (refused there before, while
+# the other ranks waited out the timeout in the companion)
+base = torch.zeros(3, 2)
+t = base[:, 1] if rank == p - 1 else torch.full((3,), float(rank))
+dist.broadcast(t, src=0)
+check(torch.equal(t, torch.zeros(3)) and not base.any(), "broadcast into a view on one rank")
+base[:, 1] = 1.0
+dist.broadcast(base[:, 1] if rank == p - 1 else torch.ones(3), src=p - 1)
+check(torch.equal(base, torch.tensor([[0.0, 1.0]] * 3)), "broadcast from a view on one rank")
+flags = [torch.tensor([rank == 0, False]), torch.tensor([True])]
+dist.all_reduce_coalesced(flags)   # bools: the companion's (a TypeError before)
+check(flags[0].tolist() == [True, False] and flags[1].tolist() == [True], "coalesced all-reduce of bools")
 if p > 1:
     if rank == 0:
         dist.send(torch.arange(5.0), dst=1)
