@@ -153,9 +153,10 @@ def _manifest(path) -> dict:
         raise CorpusError(f"{path}: its tokens.json cannot be read: {e}") from None
 
 
-def input_of(piece: Piece) -> str:
-    """The input file a token directory's piece was tokenized from (its manifest's "from")."""
-    return _manifest(piece.path)["shards"][piece.group]["from"]
+def token_inputs(path) -> list[str]:
+    """The input file each shard of the token directory `path` was tokenized from (its
+    manifest's "from"), in the shards' order: a piece's is at its group."""
+    return [shard["from"] for shard in _manifest(path)["shards"]]
 
 
 def _tokens(piece: Piece, start: int, keep) -> Iterator[tuple[int, np.ndarray]]:

@@ -163,8 +163,9 @@ class StreamingBatches:
         self.corpus, self.seq_len, self.micro_batch, self.accumulation = corpus, seq_len, micro_batch, accumulation
         self.rank, self.world, self.seed, self.workers = rank, world, seed, workers
         self.tokenizer = tokenizer.load(corpus.tokenizer)
-        # positions are token offsets in documents: what they are offsets of (its files' digest)
-        self.tokenizer_digest = hashlib.sha256(b"".join(f.read_bytes() for f in self.tokenizer.files)).hexdigest()
+        self._tokenizer_files = [f.read_bytes() for f in self.tokenizer.files]
+        # positions are token offsets in documents: what they are offsets of
+        self.tokenizer_digest = hashlib.sha256(b"".join(self._tokenizer_files)).hexdigest()
         self.files = [readers.files(list(s)) for s in corpus.sources]   # globbed (a Hub dataset: listed) once
         self.identity = [readers.identity(found) for found in self.files]
         for found in self.files:
@@ -178,10 +179,10 @@ class StreamingBatches:
 
     def _check_token_directories(self) -> None:
         """A pre-tokenized source must have been tokenized by this run's tokenizer."""
-        mine = [f.read_bytes() for f in self.tokenizer.files]
         for found in self.files:
             for path in found:
-                if readers.kind_of(path) == "tokens" and [f.read_bytes() for f in tokenizer.load(path).files] != mine:
+                if readers.kind_of(path) == "tokens" and [f.read_bytes() for f in tokenizer.load(path).files] != \
+                        self._tokenizer_files:
                     raise readers.CorpusError(f"{path} was tokenized with another tokenizer than "
                                               f"{self.corpus.tokenizer} (data.tokenizer): its tokens mean other text")
 
@@ -195,11 +196,13 @@ class StreamingBatches:
     def _hold_out(self) -> tuple[tuple[str, int], np.ndarray]:
         first = self.files[0][0]
         documents = []
-        tokens = readers.kind_of(first) == "tokens"   # a token directory: its first input file's shards, as in text
-        origin = readers.input_of(self.pieces[0][0]) if tokens else None
+        groups = None   # of a token directory: the shards of its first input file, as in the text
+        if readers.kind_of(first) == "tokens":
+            inputs = readers.token_inputs(first)
+            groups = {g for g, source in enumerate(inputs) if source == inputs[0]}
 
         def of_first(p: readers.Piece) -> bool:
-            return p.path == str(first) and (not tokens or readers.input_of(p) == origin)
+            return p.path == str(first) and (groups is None or p.group in groups)
         for piece in (p for p in self.pieces[0] if of_first(p) and p.stride[0] == 0):
             whole = readers.Piece(piece.path, piece.kind, piece.rows, piece.group)
             wanted = self.corpus.val_documents - len(documents)
