@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Optional
 
 from shard.engine.checkpoint import CheckpointError
 from shard.engine.config import EngineConfig, OptimizerConfig, SettingError
@@ -85,7 +86,8 @@ def check(resolved: dict) -> GPTConfig:
     if rates["min_lr"] > rates["lr"]:
         preset = " (the model preset's)" if resolved["optim"]["lr"] is None else ""
         raise ConfigError(f"optim.min_lr={rates['min_lr']} must not exceed optim.lr={rates['lr']}{preset}")
-    _data(resolved["data"], model)
+    m = resolved["model"]
+    _data(resolved["data"], model, m.get("path") if m.get("preset") == "hf" else None)
     return model
 
 
@@ -199,13 +201,29 @@ def engine_config(resolved: dict, precision: str) -> EngineConfig:
         raise ConfigError(f"{elsewhere.get(e.field, f'strategy.{e.field}')}: {e}") from None
 
 
-def _data(d: dict, model: GPTConfig) -> None:
-    from shard.data.spec import normalize
+def data_spec(d, vocab: int, model_dir: Optional[str]) -> dict:
+    """The data group `d` as a data spec: a tokenizer trained to `vocab` where it sets none,
+    or with data.tokenizer null and a Hugging Face model (`model_dir`), that model's own."""
+    from shard.data import tokenizer
 
     spec = {k: v for k, v in d.items() if k != "cache_dir"}
-    from_model = spec.get("vocab_size") is None
-    if from_model:
-        spec["vocab_size"] = model.vocab
+    if spec.get("vocab_size") is None:
+        spec["vocab_size"] = vocab
+    if spec.get("tokenizer") is None and model_dir is not None:
+        try:
+            spec["tokenizer"] = str(tokenizer.locate(model_dir))
+        except FileNotFoundError:   # a model directory without one: a tokenizer trained on the corpus
+            pass
+    return spec
+
+
+def _data(d: dict, model: GPTConfig, model_dir: Optional[str]) -> None:
+    """The data group checked as the run will use it (data_spec): with a Hugging Face
+    model's own tokenizer, a vocabulary under the 260 a trained one needs is no error."""
+    from shard.data.spec import normalize
+
+    from_model = d.get("vocab_size") is None
+    spec = data_spec(d, model.vocab, model_dir)
     try:
         normalize(spec)
     except ValueError as e:   # the value may be the model's, which the user set

@@ -221,22 +221,6 @@ def _reset_peak_memory(device: torch.device) -> None:
         pass
 
 
-def _data_spec(d, vocab: int, model_dir: Optional[str]) -> dict:
-    """The data group `d` as a data spec: a tokenizer trained to `vocab` where it sets none,
-    or with data.tokenizer null and a Hugging Face model (`model_dir`), that model's own."""
-    from shard.data import tokenizer
-
-    spec = {k: v for k, v in d.items() if k != "cache_dir"}
-    if spec.get("vocab_size") is None:
-        spec["vocab_size"] = vocab
-    if spec.get("tokenizer") is None and model_dir is not None:
-        try:
-            spec["tokenizer"] = str(tokenizer.locate(model_dir))
-        except FileNotFoundError:   # a model directory without one: a tokenizer trained on the corpus
-            pass
-    return spec
-
-
 def check_same_config(comm: pccl.Communicator, device: torch.device, resolved: dict) -> None:
     """Every rank runs rank 0's configuration (collective): a rank launched with another
     (an override on some nodes only) trained its shard at its own learning rate, silently,
@@ -506,7 +490,7 @@ def load_data(r: Run) -> None:
         r.tokenizer, r.tokenizer_vocab = r.batches.corpus.tokenizer, r.batches.tokenizer.vocab_size
         held_out = r.batches.validation()
     else:   # rank 0 tokenizes, once (cached)
-        spec = _data_spec(r.cfg.data, r.model.vocab, model_dir)
+        spec = preflight.data_spec(r.cfg.data, r.model.vocab, model_dir)
         r.data = TokenData(_on_rank_0(r.comm, "preparing the data", lambda: prepare(spec, r.cfg.data.cache_dir)))
         r.tokenizer, r.tokenizer_vocab, held_out = str(r.data.directory), r.data.vocab_size, r.data.val
         try:   # a batch the corpus cannot fill: the same on every rank
@@ -532,7 +516,7 @@ def _stream_data(r: Run, model_dir: Optional[str]):
 
     t = r.cfg.train
     try:
-        spec = normalize(_data_spec(r.cfg.data, r.model.vocab, model_dir))
+        spec = normalize(preflight.data_spec(r.cfg.data, r.model.vocab, model_dir))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     path = _on_rank_0(r.comm, "preparing the tokenizer", lambda: prepare_tokenizer(spec, r.cfg.data.cache_dir))

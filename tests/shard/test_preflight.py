@@ -133,6 +133,21 @@ def test_model_hf_reads_the_directorys_config_and_wants_a_learning_rate(tmp_path
         preflight.check(composed([f"model.path={path}"]))
 
 
+def test_model_hf_is_checked_with_its_own_tokenizer_as_the_run_uses_it(tmp_path):
+    """A model of 259 tokens with its own tokenizer of 258 trains (shard-train takes the
+    directory's tokenizer); the check took the vocabulary for one to train, which needs 260,
+    and refused the run."""
+    from tests.models.test_hf import random_hf_model
+    from tests.shard.published_tokenizers import byte_bpe
+
+    random_hf_model("llama", vocab_size=259).save_pretrained(tmp_path / "hf")
+    byte_bpe(tmp_path / "hf", "llama", vocab=258)
+    overrides = ["model=hf", f"model.path={tmp_path / 'hf'}", "optim.lr=1e-4", "train.seq_len=32"]
+    assert preflight.check(composed(overrides)).vocab == 259
+    assert preflight.data_spec({"tokenizer": None, "vocab_size": None}, 259, str(tmp_path / "hf"))["tokenizer"] == \
+        str(tmp_path / "hf" / "tokenizer.json")
+
+
 @pytest.mark.parametrize("override, key", [("+optim.warmup_step=0", "optim.warmup_step"),
                                            ("+model.layer=1", "model.layer"), ("+trian.steps=5", "trian"),
                                            ("+log.intervall=1", "log.intervall"), ("+strategy.foo=1", "strategy.foo"),
