@@ -323,7 +323,8 @@ class Weights:
 def check(checkpoint: Checkpoint, mapping: Mapping, model: GPT) -> None:
     """Every parameter of `model` has its tensors in the checkpoint with the shapes it needs,
     and the checkpoint has no weight the model lacks: else UnsupportedModel naming the keys
-    and both shapes. Reads the files' headers only."""
+    and both shapes. Reads the files' headers only, and a tied model's stored head with the
+    embedding it must equal."""
     problems = []
     used = set()
     for name, p in model.named_parameters():
@@ -344,8 +345,15 @@ def check(checkpoint: Checkpoint, mapping: Mapping, model: GPT) -> None:
             if shape != want:
                 problems.append(f"{key} has shape {checkpoint.shape(key)}, expected {want} (rows {a}..{b} of "
                                 f"our {name} {list(p.shape)}{', transposed' if part.transposed else ''})")
-    tied = {checkpoint.key("lm_head.weight")} if model.cfg.tied else set()
-    unused = sorted(k for k in set(checkpoint.where) - used - tied if not k.endswith(BUFFERS))
+    head = checkpoint.key("lm_head.weight") if model.cfg.tied else None
+    if head is not None:   # a tied checkpoint that stores its head too: only a copy of the embedding is
+        embedding = checkpoint.key(mapping.parts["embed.weight"][0].key)
+        if embedding is not None and checkpoint.shape(head) == checkpoint.shape(embedding) and \
+                not torch.equal(checkpoint.tensor(head), checkpoint.tensor(embedding)):
+            problems.append(f"{head} differs from {embedding}, but config.json ties them (tie_word_embeddings): "
+                            "transformers computes with the stored head and this model would compute with the "
+                            "embedding; set tie_word_embeddings to false, or drop the stored head")
+    unused = sorted(k for k in set(checkpoint.where) - used - {head} if not k.endswith(BUFFERS))
     if unused:
         problems.append(f"tensors this model has no place for: {unused[:6]}{' ...' if len(unused) > 6 else ''}")
     if problems:

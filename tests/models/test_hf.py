@@ -194,6 +194,27 @@ def test_a_weight_stored_as_integers_is_refused(tmp_path):
         from_pretrained(tmp_path)
 
 
+def test_a_tied_checkpoint_may_store_its_head_only_as_a_copy_of_the_embedding(tmp_path):
+    """config.json ties the head to the embedding, and the file stores a head too: a copy
+    loads; another tensor is refused (transformers computes with the stored head, and the
+    tied model would have computed with the embedding: logits 5 apart, silently)."""
+    from safetensors.torch import load_file, save_file
+
+    random_hf_model("llama_tied").save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tokens = torch.randint(0, COMMON["vocab_size"], (1, 12), generator=torch.Generator().manual_seed(0))
+    before = from_pretrained(tmp_path)(tokens)
+    embedding = tensors["model.embed_tokens.weight"]
+    for head, loads in ((embedding.clone(), True), (embedding + 0.5, False)):
+        save_file({**tensors, "lm_head.weight": head}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+        if loads:
+            assert torch.equal(from_pretrained(tmp_path)(tokens), before)
+        else:
+            with pytest.raises(UnsupportedModel, match="lm_head.weight differs from model.embed_tokens.weight, but "
+                                                       "config.json ties them"):
+                from_pretrained(tmp_path)
+
+
 def test_export_writes_the_special_token_ids_it_is_given(tmp_path):
     model = GPT(GPTConfig.preset("llama_tiny", vocab=96, context=32), seed=1)
     save_pretrained(model, tmp_path / "m", tokens={"bos_token_id": 2, "eos_token_id": 3, "pad_token_id": None})
