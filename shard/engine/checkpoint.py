@@ -354,12 +354,13 @@ def latest(path) -> Path:
     return root / pointer.read_text().strip()
 
 
-def choose(engine, path, fallback: bool, pin: ExitStack) -> tuple[Path, list[str]]:
+def choose(engine, path, fallback: bool, pin: Optional[ExitStack] = None) -> tuple[Path, list[str]]:
     """The snapshot to load: the one LATEST names, or with `fallback` the newest intact one;
     and the snapshots skipped, with why. Every rank checks its share of each candidate's
     files (hashing runs on all ranks at once) and the ranks agree on the outcome
-    (collective); the one chosen stays pinned (against retention) until `pin` closes.
-    Raises CheckpointError on every rank when there is none to load."""
+    (collective); the one chosen stays pinned (against retention) until `pin` closes
+    (without one, until it is chosen). Raises CheckpointError on every rank when there is
+    none to load."""
     root, skipped = Path(path), []
     rank, world = engine.layout.rank, engine.layout.world
     candidates = snapshots(root) if fallback else [latest(root)] if (root / "LATEST").is_file() else []
@@ -370,7 +371,10 @@ def choose(engine, path, fallback: bool, pin: ExitStack) -> tuple[Path, list[str
             held.enter_context(pinned(snap))
         mine = problems(snap, (rank, world)) if snap is not None else "this rank does not see it"
         if not engine.total(int(mine is not None)):
-            pin.enter_context(held)
+            if pin is None:
+                held.close()
+            else:
+                pin.enter_context(held)
             return snap, skipped
         held.close()
         if rank == 0:   # the failure path: rank 0 words it, from its own view when it found nothing
