@@ -9,6 +9,7 @@ optim.lr is the model preset's peak rate and a null optim.min_lr a tenth of opti
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Optional
@@ -61,11 +62,27 @@ def check_overrides(argv: list[str]) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = [a for a in argv if not a.startswith(("hydra.", "hydra/", "+hydra"))]
-    try:
-        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        try:
             compose("config", overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(" ".join(str(e).split())) from None
+        except (HydraException, OmegaConfBaseException) as e:
+            missing = re.match(r"Could not override '([^']+)'", str(e))
+            if missing:   # a key no group has: named with the group's keys, not Hydra's advice to add it
+                raise ConfigError(no_such_key(missing.group(1), compose("config"))) from None
+            raise ConfigError(" ".join(str(e).split())) from None
+
+
+def no_such_key(key: str, cfg) -> str:
+    """What to say of a dotted `key` that the composed configuration `cfg` lacks: the
+    keys of the deepest group of its path that exists."""
+    from omegaconf import OmegaConf
+
+    parts = key.split(".")
+    depth = max(d for d in range(len(parts)) if d == 0 or OmegaConf.select(cfg, ".".join(parts[:d])) is not None)
+    group = ".".join(parts[:depth])
+    section = OmegaConf.select(cfg, group) if group else cfg
+    keys = list(section.keys()) if OmegaConf.is_dict(section) else []
+    return f"{'.'.join(parts[:depth + 1])}: no such key; {group or 'the configuration'} has {keys}"
 
 
 def check(resolved: dict) -> GPTConfig:

@@ -241,8 +241,14 @@ def test_a_bad_setting_on_the_command_line_is_one_line_and_exit_status_2(tmp_pat
 
 def test_a_key_no_group_has_is_refused_as_a_setting_is():
     """Hydra's own error for it exited 1, so a RESTARTS loop relaunched a typo."""
-    with pytest.raises(preflight.ConfigError, match="Could not override 'train.nosuchkey'"):
+    # named with the group's keys (Hydra's "To append to your config use +train.nosuchkey=1"
+    # led to a second refusal)
+    with pytest.raises(preflight.ConfigError, match=r"^train.nosuchkey: no such key; train has \[.*'steps'"):
         preflight.check_overrides(["train.nosuchkey=1"])
+    with pytest.raises(preflight.ConfigError, match=r"^trian: no such key; the configuration has \[.*'train'"):
+        preflight.check_overrides(["trian.steps=1"])
+    with pytest.raises(preflight.ConfigError, match=r"^comm.compression.parms: no such key; comm.compression has"):
+        preflight.check_overrides(["comm.compression.parms=int8"])
     with pytest.raises(preflight.ConfigError, match="no viable alternative at input"):
         preflight.check_overrides(["train.steps=[1,"])
     preflight.check_overrides(["train.steps=3", "hydra.run.dir=x"])
