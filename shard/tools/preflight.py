@@ -67,9 +67,16 @@ def check_overrides(argv: list[str]) -> None:
             compose("config", overrides=overrides)
         except (HydraException, OmegaConfBaseException) as e:
             missing = re.match(r"Could not override '([^']+)'", str(e))
-            if missing:   # a key no group has: named with the group's keys, not Hydra's advice to add it
-                raise ConfigError(no_such_key(missing.group(1), compose("config"))) from None
-            raise ConfigError(" ".join(str(e).split())) from None
+            if not missing:
+                raise ConfigError(" ".join(str(e).split())) from None
+            # a key no group has: named with the keys of its group as the run chose it (data=files'
+            # for data.pathz), not with Hydra's advice to add it
+            key = missing.group(1)
+            try:
+                cfg = compose("config", overrides=[o for o in overrides if o.partition("=")[0].lstrip("+~") != key])
+            except (HydraException, OmegaConfBaseException):
+                cfg = compose("config")
+            raise ConfigError(no_such_key(key, cfg)) from None
 
 
 def no_such_key(key: str, cfg) -> str:

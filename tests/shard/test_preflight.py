@@ -249,6 +249,8 @@ def test_a_key_no_group_has_is_refused_as_a_setting_is():
         preflight.check_overrides(["trian.steps=1"])
     with pytest.raises(preflight.ConfigError, match=r"^comm.compression.parms: no such key; comm.compression has"):
         preflight.check_overrides(["comm.compression.parms=int8"])
+    with pytest.raises(preflight.ConfigError, match=r"^data.pathz: no such key; data has \[.*'paths'"):   # data=files'
+        preflight.check_overrides(["data=files", "data.pathz=x"])
     with pytest.raises(preflight.ConfigError, match="no viable alternative at input"):
         preflight.check_overrides(["train.steps=[1,"])
     preflight.check_overrides(["train.steps=3", "hydra.run.dir=x"])
