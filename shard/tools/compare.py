@@ -300,10 +300,11 @@ def profiled(run, batches, lr: float, steps: int, device) -> dict:
         if gpu:
             torch.cuda.synchronize(device)
     key = "self_device_time_total" if gpu else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    averages = prof.key_averages()   # (aggregating the trace once, for the rows and the table)
+    events = sorted(averages, key=lambda e: getattr(e, key), reverse=True)
     top = [{"name": e.key, "self_ms_per_step": getattr(e, key) / 1e3 / steps, "calls_per_step": e.count / steps}
            for e in events[:PROFILE_ROWS] if getattr(e, key) > 0]
-    return {"profile": top, "profile_table": prof.key_averages().table(sort_by=key, row_limit=3 * PROFILE_ROWS)}
+    return {"profile": top, "profile_table": averages.table(sort_by=key, row_limit=3 * PROFILE_ROWS)}
 
 
 def compute_only(args, model, world) -> dict:
