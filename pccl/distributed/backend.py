@@ -540,9 +540,9 @@ def contiguous(tensors: list) -> tuple[list, object]:
     view, which gloo takes) a contiguous copy; and what copies those back once the
     collective completes (None: nothing to). Every rank runs the call on pccl whatever its
     tensors' layout, so the ranks never split between pccl and the companion over it."""
-    pairs = [(t, t if t.is_contiguous() else t.contiguous()) for t in tensors]
-    copies = [(t, c) for t, c in pairs if c is not t]
-    return [c for _, c in pairs], (lambda: [t.copy_(c) for t, c in copies]) if copies else None
+    copies = []
+    staged = _staged(list(tensors), copies)
+    return staged, (lambda: [t.copy_(c) for t, c in copies]) if copies else None
 
 
 class Staged:
