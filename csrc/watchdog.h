@@ -15,6 +15,8 @@ namespace pccl {
 
 class Watchdog {
  public:
+  static constexpr int kReportGraceMs = 500;
+
   Watchdog(MPI_Comm comm, double timeout_s) : comm_(comm), timeout_s_(timeout_s) {}
   ~Watchdog() {
     {
@@ -55,6 +57,10 @@ class Watchdog {
                      "never arrived. Aborting the job (MPI's blocking collectives cannot be "
                      "cancelled).\n", rank, what_.load(), timeout_s_.load());
         std::fflush(stderr);
+        // The launcher forwards this rank's stderr and handles the abort on two channels, and
+        // may end the job before it has read the message (mpiexec lost it in 2 of 200 aborts):
+        // a moment for it to pass the reason on, after a wait of the whole timeout.
+        std::this_thread::sleep_for(std::chrono::milliseconds(kReportGraceMs));
         MPI_Abort(MPI_COMM_WORLD, 124);   // the job: comm_ may be a sub-communicator (a plan level)
       }
     }
