@@ -51,8 +51,10 @@ def test_mpiexec_ends_as_it_does_for_ranks_started_as_their_own_interpreters(tmp
 
 
 def test_a_killed_job_takes_its_forked_ranks_with_it(tmp_path):
-    with pytest.raises(subprocess.TimeoutExpired):
+    with pytest.raises(subprocess.TimeoutExpired) as timed_out:
         launch(tmp_path, "hang", True, timeout=8)
+    # what the job printed before its timeout comes with the error: a hang's only clue
+    assert "rank 0 hangs" in str(timed_out.value) and "rank 1 hangs" in str(timed_out.value)
     out = tmp_path / "forked" / "hang"
     pids = [int((out / f"{r}.pid").read_text()) for r in range(2)]
 

@@ -344,12 +344,13 @@ def test_compressed_collectives_on_gpus_over_nccl(tmp_path):
     """Every collective x algorithm with int8 and bf16 on GPU tensors over NCCL, against the
     bounds and references of tests/pccl/workers/run_compression.py (GPU encodings equal the
     CPU's, so all-gathered blocks are the CPU round trips)."""
-    from tests.support.gpu import GPUS, launch_report, no_gpu_reason
+    from tests.support.gpu import GPUS, no_gpu_reason
+    from tests.support.mpirun import report_of
 
     if no_gpu_reason(2):   # over MPI, compressed schedules take host buffers only
         pytest.skip(no_gpu_reason(2))
-    result = launch_report({}, "nccl", tmp_path, GPUS, "-m tests.pccl.workers.run_compression", "nccl",
-                           timeout=900)
+    result = report_of({}, "nccl", tmp_path, GPUS, "-m tests.pccl.workers.run_compression", "nccl",
+                       timeout=900)
     assert "_launch" not in result, result.get("_launch")
     failures = {k: v for k, v in result.items() if v}
     assert not failures, "\n".join(f"{k}: {v[:3]}" for k, v in failures.items())

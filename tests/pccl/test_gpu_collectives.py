@@ -21,8 +21,8 @@ import os
 import pytest
 
 from tests.pccl.workers.run_gpu_nccl import emulated_nodes, group_id, groups, needs_topology
-from tests.support.gpu import GPUS, launch_report, mpi_ranks, no_gpu_reason, no_mpi_gpu_reason
-from tests.support.mpirun import check_group
+from tests.support.gpu import GPUS, mpi_ranks, no_gpu_reason, no_mpi_gpu_reason
+from tests.support.mpirun import check_group, report_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
@@ -56,8 +56,8 @@ CASES = [(mode, *g) for mode in ("nccl", "staged", "gpu_aware") for g in groups(
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     def get(mode: str) -> dict:
-        return launch_report(_reports, mode, tmp_path_factory.mktemp(mode), ranks_of(mode), WORKER, mode,
-                             timeout=1200)
+        return report_of(_reports, mode, tmp_path_factory.mktemp(mode), ranks_of(mode), WORKER, mode,
+                         timeout=1200)
     return get
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import pytest
 
 from shard import STRATEGIES
-from tests.support.gpu import GPUS, launch_report, mpi_ranks, no_gpu_reason, no_mpi_gpu_reason
+from tests.support.gpu import GPUS, mpi_ranks, no_gpu_reason, no_mpi_gpu_reason
+from tests.support.mpirun import report_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
@@ -50,8 +51,8 @@ def report(tmp_path_factory):
         if reason:
             pytest.skip(reason)
         ranks, group, transport = world_of(config)
-        result = launch_report(_reports, config, tmp_path_factory.mktemp(config), ranks, WORKER, str(group),
-                               transport, timeout=1800)
+        result = report_of(_reports, config, tmp_path_factory.mktemp(config), ranks, WORKER, str(group),
+                           transport, timeout=1800)
         assert "_launch" not in result, result.get("_launch")
         return result
     return get

@@ -22,7 +22,8 @@ import json
 import pytest
 
 from tests.shard.workers.run_gpu_training import overlap_summary
-from tests.support.gpu import GPUS, keep, launch_report, no_gpu_reason, no_mpi_gpu_reason
+from tests.support.gpu import GPUS, keep, no_gpu_reason, no_mpi_gpu_reason
+from tests.support.mpirun import report_of
 
 WORKER = "-m tests.shard.workers.run_gpu_training"
 
@@ -87,7 +88,7 @@ def launched(tmp_path_factory, scenario: str, reason, ranks: int, timeout: float
     if reason:
         pytest.skip(reason)
     directory = tmp_path_factory.mktemp(scenario)
-    report = launch_report(_reports, scenario, directory, ranks, WORKER, scenario, str(directory), timeout=timeout)
+    report = report_of(_reports, scenario, directory, ranks, WORKER, scenario, str(directory), timeout=timeout)
     assert "_launch" not in report, report.get("_launch")
     return directory, report
 

@@ -1,18 +1,14 @@
 """Shared by the GPU test suite (make test-gpu, docs/gpu.md "GPU test suite"): how many
-GPUs torch sees, why a GPU test cannot run here, and mpiexec launches with longer limits."""
+GPUs torch sees, why a GPU test cannot run here, and where results are kept."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.distributed as dist
-
-from tests.support.mpirun import mpiexec
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 # Ranks of a multi-rank test over MPI where there is one GPU: MPI, unlike NCCL (which refuses
@@ -56,25 +52,6 @@ def no_gpu_reason(gpus: int = 1, nccl: bool = True) -> Optional[str]:
     if nccl and not dist.is_nccl_available():
         return "needs a torch built with NCCL (or RCCL): torch.distributed.is_nccl_available() is False"
     return None
-
-
-def launch_report(cache: dict, key, tmp_dir: Path, ranks: int, script: str, *args: str, timeout: float) -> dict:
-    """tests.support.mpirun.report_of with a time limit: the JSON report the worker writes
-    (its last argument), launched once per key; {"_launch": output} when the launch failed
-    or ran out of time."""
-    if key not in cache:
-        path = tmp_dir / "report.json"
-        try:
-            run = mpiexec(ranks, script, *args, str(path), timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            out = (e.stdout or b"")[-3000:], (e.stderr or b"")[-3000:]
-            cache[key] = {"_launch": f"no result after {timeout} s\n{out[0]!r}\n{out[1]!r}"}
-            return cache[key]
-        if run.returncode != 0 or not path.exists():
-            cache[key] = {"_launch": f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"}
-        else:
-            cache[key] = json.loads(path.read_text())
-    return cache[key]
 
 
 def keep(*paths: Path) -> Optional[Path]:

@@ -70,7 +70,8 @@ def mpiexec(ranks: int, script: str, *args: str, timeout: float = 600,
     """Run `script` (a path under the repository, or "-m module") on `ranks` ranks, each
     forked from a fork server with torch imported (fork_servers; with `fork_server=False`
     each its own interpreter). Past `timeout` seconds the whole job (mpiexec and every
-    rank: its own session) is killed and subprocess.TimeoutExpired raised."""
+    rank: its own session) is killed and JobTimedOut (a subprocess.TimeoutExpired with
+    what the job printed) raised."""
     target = list(script.split()) if script.startswith("-m ") else [str(ROOT / script)]
     servers = fork_servers() if fork_server else None
     start = ["-m", "tests.support.zygote", "run", servers] if servers else []
@@ -81,20 +82,32 @@ def mpiexec(ranks: int, script: str, *args: str, timeout: float = 600,
             out, err = job.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(job.pid, signal.SIGKILL)
-            job.communicate()
-            raise
+            out, err = job.communicate()
+            raise JobTimedOut(cmd, timeout, out, err) from None
     return subprocess.CompletedProcess(cmd, job.returncode, out, err)
 
 
-def report_of(cache: dict, key, tmp_dir: Path, ranks: int, script: str, *args: str) -> dict:
-    """The JSON report a worker writes (launched once per key and cached); on a failed
-    launch, {"_launch": its output}."""
+class JobTimedOut(subprocess.TimeoutExpired):
+    """A job killed at its timeout, with what it had printed by then (a hang's only clue
+    to where it stopped)."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{tails(self.output, self.stderr)}"
+
+
+def tails(out: Optional[str], err: Optional[str], chars: int = 3000) -> str:
+    return f"stdout (its end):\n{(out or '')[-chars:]}\nstderr (its end):\n{(err or '')[-chars:]}"
+
+
+def report_of(cache: dict, key, tmp_dir: Path, ranks: int, script: str, *args: str, timeout: float = 600) -> dict:
+    """The JSON report a worker writes (its last argument; launched once per key and
+    cached); on a failed launch or one past `timeout` seconds, {"_launch": its output}."""
     if key not in cache:
         path = tmp_dir / "report.json"
         try:
-            run = mpiexec(ranks, script, *args, str(path))
+            run = mpiexec(ranks, script, *args, str(path), timeout=timeout)
         except subprocess.TimeoutExpired as e:   # once: the next test of the key must not wait again
-            cache[key] = {"_launch": f"no report after {e.timeout:.0f} s (a hang)"}
+            cache[key] = {"_launch": f"no report after {e.timeout:.0f} s (a hang)\n{tails(e.output, e.stderr)}"}
             return cache[key]
         if run.returncode != 0 or not path.exists():
             cache[key] = {"_launch": f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"}

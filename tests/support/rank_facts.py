@@ -4,7 +4,7 @@ to one started as its own interpreter.
 
 Usage: mpiexec -n P python -m tests.support.rank_facts DIR MODE
 MODE: facts (each rank writes DIR/RANK.json), exit (rank 1 exits 3), raise (rank 1 raises),
-kill (rank 1 kills itself with SIGKILL), hang (each rank writes DIR/RANK.pid, then sleeps).
+kill (rank 1 kills itself with SIGKILL), hang (each rank writes DIR/RANK.pid, says so, then sleeps).
 """
 import sys
 
@@ -50,6 +50,7 @@ def main() -> None:
         MPI.COMM_WORLD.Barrier()
     elif mode == "hang":
         (out / f"{rank}.pid").write_text(str(os.getpid()))
+        print(f"rank {rank} hangs", flush=True)
         time.sleep(600)
 
 
