@@ -234,11 +234,14 @@ class Communicator:
         return (f"Communicator(rank={self.rank}, size={self.size}, transport={self.backend!r}, "
                 f"executor={self.executor!r}, {self.topology.describe()})")
 
-    def _codecs(self, compression, like: torch.Tensor, collective: str, algorithm) -> tuple[dict, object]:
+    def _codecs(self, compression, like: torch.Tensor, collective: str, algorithm,
+                op: Optional[str] = None) -> tuple[dict, object]:
         """({level: codec}, algorithm) of a call (Selector.codecs), None compression being
-        this communicator's default."""
-        return self.selector.codecs(compression, like, collective, algorithm, self.default_compression,
-                                    self.carrier.gpu_codecs)
+        this communicator's default, which compresses gathers, sums and averages only: a
+        codec's error is additive, and max and min would lose what they promise (a NaN
+        spreads over its codec group, zeros lose their sign)."""
+        default = self.default_compression if op in (None, "sum", "avg") else None
+        return self.selector.codecs(compression, like, collective, algorithm, default, self.carrier.gpu_codecs)
 
     def _cached(self, head: Optional[tuple], *buffers) -> tuple[Optional[tuple], Optional[Call]]:
         """(key, the call resolved before for it or None); key None: not cacheable (a
@@ -356,7 +359,7 @@ class Communicator:
         if call is None:
             validation.check_blocks(output, input, "input", self.size, self.devices)
             op_code(op, input.dtype)
-            codecs, resolved = self._codecs(compression, input, "reduce_scatter", algorithm)
+            codecs, resolved = self._codecs(compression, input, "reduce_scatter", algorithm, op)
             call = self._prepare("reduce_scatter", resolved, input, codecs, op)
             self._keep(key, call)
         output, input = flat(output), flat(input)
@@ -374,7 +377,7 @@ class Communicator:
         if call is None:
             validation.check_tensor("tensor", tensor, self.devices)
             op_code(op, tensor.dtype)
-            codecs, resolved = self._codecs(compression, tensor, "all_reduce", algorithm)
+            codecs, resolved = self._codecs(compression, tensor, "all_reduce", algorithm, op)
             call = self._prepare("all_reduce", resolved, tensor, codecs, op)
             self._keep(key, call)
         return self._issue(call, async_op, flat(tensor))

@@ -73,5 +73,10 @@ def test_pccl_compression_is_checked_when_a_communicator_is_made_and_leaves_inte
         assert set(comm.selector.codecs(None, values, "all_reduce", "ring", default="int8")[0]) == {"flat", "inter"}
         with pytest.raises(CodecError, match="integer data is never compressed"):
             comm.selector.codecs("int8", counts, "all_reduce", "ring")
+        # the default compresses sums and averages, not max and min (their NaN and zero-sign
+        # rules hold exact only); named on the call, a codec applies
+        for op, compressed in (("sum", True), ("avg", True), ("max", False), ("min", False)):
+            assert bool(comm._codecs(None, values, "all_reduce", "ring", op)[0]) == compressed, op
+        assert comm._codecs("int8", values, "all_reduce", "ring", "max")[0]
     finally:
         comm.close()

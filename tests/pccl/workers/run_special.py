@@ -412,7 +412,8 @@ def scenario_default_codec() -> None:
     """PCCL_COMPRESSION=int8 (set by the test), a cold calibration cache, self-calibration
     on: an integer all-reduce and an exact (compression="none") float call measure the
     candidates (the transport's own among them, which cannot encode) and run exact; a call
-    that takes the default is compressed, whichever of the two a same-shape call made first."""
+    that takes the default is compressed, whichever of the two a same-shape call made first;
+    max and min run exact."""
     comm = pccl.init(timeout=60)
     assert comm.default_compression == "int8"
     counts = torch.ones(4, dtype=torch.int32)
@@ -430,6 +431,22 @@ def scenario_default_codec() -> None:
             else:
                 assert error > 1e-4, f"{order}: the default codec was dropped (error {error})"
         comm._calls.clear()
+    # max and min keep their promises under the default codec (they are sent exact): a NaN
+    # stays where it was and the zeros' signs follow IEEE's rule; named, a codec still applies
+    values = torch.linspace(-1, 1, 1000) * (rank + 1)
+    values[0], values[1] = (float("nan"), -0.0) if rank == 0 else (1.0, 0.0)
+    for algorithm in ("ring", "auto"):
+        for op, zero_sign in (("max", False), ("min", True)):
+            x = values.clone()
+            comm.all_reduce(x, op=op, algorithm=algorithm)
+            reference = torch.stack([torch.linspace(-1, 1, 1000) * (r + 1) for r in range(p)])
+            reference = reference.amax(0) if op == "max" else reference.amin(0)
+            assert x[0].isnan() and not x[2:].isnan().any(), f"{op} {algorithm}: NaN {x[:4].tolist()}"
+            assert torch.equal(x[2:], reference[2:]), f"{op} {algorithm}: not exact under the default codec"
+            assert x[1] == 0 and bool(x[1].signbit()) == zero_sign, f"{op} {algorithm}: zero {x[1].item()}"
+    x = values.clone()
+    comm.all_reduce(x, op="max", algorithm="ring", compression="int8")
+    assert x[:128].isnan().all(), "a named codec on max: its NaN group decodes as NaN, as documented"
 
 
 # Scenarios about leaving the job: ranks must exit at their own pace, unsynchronized
