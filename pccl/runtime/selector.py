@@ -24,7 +24,7 @@ from pccl.runtime.choice import Choice
 from pccl.tuning.profiles import Profile
 from pccl.tuning.selection import Tuner, compression_problem, forced, shared_tuner
 from pccl.tuning.self_calibration import DEVICES as MEASURED
-from pccl.tuning.self_calibration import SelfCalibration, measures
+from pccl.tuning.self_calibration import SelfCalibration, enabled, measures
 
 
 def refuse_compression(algorithm, collective: str, compression) -> None:
@@ -66,8 +66,10 @@ class Selector:
     def calibrate_with(self, bench) -> None:
         """Measure through `bench` (the communicator: it times candidates and agrees on
         figures) where it measures itself: no profile chosen, two ranks or more over MPI or
-        gloo (self_calibration.measures)."""
+        gloo (self_calibration.measures). PCCL_SELF_CALIBRATION is checked here, where it
+        measures or not: a bad value on one rank, which measures nothing, was accepted."""
         self._bench = bench
+        enabled()
         if self.trust_native and measures(bench):
             self.self_calibration = SelfCalibration(bench, self)
 

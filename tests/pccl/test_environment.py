@@ -80,3 +80,12 @@ def test_pccl_compression_is_checked_when_a_communicator_is_made_and_leaves_inte
         assert comm._codecs("int8", values, "all_reduce", "ring", "max")[0]
     finally:
         comm.close()
+
+
+def test_pccl_self_calibration_is_checked_when_a_communicator_is_made(monkeypatch):
+    """One rank measures nothing, and a bad value went unnoticed there."""
+    import pccl
+
+    monkeypatch.setenv("PCCL_SELF_CALIBRATION", "2")
+    with pytest.raises(ValueError, match="PCCL_SELF_CALIBRATION must be 0 or 1, got '2'"):
+        pccl.Communicator(MPI.COMM_SELF, timeout=60)
