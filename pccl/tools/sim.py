@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from pccl import plans
+from pccl import plans, vocabulary
 from pccl.compression.codecs import codec
 from pccl.core.collectives import COLLECTIVES
 from pccl.core.topology import Topology, TopologyError
@@ -147,8 +147,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add("--nics-per-node", type=at_least(1), default=None, help="override the profile's NICs per node")
     add("--nodes-per-group", type=at_least(0), default=None,
         help="override the profile's nodes per network group (dragonfly group, pod); 0: no groups")
-    add("--baseline", default="ring", help="the algorithm speedups are measured against")
-    add("--target", default="hierarchical", help="the heatmap's algorithm ('auto': the model's choice)")
+    add("--baseline", default="ring", choices=vocabulary.names(), help="the algorithm speedups are measured against")
+    add("--target", default="hierarchical", choices=vocabulary.names(),
+        help="the heatmap's algorithm ('auto': the model's choice)")
     add("--heatmap", metavar="PREFIX", default=None, help="write PREFIX.csv and PREFIX.png")
     add("--compression", default="", metavar="CODECS",
         help="codecs to predict (comma list, e.g. int8,bf16): fp32 payloads, at the profile's codec speeds")

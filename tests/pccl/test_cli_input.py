@@ -43,6 +43,8 @@ CASES = [
     ("pccl-sim", ["--ranks-per-node", "0"], "expected an integer >= 1"),
     ("pccl-sim", ["--nics-per-node", "-2"], "expected an integer >= 1"),
     ("pccl-sim", ["--collective", "gossip"], "invalid choice"),
+    ("pccl-sim", ["--target", "nosuch"], "invalid choice: 'nosuch'"),   # (checked only with --heatmap)
+    ("pccl-sim", ["--baseline", "nosuch"], "invalid choice: 'nosuch'"),
     ("pccl-sim", ["--compression", "int7"], "int7"),
     ("shard-compare", ["--ranks", "0"], "expected an integer >= 1, got 0"),
     ("shard-compare", ["--ranks-per-node", "x"], "expected an integer >= 1, got 'x'"),
