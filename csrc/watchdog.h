@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -16,8 +17,11 @@ namespace pccl {
 class Watchdog {
  public:
   static constexpr int kReportGraceMs = 500;
+  static constexpr double kAbortFallbackS = 10.0;
 
-  Watchdog(MPI_Comm comm, double timeout_s) : comm_(comm), timeout_s_(timeout_s) {}
+  // The rank is read here, on the caller's thread: MPI calls from the watchdog's thread may
+  // wait for the lock the stuck call holds.
+  Watchdog(MPI_Comm comm, double timeout_s) : timeout_s_(timeout_s) { MPI_Comm_rank(comm, &rank_); }
   ~Watchdog() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -50,23 +54,32 @@ class Watchdog {
       cv_.wait_for(lock, std::chrono::duration<double>(period));
       int64_t since = since_ns_.load();
       if (!stop_ && since != 0 && (now_ns() - since) * 1e-9 > timeout_s_.load()) {
-        int rank = -1;
-        MPI_Comm_rank(comm_, &rank);
         std::fprintf(stderr,
                      "pccl: rank %d: %s did not complete within the timeout of %.1f s; a peer "
                      "never arrived. Aborting the job (MPI's blocking collectives cannot be "
-                     "cancelled).\n", rank, what_.load(), timeout_s_.load());
+                     "cancelled).\n", rank_, what_.load(), timeout_s_.load());
         std::fflush(stderr);
         // The launcher forwards this rank's stderr and handles the abort on two channels, and
         // may end the job before it has read the message (mpiexec lost it in 2 of 200 aborts):
         // a moment for it to pass the reason on, after a wait of the whole timeout.
         std::this_thread::sleep_for(std::chrono::milliseconds(kReportGraceMs));
-        MPI_Abort(MPI_COMM_WORLD, 124);   // the job: comm_ may be a sub-communicator (a plan level)
+        // MPICH's MPI_Abort first takes the library's global lock, which the stuck call holds
+        // and only yields now and then (its abort.c notes that Abort can hang so): where the
+        // job has not ended after kAbortFallbackS, this process ends itself, and the launcher
+        // (mpiexec; srun with --kill-on-bad-exit, as launch/*.sbatch run it) ends the others.
+        std::thread([rank = rank_] {
+          std::this_thread::sleep_for(std::chrono::duration<double>(kAbortFallbackS));
+          std::fprintf(stderr, "pccl: rank %d: MPI_Abort did not end the job within %.0f s; "
+                       "ending this process.\n", rank, kAbortFallbackS);
+          std::fflush(stderr);
+          std::_Exit(124);
+        }).detach();
+        MPI_Abort(MPI_COMM_WORLD, 124);   // the job: the call's may be a sub-communicator (a plan level)
       }
     }
   }
 
-  MPI_Comm comm_;
+  int rank_ = -1;   // in the communicator of the call watched
   std::atomic<double> timeout_s_;
   std::atomic<int64_t> since_ns_{0};
   std::atomic<const char*> what_{""};

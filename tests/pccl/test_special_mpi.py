@@ -1,4 +1,5 @@
 """Multi-rank behaviour: async handles, timeouts instead of hangs, buffers over 2^31 bytes."""
+import subprocess
 import time
 
 import pytest
@@ -81,6 +82,23 @@ def test_native_mpi_collective_is_aborted_by_the_watchdog():
     assert run.returncode != 0
     assert "did not complete within the timeout" in run.stderr + run.stdout
     assert time.perf_counter() - t0 < 60, "the watchdog aborted the job far later than its 1.5 s"
+
+
+def test_the_watchdog_ends_the_job_where_mpi_abort_hangs(tmp_path, monkeypatch):
+    # MPICH's MPI_Abort first waits for the library's lock, which the stuck blocking call
+    # holds and yields only now and then. Stood in for by an MPI_Abort that never returns
+    # (preloaded into ranks that start their own interpreters), the watchdog still ends the
+    # job: its rank exits after 10 s more, and mpiexec ends the others.
+    source, shim = tmp_path / "hanging_abort.c", tmp_path / "hanging_abort.so"
+    source.write_text("#include <unistd.h>\nint MPI_Abort(void *comm, int code) { for (;;) pause(); }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(shim), str(source)], check=True)
+    monkeypatch.setenv("LD_PRELOAD", str(shim))
+    t0 = time.perf_counter()
+    run = mpiexec(3, "-m tests.pccl.workers.run_special", "native_watchdog", timeout=90, fork_server=False)
+    assert run.returncode != 0
+    assert "did not complete within the timeout" in run.stderr
+    assert "MPI_Abort did not end the job within 10 s; ending this process" in run.stderr, run.stderr[-3000:]
+    assert time.perf_counter() - t0 < 60
 
 
 def available_gib() -> float:
