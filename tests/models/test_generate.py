@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from shard.models import GPT, GPTConfig
-from shard.models.generate import generate
+from shard.models.generate import generate, next_token
 from shard.models.hf import from_pretrained
 from tests.models.test_hf import random_hf_model
 
@@ -39,6 +39,21 @@ def test_greedy_is_transformers_greedy(kind, tmp_path):
     theirs = random_hf_model(kind)
     theirs.save_pretrained(tmp_path)
     assert generate(from_pretrained(tmp_path), PROMPT, 12, temperature=0) == transformers_greedy(theirs, PROMPT, 12)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_draws_follow_the_softmax_of_the_logits_over_the_temperature(temperature):
+    """transformers' sampling: softmax(logits / T), and with top_k the k largest of it
+    renormalised. 50,000 seeded draws: a standard error of at most 0.0023 per token."""
+    logits = torch.tensor([2.0, 0.0, -1.0, -3.0]).expand(50_000, 4)
+    generator = torch.Generator().manual_seed(0)
+    for top_k in (None, 2):
+        drawn = next_token(logits, temperature, top_k, generator)
+        frequencies = torch.bincount(drawn, minlength=4) / drawn.numel()
+        expected = (logits[0] / temperature).softmax(-1)
+        if top_k:
+            expected = torch.cat([expected[:top_k] / expected[:top_k].sum(), torch.zeros(4 - top_k)])
+        torch.testing.assert_close(frequencies, expected, atol=0.01, rtol=0)
 
 
 def test_sampling_settings():
