@@ -242,6 +242,8 @@ def worker(args: argparse.Namespace) -> dict:
         return compute_only(args, model, world)
     run = parse_run(name)
     device = device_of(args)
+    if device.type == "cpu":   # its peak is the process's resident set: every run holds torch.compile's
+        import torch._dynamo  # noqa: F401  modules (144 MB), which torch.optim's optimizers load and the engine not
     run.set_up(model, world, args)
     gpu = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else default_warmup(args.steps)

@@ -164,8 +164,10 @@ class TorchRun(Run):
 
 class Fsdp2Run(TorchRun):
     """PyTorch's fully_shard per transformer block and root, on gloo or pccl's backend (NCCL
-    on GPUs); bf16 runs gather bf16 parameters and reduce fp32 gradients; `compiled`: each
-    block's forward compiled (as torchtitan does)."""
+    on GPUs); bf16 runs gather bf16 parameters and reduce fp32 gradients; AdamW(fused=True),
+    eager's and the engine's kernel (torch's default on CPUs is its slowest, one tensor at a
+    time); `compiled`: each block's forward compiled (as torchtitan does) and each module
+    the root computes with, as the engine's compile= compiles them."""
 
     def __init__(self, backend: str, compiled: bool = False) -> None:
         super().__init__()
@@ -185,19 +187,19 @@ class Fsdp2Run(TorchRun):
         count_torch_collectives(self.sent, world.size)
         mesh = init_device_mesh(device.type, (world.size,))
         model.to(device)
-        if self.compiled:   # each block's forward, as the engine's compile= does its units'
+        if self.compiled:   # what the engine's compile= compiles: each block, and the root's modules
             from shard.engine.engine import compile_forward
+            from shard.engine.units import root_modules
 
-            for block in model.blocks:
-                compile_forward(block)
+            for module in [*model.blocks, *root_modules(model, list(model.blocks))]:
+                compile_forward(module)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.precision == "bf16" else None,
                                       reduce_dtype=torch.float32)
         for block in model.blocks:
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self.model, self.rank = model, world.rank
-        self.optimizer = torch.optim.AdamW(model.parameters(), betas=BETAS, eps=EPS, weight_decay=0.0,
-                                           fused=device.type == "cuda" or None)
+        self.optimizer = torch.optim.AdamW(model.parameters(), betas=BETAS, eps=EPS, weight_decay=0.0, fused=True)
 
     def step(self, micro_batches, lr: float):
         from shard.models.loss import next_token_loss
