@@ -90,7 +90,9 @@ def test_one_rank_moves_nothing_and_its_table_says_so(capsys, tmp_path):
     (("--profile", "nowhere"), "no profile 'nowhere'"),
     (("--size", "12Q"), "size must be"),
     (("--ranks", "12", "--ranks-per-node", "8"), "not divisible"),
-    (("--target", "fastest", "--heatmap", "x"), "no algorithm 'fastest'"),
+    (("--target", "fastest"), "invalid choice: 'fastest'"),   # no such name, with or without --heatmap
+    (("--collective", "reduce_scatter", "--target", "bruck", "--heatmap", "x"),
+     "no algorithm 'bruck' for reduce_scatter"),
 ])
 def test_bad_input_says_what_is_wrong(args, message, capsys):
     run = sim(capsys, *args)
