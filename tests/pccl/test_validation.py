@@ -111,6 +111,11 @@ def test_a_call_is_resolved_once_per_shape_and_still_checked_every_time(monkeypa
     c.all_reduce(torch.ones(8), op="sum")                # another op: resolved anew
     c.all_reduce(torch.ones(8, dtype=torch.float64))     # another dtype
     assert len(resolved) == 4, resolved
+    c.all_reduce(torch.ones(16), op="sum")               # another element count: resolved anew
+    assert len(resolved) == 5, resolved
+    for wrong in (8, 3):   # sizes that do not fit the cached call's input are still refused
+        with pytest.raises(ValueError, match=rf"output.numel\(\) must be 4 .*got {wrong}"):
+            c.all_gather(torch.empty(wrong), x)
     with pytest.raises(ValueError, match="output must be contiguous"):
         c.all_gather(torch.empty(8)[::2], x)
     with pytest.raises(TypeError, match="dtypes differ"):
