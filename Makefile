@@ -164,7 +164,7 @@ OLDEST_TORCH ?= torch==2.11.0
 OLDEST_VENV ?= .venv-torch211
 TORCH_API_TESTS := tests/pccl/test_backend.py tests/shard/test_compare.py tests/shard/test_engine_compression.py \
 	tests/shard/test_engine_state.py tests/shard/test_engine_mpi.py tests/shard/test_step_ops.py \
-	tests/models/test_models.py tests/models/test_hf.py
+	tests/models/test_models.py tests/models/test_hf.py tests/models/test_loss.py
 # Making the venv took 6.2 GiB of disk at its peak here (5.3 GiB once made): it is checked first.
 OLDEST_VENV_GIB ?= 6.5
 .PHONY: test-oldest-torch

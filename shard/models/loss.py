@@ -42,10 +42,16 @@ def chunk_rows(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
     return max(1, chunk_elements // vocab)
 
 
+# The device types autocast has (not "meta"), asked once here: torch 2.11's dynamo cannot
+# trace torch.amp.is_autocast_available, and a compiled head broke its graph at the loss.
+AUTOCAST_DEVICES = frozenset(d for d in ("cpu", "cuda", "xpu", "hpu", "mps", "mtia")
+                             if torch.amp.is_autocast_available(d))
+
+
 def logits_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """The dtype of x @ weight.T here: autocast's where it is on, else the operands'."""
     device = x.device.type
-    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):   # not for "meta"
+    if device in AUTOCAST_DEVICES and torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
     return torch.promote_types(x.dtype, weight.dtype)
 

@@ -104,6 +104,22 @@ def test_the_loss_traces_on_the_meta_device():
     assert loss.device.type == "meta" and x.grad.shape == x.shape
 
 
+def test_the_loss_compiles_whole_on_every_supported_torch():
+    """torch 2.11's dynamo could not trace torch.amp.is_autocast_available, which the loss
+    asked inside its autograd function: a compiled head then ran the loss outside its
+    graph (2.13's traced it). CI runs this file on 2.11 too (make test-oldest-torch)."""
+    import warnings
+
+    x = torch.randn(8, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (8,))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*Dynamo does not know how to trace")
+        loss = torch.compile(linear_cross_entropy, backend="eager", fullgraph=True)(x, weight, targets)
+        loss.backward()
+    torch.testing.assert_close(loss, F.cross_entropy(x @ weight.t(), targets))
+
+
 def test_the_logits_of_the_whole_batch_never_exist():
     """The largest tensor made is a chunk's logits, not the batch's."""
     vocab, rows, tokens = 4096, 32, 512
