@@ -3,12 +3,14 @@ a forked rank is held to one started as its own interpreter (the reference), lau
 same way by mpiexec, in what it sees as it starts and in how it ends."""
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.support.mpirun import fork_servers, mpiexec
+from tests.support.mpirun import ROOT, fork_servers, job_env, mpiexec
 
 pytestmark = pytest.mark.mpi
 
@@ -58,13 +60,6 @@ def test_a_killed_job_takes_its_forked_ranks_with_it(tmp_path):
     out = tmp_path / "forked" / "hang"
     pids = [int((out / f"{r}.pid").read_text()) for r in range(2)]
 
-    def alive(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
     deadline = time.monotonic() + 10
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -79,3 +74,59 @@ def test_a_rank_whose_interpreter_settings_differ_from_the_servers_starts_its_ow
     run, out = launch(tmp_path, "facts", True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert [json.loads((out / f"{r}.json").read_text())["preloaded"] for r in range(2)] == [False, False]
+
+
+# A suite that ends (its fork servers asked to end) or whose fork servers are killed
+# outright while a job's ranks still run: the ranks must not outlive them. (They did: the
+# servers were SIGKILLed at the suite's exit, before they saw the job's clients go, and
+# the orphaned ranks spun on the machine's cores for hours.)
+SUITE_THAT_LEAVES = """
+import os, pathlib, subprocess, sys, time
+from tests.support.mpirun import fork_servers, job_env, launcher
+out = pathlib.Path(sys.argv[1])
+cmd = [*launcher(), "-n", "2", sys.executable, "-m", "tests.support.zygote", "run", fork_servers(),
+       "-m", "tests.support.rank_facts", str(out), "hang"]
+subprocess.Popen(cmd, env=job_env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+while not all((out / f"{r}.pid").exists() for r in range(2)):
+    time.sleep(0.05)
+print("running", flush=True)
+sys.stdin.read()   # until the test says: then this process ends, and its fork servers with it
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"   # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("servers", ["asked to end", "killed"])
+def test_forked_ranks_do_not_outlive_their_fork_servers(tmp_path, servers):
+    suite = subprocess.Popen([sys.executable, "-c", SUITE_THAT_LEAVES, str(tmp_path)], cwd=ROOT, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=job_env())
+    ranks = []
+    try:
+        assert suite.stdout.readline() == "running\n"
+        ranks = [int((tmp_path / f"{r}.pid").read_text()) for r in range(2)]
+        if servers == "killed":   # SIGKILL: no handler of the server's runs
+            for rank in ranks:
+                os.kill(parent_of(rank), signal.SIGKILL)
+        suite.communicate("", timeout=60)
+        deadline = time.monotonic() + 10
+        while any(alive(rank) for rank in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [rank for rank in ranks if alive(rank)], "forked ranks outlived their fork servers"
+    finally:
+        suite.kill()
+        for rank in ranks:   # (what the old code left behind)
+            try:
+                os.killpg(rank, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])

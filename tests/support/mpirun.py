@@ -49,10 +49,15 @@ def fork_servers() -> Optional[str]:
                                              str(index)], env=env, cwd=ROOT, stdout=log, stderr=log,
                                             stdin=subprocess.DEVNULL))
 
-    def end() -> None:
+    def end() -> None:   # a server asked to end kills its ranks first (see zygote.serve)
         for server in servers:
-            server.kill()
-            server.wait()
+            server.terminate()
+        for server in servers:
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
         shutil.rmtree(directory, ignore_errors=True)
     atexit.register(end)
     # ready once each listens (its imports done, a few seconds); one that ended says why
@@ -110,7 +115,7 @@ def report_of(cache: dict, key, tmp_dir: Path, ranks: int, script: str, *args: s
             cache[key] = {"_launch": f"no report after {e.timeout:.0f} s (a hang)\n{tails(e.output, e.stderr)}"}
             return cache[key]
         if run.returncode != 0 or not path.exists():
-            cache[key] = {"_launch": f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"}
+            cache[key] = {"_launch": f"exit {run.returncode}\n{tails(run.stdout, run.stderr)}"}
         else:
             cache[key] = json.loads(path.read_text())
     return cache[key]

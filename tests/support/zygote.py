@@ -132,6 +132,9 @@ def serve(directory: str, index: int) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     events.register(wake_read, selectors.EVENT_READ)
     children: dict[int, socket.socket] = {}     # pid -> its client's connection (None once gone)
+    # asked to end (the suite's own end, fork_servers): the ranks and what they started
+    # end with it (a handler, not a `finally`: a forked rank unwinds through these frames)
+    signal.signal(signal.SIGTERM, lambda *_: end(children))
     while os.getppid() == parent:   # the suite's process went: so does the server
         for key, _ in events.select(timeout=0.5):
             if key.fileobj is wake_read:
@@ -161,8 +164,13 @@ def serve(directory: str, index: int) -> None:
                     conn.close()
                     children[pid] = None
         reap(children, events)
-    for pid in children:
+    end(children)
+
+
+def end(children: dict) -> None:
+    for pid in list(children):
         kill(pid, signal.SIGKILL)
+    os._exit(0)
 
 
 def kill(pid: int, signum: int) -> None:
@@ -216,12 +224,14 @@ def start(conn: socket.socket, servers: tuple, events) -> int | None:
         conn.sendall(b"exec\n")
         conn.close()
         return None
+    server = os.getpid()
     pid = os.fork()
     if pid:
         for fd in fds:
             os.close(fd)
         return pid
     try:
+        die_with(server)
         os.setsid()
         signal.set_wakeup_fd(-1)
         for open_conn in (conn, *servers):
@@ -239,6 +249,18 @@ def start(conn: socket.socket, servers: tuple, events) -> int | None:
     # that leaves without it for a crash and kills the job
     run_main(request["args"])
     sys.exit(0)
+
+
+def die_with(server: int) -> None:
+    """In the forked child: be killed when the server dies. A server killed outright
+    (SIGKILL, which no handler sees) cannot kill its ranks, and a rank whose client was
+    gone but not yet seen gone would outlive its job, spinning on the suite's cores."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL) != 0:   # 1: PR_SET_PDEATHSIG
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != server:   # the server died before the signal was set
+        os._exit(1)
 
 
 def become(request: dict, received: list[int]) -> None:
