@@ -35,6 +35,7 @@ from pccl.tuning import self_calibration
 from pccl.tuning.calibrate import calibrate
 from pccl.tuning.cost_model import calibrated
 from runkit.args import at_least, comma_names, output
+from runkit.closed_pipe import quiet_when_its_reader_goes
 from runkit.files import write_atomic
 from runkit.sizes import parse_size
 
@@ -625,6 +626,7 @@ def write_profile(args: argparse.Namespace, world: MPI.Comm) -> None:
               f"{args.calibrate}", flush=True)
 
 
+@quiet_when_its_reader_goes
 def main(argv: Optional[list[str]] = None) -> None:
     torch.set_num_threads(1)  # ranks share the machine's cores
     args = parse_args(argv)

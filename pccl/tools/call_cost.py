@@ -30,8 +30,10 @@ import pccl
 from pccl.algorithms import schedule
 from pccl.tools.cli import time_calls
 from runkit.args import at_least
+from runkit.closed_pipe import quiet_when_its_reader_goes
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="pccl-call-cost", description=__doc__.split("\n\n")[0])
     ap.add_argument("--bytes", type=at_least(4), default=4, help="buffer bytes (float32 elements x 4)")

@@ -25,6 +25,7 @@ from mpi4py import MPI
 from pccl.core.dtypes import DATATYPES, DTYPES, OPS
 from pccl.tools.cli import comma_list, size_arg, size_sweep, time_per_call
 from runkit.args import output, refuse
+from runkit.closed_pipe import quiet_when_its_reader_goes
 from runkit.files import write_json_atomic
 from runkit.sizes import parse_size, size_label
 
@@ -215,6 +216,7 @@ def run(argv: Optional[list[str]] = None) -> list[Row]:
     return rows
 
 
+@quiet_when_its_reader_goes
 def main(argv: Optional[list[str]] = None) -> None:
     run(argv)
 

@@ -34,6 +34,7 @@ from pccl.tuning import cost_model, profiles
 from pccl.tuning.profiles import topology_for
 from pccl.tuning.selection import Tuner
 from runkit.args import at_least, comma_names, refuse
+from runkit.closed_pipe import quiet_when_its_reader_goes
 from runkit.files import write_atomic
 from runkit.sizes import doubling_range, parse_size, size_label
 
@@ -176,6 +177,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
+@quiet_when_its_reader_goes
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
     prof = args.profile_obj

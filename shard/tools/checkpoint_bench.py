@@ -28,8 +28,10 @@ from pathlib import Path
 import torch
 
 from runkit.args import at_least
+from runkit.closed_pipe import quiet_when_its_reader_goes
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="checkpoint_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny", help="a preset of shard.models")

@@ -68,6 +68,7 @@ import time
 from pathlib import Path
 
 from runkit.args import at_least, names, output, refuse
+from runkit.closed_pipe import quiet_when_its_reader_goes
 from shard.tools.compare_runs import (
     BETAS,
     COMMS,
@@ -501,6 +502,7 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> None:
     args = parse(argv)
     if args.worker:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pccl.compression.codecs import codec
 from runkit.args import at_least, fraction
+from runkit.closed_pipe import quiet_when_its_reader_goes
 from runkit.mpirun import launcher
 from shard.tools.compare_runs import COMPRESSED_LOSS_TOLERANCE
 from shard.tools.run_log import plot_losses
@@ -81,6 +82,7 @@ class RunFailed(Exception):
         self.status = status
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> int:
     args = parse(argv)
     strategies = args.strategies.split(",")

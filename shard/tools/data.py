@@ -16,8 +16,10 @@ import sys
 import time
 
 from runkit.args import at_least, failure_status
+from runkit.closed_pipe import quiet_when_its_reader_goes
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="shard-data", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

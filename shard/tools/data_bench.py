@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from runkit.args import at_least
+from runkit.closed_pipe import quiet_when_its_reader_goes
 
 BASE = 10_000
 MEASURE = """
@@ -119,6 +120,7 @@ def measure(args, paths: str, tokenizer: Path, rate: float = 0.0) -> dict:
     return json.loads(run.stdout.splitlines()[-1])
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="data_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--documents", default="10000,100000", help="corpus sizes, comma-separated")

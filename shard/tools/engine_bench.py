@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 
 from runkit.args import output
+from runkit.closed_pipe import quiet_when_its_reader_goes
 from runkit.cpus import available_cores
 
 DEFAULT_STRATEGIES = "ddp,zero1,zero2,zero3,mics,paro-iig,paro-igg,paro-nig"
@@ -346,6 +347,7 @@ class Progress:
         print(f"[{self.done}/{self.total}] {what}: {duration(elapsed)} elapsed, {left}", file=self.stream, flush=True)
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> None:
     args = parse(argv)
     if args.strategy:

@@ -21,9 +21,11 @@ import sys
 import time
 
 from runkit.args import failure_status, fraction
+from runkit.closed_pipe import quiet_when_its_reader_goes
 from shard.engine.config import PRECISIONS
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="shard-export", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -26,6 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from runkit.args import at_least
+from runkit.closed_pipe import quiet_when_its_reader_goes
 
 LOAD = """
 import sys, torch, pccl
@@ -69,6 +70,7 @@ def sampled(cmd: list[str]) -> dict:
     return {"s": time.perf_counter() - start, "anon": peaks[0], "rss": peaks[1]}
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="export_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="gpt_1p3b", help="a preset of shard.models")

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from runkit.args import at_least, failure_status
+from runkit.closed_pipe import quiet_when_its_reader_goes
 from shard.engine.config import PRECISIONS
 
 
@@ -75,6 +76,7 @@ def load(path: Path, device, tokenizer: str | None):
     return model, Text(chosen, after_eos=corpus)
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="shard-generate", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

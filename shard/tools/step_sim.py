@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from runkit.args import at_least, fraction, names, output, refuse
+from runkit.closed_pipe import quiet_when_its_reader_goes
 from shard.planning.throughput import DEFAULT_MFU
 
 # Ratios the PCCL paper measured with DeepSpeed ZeRO-3 on Frontier, PCCL over RCCL (Section 6.2)
@@ -149,6 +150,7 @@ HEADER = (f"{'model':8} {'ranks':>6} {'strategy':8} {'comm':12} {'step s':>9} {'
           f"{'exposed':>9} {'tokens/s':>12} {'vs native':>8}")
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> None:
     args = parse(argv)
     rows = simulate(args)

@@ -16,6 +16,7 @@ import json
 from pccl.tuning import profiles
 from pccl.tuning.profiles import topology_for
 from runkit.args import at_least, fraction, names, refuse
+from runkit.closed_pipe import quiet_when_its_reader_goes
 from runkit.sizes import parse_size
 from shard.engine.config import OBJECTIVES
 from shard.engine.strategy import STRATEGIES
@@ -129,6 +130,7 @@ def table(plan: StrategyPlan) -> str:
     return "\n".join(head)
 
 
+@quiet_when_its_reader_goes
 def main(argv=None) -> None:
     args = parse(argv)
     try:
