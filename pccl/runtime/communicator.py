@@ -225,10 +225,11 @@ class Communicator:
                             profile=None if self.selector.trust_native else self.selector.profile,
                             check_calls=self.call_check is not None)
 
-    def choose(self, collective: str, algorithm, like: torch.Tensor, codec=None) -> Choice:
-        """What a call of `collective` on the full buffer `like` runs (Selector.choose):
-        decided once, measured first where auto measures (collective, as the call is)."""
-        return self.selector.choose(collective, algorithm, like, codec)
+    def choose(self, collective: str, algorithm, like: torch.Tensor, codec=None, op: Optional[str] = None) -> Choice:
+        """What a call of `collective` on the full buffer `like` runs (Selector.choose),
+        with `codec` and reduction `op` as the call's: decided once, measured first where
+        auto measures (collective, as the call is)."""
+        return self.selector.choose(collective, algorithm, like, codec, op)
 
     def __repr__(self) -> str:
         return (f"Communicator(rank={self.rank}, size={self.size}, transport={self.backend!r}, "

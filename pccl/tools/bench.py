@@ -2,8 +2,8 @@
 
 Run it under mpiexec, e.g. ``mpiexec -n 4 pccl-bench -b 4K -e 64M -f 4 -n 20 -w 5``.
 For every collective, buffer size, executor and algorithm it prints one row: the time of
-one call (the slowest rank's, as nccl-tests reports it), the algorithm and bus bandwidths,
-and how many elements came out wrong. The size of a row is the whole buffer, as in
+one call (the slowest rank's: nccl-tests averages over ranks unless run with `-a 3`), the
+algorithm and bus bandwidths, and how many elements came out wrong. The size of a row is the whole buffer, as in
 nccl-tests: the all-gather output, the reduce-scatter input, the all-reduce tensor.
 With ``--device cuda`` the buffers are on each rank's GPU (local rank modulo the GPUs
 here); rows that an executor cannot run on GPU buffers are skipped, with the reason.
@@ -75,10 +75,25 @@ def value_modulus(dtype: torch.dtype, ranks: int) -> int:
 
 
 def rank_values(rank: int, start: int, count: int, dtype: torch.dtype, ranks: int) -> torch.Tensor:
-    """Elements [start, start+count) of rank `rank`'s input: small integers that depend on
-    both the rank and the position, so any rank can regenerate any other rank's input."""
+    """Elements [start, start+count) of rank `rank`'s input: small integers hashed from the
+    rank and the position, so any rank can regenerate any other rank's input, and data
+    moved anywhere else (another rank's block, shifted by any amount) differs from the
+    expected in about (1 - 1/modulus) of its elements. (A pattern linear in the rank and
+    position repeats with the modulus: a block swapped with one 13 ranks on, or a result
+    shifted by 13 elements, came out bit for bit right.)"""
     index = torch.arange(start, start + count, dtype=torch.int64)
-    return ((rank * 7 + index * 3 + 1) % value_modulus(dtype, ranks)).to(dtype)
+    return (mixed(index * 0x9E3779B1 + rank * 0x85EBCA77 + 1) % value_modulus(dtype, ranks)).to(dtype)
+
+
+def mixed(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash's finalizer (xor-shifts and odd multipliers, each product
+    below 2**63 so int64 never overflows)."""
+    x = x & 0xFFFFFFFF
+    for shift, multiplier in ((16, 0x7FEB352D), (15, 0x46B5F2A9), (16, None)):
+        x = x ^ (x >> shift)
+        if multiplier is not None:
+            x = (x * multiplier) & 0xFFFFFFFF
+    return x
 
 
 def reduce_over_ranks(op: str, start: int, count: int, dtype: torch.dtype, ranks: int) -> torch.Tensor:
@@ -234,12 +249,24 @@ def measure(case: Case, todo: list[tuple[str, pccl.Communicator, str, str]], arg
         elif args.check:
             wrong = check(case, call, world)
         algbw, busbw = bandwidths(case.collective, case.nbytes, seconds, case.ranks)
-        # auto's pick for these buffers' device (the plans only where their levels carry it)
-        tuner = comm.selector.tuner_for(case.device)
-        picked = tuner.name(case.collective, case.nbytes, case.dtype) if algorithm == "auto" else algorithm
+        picked = auto_pick(case, comm, compression) if algorithm == "auto" else algorithm
         rows.append(Row(case.collective, case.nbytes, case.count, args.datatype, args.op, executor, algorithm,
                         picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error, case.device))
     return rows
+
+
+def auto_pick(case: Case, comm: pccl.Communicator, compression: str) -> str:
+    """The name of what an auto call of `case` runs, resolved as the call resolves it: for
+    its buffers' device (plans only where their levels carry it), its reduction (floating-
+    point max and min take a schedule) and its codec (a compressed auto never runs MPI's
+    own collective)."""
+    full = case.output if case.collective == "all_gather" else case.input
+    op = None if case.collective == "all_gather" else case.op
+    spec = comm.choose(case.collective, "auto", full, None if compression == "none" else codec(compression),
+                       op).algorithm
+    if isinstance(spec, str):
+        return spec
+    return next((name for name, named in NAMED.items() if named == spec), repr(spec))
 
 
 # ------------------------------------------------------------------ variants
@@ -459,13 +486,18 @@ def summary(collective: str, rows: list[Row]) -> str:
         return f"# {collective}: no rows"
     executors = list(dict.fromkeys(e for _, e in best))
     sizes = list(dict.fromkeys(s for s, _ in best))
-    auto = {(r.size, r.executor): r.picked for r in rows if r.algorithm == "auto"}
+    picks: dict[tuple[int, str], set[str]] = {}
+    for r in rows:
+        if r.algorithm == "auto" and r.compression == "none":
+            picks.setdefault((r.size, r.executor), set()).add(r.picked)
+            if r.picked in NATIVES and r.executor in ("cpp", "python"):   # MPI's own: its rows are "mpi"'s
+                picks.setdefault((r.size, "mpi"), set()).add(r.picked)
 
     def cell(size: int, executor: str) -> str:
         row = best.get((size, executor))
         if row is None:
             return "-"
-        mark = "*" if row.algorithm == auto.get((size, executor)) else ""
+        mark = "*" if row.algorithm in picks.get((size, executor), ()) else ""
         return f"{row.algorithm}{mark} {row.time_us:.1f}us"
 
     lines = [f"# {collective}: fastest algorithm per executor (* = auto's pick)",

@@ -12,7 +12,7 @@ from pccl.tools import cli
 from pccl.tools.bench import Case, bandwidths, bus_factor, value_modulus
 from pccl.tools.cli import round_size, size_sweep
 from runkit.sizes import parse_size
-from tests.support.mpirun import MPIEXEC, mpiexec
+from tests.support.mpirun import MPIEXEC, mpiexec, report_of
 
 
 @pytest.mark.parametrize("text,nbytes", [("64", 64), ("4K", 4096), ("4k", 4096), ("1M", 1 << 20),
@@ -74,6 +74,28 @@ def test_case_counts_wrong_elements(collective):
     assert case.wrong() == 1
 
 
+@pytest.mark.parametrize("name,p", [("float", 16), ("bfloat16", 64)])
+def test_misplaced_data_is_counted_wrong_at_any_distance(name, p):
+    """The test data repeated every 13 positions and ranks (fewer in bf16 at many ranks):
+    a block swapped with one 13 ranks on, a reduce-scatter handing out the next rank's
+    block, or a result shifted by 13 elements came out bit for bit right."""
+    dtype = DATATYPES[name]
+    block = 4 * 13
+    gather = Case("all_gather", p * block * dtype.itemsize, dtype, "sum", rank=0, ranks=p)
+    for distance in (1, 4, 13):
+        swapped = gather.expected.view(p, block).clone()
+        swapped[[0, distance]] = swapped[[distance, 0]]
+        gather.output.copy_(swapped.view(-1))
+        assert gather.wrong() > block, distance
+    scatter = Case("reduce_scatter", p * block * dtype.itemsize, dtype, "sum", rank=0, ranks=p)
+    scatter.output.copy_(Case("reduce_scatter", scatter.nbytes, dtype, "sum", rank=1, ranks=p).expected)
+    assert scatter.wrong() > block // 2
+    reduced = Case("all_reduce", p * block * dtype.itemsize, dtype, "sum", rank=0, ranks=p)
+    for shift in (1, 4, 13):
+        reduced.output.copy_(reduced.expected.roll(shift))
+        assert reduced.wrong() > reduced.count // 2, shift
+
+
 def test_all_gather_expectation_is_every_ranks_input():
     cases = [Case("all_gather", 2 * 4 * 5, torch.float32, "sum", rank=r, ranks=2) for r in range(2)]
     for case in cases:
@@ -128,6 +150,23 @@ def test_auto_is_compared_with_the_fastest_of_native_and_every_algorithm_of_its_
             row("gloo", "native", 0.5), row("cpp", "ring", 0.1, size=4096)]         # another transport, size
     lines = auto_summary("all_gather", rows).splitlines()
     assert len(lines) == 3 and lines[2].split() == ["64", "cpp", "5.50", "5.00", "1.10", "native", "->", "native"]
+
+
+def test_the_summary_marks_auto_s_pick_where_it_is_mpi_s_own_collective():
+    """MPI's own collective is filed under the "mpi" executor, and auto's pick was looked
+    up under its own executor only: a native pick, the commonest, was never marked."""
+    from pccl.tools.bench import Row, summary
+
+    def row(executor, algorithm, us, picked=None, compression="none"):
+        return Row("all_gather", 64, 16, "float", "sum", executor, algorithm, picked or algorithm, us,
+                   0.0, 0.0, 0, 4, compression)
+    natively = [row("mpi", "native", 5.0), row("cpp", "ring", 9.0), row("cpp", "auto", 5.5, picked="native")]
+    assert "native* 5.0us" in summary("all_gather", natively)
+    # a compressed auto row's pick is not auto's (uncompressed) pick
+    coded = [row("mpi", "native", 5.0), row("cpp", "ring", 4.0), row("cpp", "auto", 5.5, picked="native"),
+             row("cpp", "auto", 3.0, picked="ring", compression="int8")]
+    table = summary("all_gather", coded)
+    assert "ring 4.0us" in table and "native* 5.0us" in table
 
 
 # --------------------------------------------------------------- --device cuda
@@ -499,3 +538,12 @@ def test_on_two_gpus_nccl_rows_are_right(tmp_path):
         assert mine == plain | compressed
     # int8: the bound the CPU test (3 ranks) holds to; 2 ranks round fewer times
     assert all(r["max_error"] <= 3 * 0.5 / 127 for r in rows if r["compression"] == "int8")
+
+
+@pytest.mark.mpi
+def test_auto_rows_name_what_their_calls_ran(tmp_path):
+    """The label was the tuner's plain pick: MPI's own collective where a float max ran a
+    schedule, and where an int8-compressed auto (which never runs MPI's own) ran another."""
+    report = report_of({}, None, tmp_path, 2, "-m tests.pccl.workers.run_bench_auto_pick", timeout=180)
+    assert "_launch" not in report, report.get("_launch")
+    assert report["wrong"] == [], "\n".join(report["rows"])
