@@ -204,7 +204,8 @@ def worker(args: argparse.Namespace) -> dict:
         "sent_bytes": mean(sum(report[s]["intra"] + report[s]["inter"]
                                for s in ("forward", "backward", "update")) / args.steps),
         "state_bytes": mpi.allreduce(memory["parameters"] + memory["gradients"] + memory["optimizer"], op=MPI.MAX),
-        "peak_rss_mb": mpi.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, op=MPI.MAX),
+        # ru_maxrss is in KiB (Linux): MB of 1e6 bytes, as `state MB` counts them
+        "peak_rss_mb": mpi.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6, op=MPI.MAX),
     }
 
 
