@@ -51,7 +51,8 @@ every step its loss is within the tolerance times (the reference's loss + 10 x h
 that loss has moved from its first step): runs doing the same math differ by rounding, of
 the loss itself and of every update, whose drift grows as training moves the weights,
 while a real divergence is a share of the movement itself (compare_runs.agreement has the
-measurements). A run that does not agree is marked diverged and gets no speed-up. DIR
+measurements). A run that does not agree, or was handed other initial weights or batches
+than the reference (digests of both are compared), is marked and gets no speed-up. DIR
 gets compare.json, compare.md and compare.png. `--profile STEPS` runs STEPS more steps of
 each run under torch.profiler, after the measured ones, and writes where each run's step
 went (its kernels on GPUs, its operators on CPUs) to DIR/profile-RUN.txt and compare.json.
@@ -59,6 +60,7 @@ went (its kernels on GPUs, its operators on CPUs) to DIR/profile-RUN.txt and com
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -243,15 +245,18 @@ def worker(args: argparse.Namespace) -> dict:
         return compute_only(args, model, world)
     run = parse_run(name)
     device = device_of(args)
+    initial_weights = weights_digest(model)   # what set_up is handed: every run's the same
     if device.type == "cpu":   # its peak is the process's resident set: every run holds torch.compile's
         import torch._dynamo  # noqa: F401  modules (144 MB), which torch.optim's optimizers load and the engine not
     run.set_up(model, world, args)
     gpu = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else default_warmup(args.steps)
     batches, rates = rank_batches(args, rank, p), learning_rates(args)
-    times, losses = [], []
+    times, losses, data = [], [], hashlib.sha256()
     for s in range(args.steps):
-        tokens = step_batches(batches, device)
+        tokens = step_batches(batches, "cpu")
+        data.update(tokens.numpy().tobytes())
+        tokens = tokens.to(device)
         world.Barrier()
         start = time.perf_counter()
         loss = run.step(tokens, rates[s])
@@ -283,9 +288,25 @@ def worker(args: argparse.Namespace) -> dict:
            "exposed_comm_s": fields.pop("exposed_comm_s"),
            "sent_bytes_per_rank": world.allreduce(fields.pop("sent_bytes_per_rank"), op=max_op()),
            "peak_mem_bytes": world.allreduce(memory, op=max_op()),
-           "losses": losses, **fields}
+           "losses": losses, "inputs": {"initial_weights": initial_weights,
+                                        "batches": digest_of(world.gather(data.hexdigest()) or [])}, **fields}
     run.close()
     return row if rank == 0 else {}
+
+
+def weights_digest(model) -> str:
+    """A digest of a model's parameters, name by name (each one's sum and norm in fp64):
+    runs built alike have the same, a model from another seed or initialization another."""
+    import torch
+
+    summary = [(name, p.detach().sum(dtype=torch.float64).item(),
+                torch.linalg.vector_norm(p.detach(), dtype=torch.float64).item())
+               for name, p in model.named_parameters()]
+    return digest_of(summary)
+
+
+def digest_of(value) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:16]
 
 
 def profiled(run, batches, lr: float, steps: int, device) -> dict:
@@ -416,6 +437,9 @@ def compared(rows: list[dict]) -> list[dict]:
     reference = ran[0]
     for r in ran:
         r.update(agreement(r["losses"], reference["losses"], loss_tolerance(r["name"], r.get("precision", "fp32"))))
+        # bf16's allowance cannot tell other initial weights or batches apart: those are compared
+        r["other_inputs"] = sorted(k for k, v in r.get("inputs", {}).items() if v != reference.get("inputs", {}).get(k))
+        r["diverged"] = r["diverged"] or bool(r["other_inputs"])
         r["speedup"] = None if r["diverged"] else r["tokens_per_s"] / reference["tokens_per_s"]
     return rows
 
@@ -464,7 +488,8 @@ def markdown(rows: list[dict]) -> str:
             lines.append(f"| {r['name']} | not run: {r['not_run']} |  |  |  |  |  |  |  |  |  |  |")
             continue
         mfu = "-" if r.get("mfu") is None else f"{r['mfu']:.1%}"
-        speedup = "diverged: none reported" if r["diverged"] else f"{r['speedup']:.2f}x"
+        speedup = f"other {' and '.join(r['other_inputs'])}: none reported" if r.get("other_inputs") else \
+            "diverged: none reported" if r["diverged"] else f"{r['speedup']:.2f}x"
         exposed = "-" if r["exposed_comm_s"] is None else f"{r['exposed_comm_s']:.4f}"
         state = "-" if "state_bytes" not in r else \
             f"{sum(r['state_bytes'].values()) / 1e6:.2f} ({sum(r['table2_bytes'].values()) / 1e6:.2f})"

@@ -42,6 +42,7 @@ def test_the_minimal_invocation_reports_every_run_and_fsdp2_equals_zero3(tmp_pat
             assert r[key] > 0, (name, key, r[key])
         assert len(r["losses"]) == 3 and not r["diverged"] and r["speedup"] > 0
         assert r["losses"][-1] < r["losses"][0] - 0.1, r["losses"]   # the corpus is learnable
+        assert r["inputs"] == rows["fsdp2"]["inputs"] and r["other_inputs"] == []
     assert rows["fsdp2"]["exposed_comm_s"] is None and rows["zero3-native"]["exposed_comm_s"] >= 0
     # ZeRO-3 sends each parameter twice gathered and once reduce-scattered a step, (p-1)/p of
     # it on 2 ranks: both tools count about the same bytes (FSDP2 pads differently).
@@ -136,6 +137,33 @@ def test_a_run_whose_losses_diverge_gets_no_speedup():
     table = markdown(rows)
     assert "diverged: none reported" in table and "3.00x" not in table and "not run: no DeepSpeed" in table
     assert "| 2.5e-02 (3.5e-04) |" in table   # zero3-ring: 0.1 and 1e-4 x (4 + 10 x 1), relative to 4
+
+
+def test_a_run_handed_other_weights_or_batches_gets_no_speedup_whatever_its_losses():
+    """bf16's allowance passed a run from another seed or shuffle: the inputs' digests are
+    compared apart from the losses."""
+    same = {"initial_weights": "a", "batches": "b"}
+    rows = compared([dict(row("eager", [5.0, 4.0], 100.0), inputs=same),
+                     dict(row("zero3-pccl", [5.0, 4.0], 150.0), inputs=same),
+                     dict(row("fsdp2", [5.0, 4.0], 150.0), inputs=dict(same, initial_weights="c")),
+                     dict(row("ddp-pccl", [5.0, 4.0], 150.0), inputs=dict(same, batches="d"))])
+    assert rows[1]["speedup"] == pytest.approx(1.5) and rows[1]["other_inputs"] == []
+    assert [r["other_inputs"] for r in rows[2:]] == [["initial_weights"], ["batches"]]
+    assert all(r["diverged"] and r["speedup"] is None for r in rows[2:])
+    assert "other initial_weights: none reported" in markdown(rows)
+
+
+def test_the_weights_digest_tells_seeds_apart_and_builds_alike():
+    from shard.models import GPT
+    from shard.tools.compare import model_config, weights_digest
+
+    cfg = model_config(parse(["--ranks", "1", "--width", "64", "--layers", "2", "--heads", "2"]))
+    first = weights_digest(GPT(cfg, seed=0))
+    assert weights_digest(GPT(cfg, seed=0)) == first and weights_digest(GPT(cfg, seed=1)) != first
+    model = GPT(cfg, seed=0)
+    with torch.no_grad():
+        model.blocks[-1].mlp.up.weight[0, 0] += 1e-6   # one element of one parameter
+    assert weights_digest(model) != first
 
 
 def test_rounding_agrees_and_a_real_divergence_is_flagged(tmp_path):
