@@ -203,6 +203,20 @@ def test_native_kernels_refuse_an_encoding_they_would_overrun(name):
         c.encode(torch.randn(600)[::2], torch.empty(size, dtype=torch.uint8))
 
 
+def test_the_native_binding_refuses_an_unknown_codec_and_a_cast_of_other_values():
+    """Below the Python codecs' own checks, the binding guards its raw pointers too: a cast
+    codec (bf16) handed fp16 values would read twice the bytes they hold."""
+    from pccl import _native
+    from pccl.core.dtypes import DTYPES
+
+    half, out = torch.ones(4, dtype=torch.float16), torch.zeros(64, dtype=torch.uint8)
+    bf16 = codec("bf16").native
+    with pytest.raises(ValueError, match="take float32 values"):
+        _native.encode(bf16, out.data_ptr(), half.data_ptr(), half.numel(), DTYPES[torch.float16])
+    with pytest.raises(ValueError, match="unknown native codec code 3"):
+        _native.encoded_bytes(3, 10)
+
+
 # rates whose blocks of 4 values fill whole 64-bit words (8, 16, 32) and rates whose blocks
 # do not (3, 5, 6, 13), where the size is rounded up per stream, not per value
 @pytest.mark.parametrize("rate", [3, 5, 6, 8, 13, 16, 32])

@@ -84,6 +84,10 @@ def test_native_mpi_collective_is_aborted_by_the_watchdog():
     assert time.perf_counter() - t0 < 60, "the watchdog aborted the job far later than its 1.5 s"
 
 
+def test_the_watchdog_waits_its_whole_timeout():
+    run_ok(2, "native_watchdog_waits", timeout=120)
+
+
 def test_the_watchdog_ends_the_job_where_mpi_abort_hangs(tmp_path, monkeypatch):
     # MPICH's MPI_Abort first waits for the library's lock, which the stuck blocking call
     # holds and yields only now and then. Stood in for by an MPI_Abort that never returns

@@ -162,7 +162,8 @@ def scenario_timeout() -> None:
             except pccl.CollectiveTimeout as e:
                 took = time.perf_counter() - t0
                 assert 1.4 < took < 10, f"{name}: timed out after {took:.1f} s, expected ~1.5 s"
-                assert "timed out" in str(e)
+                # the ring's rank 0 receives from the last rank and sends to the next, at its first step
+                assert f"waiting to receive from {p - 1}; send to 1" in str(e), f"{name}: {e}"
             # the communicator is broken from then on, on every executor and for every call
             # (the Python executor's barrier, broadcast and MPI's own collective ran), and says so at once
             for what, call in (("ring", lambda: comm.all_gather(torch.empty(4 * p), torch.ones(4), algorithm="ring")),
@@ -203,6 +204,17 @@ def scenario_native_watchdog() -> None:
     if rank == 0:
         comm.all_gather(torch.empty(4 * p), torch.ones(4), algorithm="native")
     time.sleep(3600)  # only the watchdog's abort ends the job
+
+
+def scenario_native_watchdog_waits() -> None:
+    """The watchdog aborts a blocking call only after the whole timeout: a peer 1.5 s late
+    to a call with 4 s of it is no failure."""
+    comm = pccl.init(timeout=4)
+    if rank == 1:
+        time.sleep(1.5)
+    x = torch.full((8,), float(rank + 1))
+    comm.all_reduce(x, algorithm="native")
+    assert torch.equal(x, torch.full((8,), float(p * (p + 1) // 2))), x
 
 
 def scenario_broadcast() -> None:
