@@ -133,6 +133,7 @@ class Case:
         self.rank, self.ranks, self.device = rank, ranks, device
         self.count = nbytes // dtype.itemsize
         self.block = self.count // ranks
+        self.overflows = False   # timed loops reach inf (refill_for)
         new = lambda n: torch.empty(n, dtype=dtype, device=device)  # noqa: E731
         if collective == "all_gather":
             self.input, self.output = new(self.block), new(self.count)
@@ -171,6 +172,25 @@ class Case:
             return reduce_over_ranks(self.op, self.rank * self.block, self.block, self.dtype, self.ranks)
         return reduce_over_ranks(self.op, 0, self.count, self.dtype, self.ranks)
 
+    def refill_for(self, calls: int) -> Optional[Callable[[], None]]:
+        """For an in-place floating-point all-reduce sum, whose values grow p-fold a call: a
+        function that restores, before a timed loop of `calls` calls, this rank's input
+        scaled by a power of two that keeps the loop's sums finite (a codec encodes inf
+        several times faster than numbers: rows timed on overflowed values, as every row
+        after the first few of a size was, flattered compression). Sets `overflows` where no
+        scale can (fp16, or many ranks and calls: the smallest value stays 2^8 above the
+        smallest normal, so int8's scales do too). None where nothing grows. Call after
+        fill()."""
+        if self.collective != "all_reduce" or self.op != "sum" or not self.dtype.is_floating_point:
+            return None
+        info = torch.finfo(self.dtype)
+        grown = math.log2(value_modulus(self.dtype, self.ranks) - 1) + calls * math.log2(self.ranks)
+        needed = max(0, math.ceil(grown + 1 - math.log2(info.max)))
+        room = math.floor(-math.log2(info.tiny)) - 8
+        self.overflows = needed > room
+        start = self.input * 2.0 ** -min(needed, room)
+        return lambda: self.input.copy_(start)
+
     def wrong(self) -> int:
         """Elements of this rank's output that differ from the expected result (compared on
         the host: .cpu() copies a GPU output once, and is the tensor itself on CPU)."""
@@ -207,6 +227,7 @@ class Row:
     max_error: Optional[float] = None   # compressed rows: largest |error| / largest |exact value|
     rms_error: Optional[float] = None   # compressed rows: RMS error / RMS exact value
     device: str = "cpu"                 # where the buffers were: cpu or cuda
+    overflowed: bool = False            # its timed sums reached inf within a loop (Case.refill_for)
 
 
 def check(case: Case, call: Callable[[], None], world: MPI.Comm) -> int:
@@ -240,7 +261,8 @@ def measure(case: Case, todo: list[tuple[str, pccl.Communicator, str, str]], arg
     for (_, _, algorithm, _), call in zip(todo, calls):
         if algorithm == "auto":
             call()   # a first call may measure auto's candidates (the self-calibration): not timed
-    times = time_calls(calls, args.iters, args.warmup_iters, args.repeats, world, case.synchronize)
+    refill = case.refill_for(max(args.warmup_iters, 1) + args.iters)
+    times = time_calls(calls, args.iters, args.warmup_iters, args.repeats, world, case.synchronize, refill)
     rows = []
     for (executor, comm, algorithm, compression), call, seconds in zip(todo, calls, times):
         wrong, error = None, (None, None)
@@ -251,7 +273,8 @@ def measure(case: Case, todo: list[tuple[str, pccl.Communicator, str, str]], arg
         algbw, busbw = bandwidths(case.collective, case.nbytes, seconds, case.ranks)
         picked = auto_pick(case, comm, compression) if algorithm == "auto" else algorithm
         rows.append(Row(case.collective, case.nbytes, case.count, args.datatype, args.op, executor, algorithm,
-                        picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error, case.device))
+                        picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error, case.device,
+                        case.overflows))
     return rows
 
 
@@ -701,6 +724,11 @@ def main(argv: Optional[list[str]] = None) -> None:
             for row in measure(case, todo, args, world):
                 rows.append(row)
                 say(format_row(row))
+    overflowed = sorted({r.size for r in rows if r.overflowed})
+    if overflowed:
+        note(f"# all-reduce sums of {', '.join(map(str, overflowed))} bytes reached inf within a timed loop "
+             f"({args.datatype} on {ranks} ranks, {max(args.warmup_iters, 1) + args.iters} calls a loop): a codec "
+             "encodes inf faster than numbers, so their compressed rows are flattered; fewer -n/-w, or op avg")
     for collective in args.collectives:
         mine = [r for r in rows if r.collective == collective]
         say("#\n" + summary(collective, mine))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 from mpi4py import MPI
 
@@ -44,15 +44,20 @@ def time_per_call(call: Callable[[], None], iters: int, warmup: int, repeats: in
 
 
 def time_calls(calls: list[Callable[[], None]], iters: int, warmup: int, repeats: int, world: MPI.Comm,
-               synchronize: Callable[[], None] = lambda: None) -> list[float]:
+               synchronize: Callable[[], None] = lambda: None,
+               refill: Optional[Callable[[], None]] = None) -> list[float]:
     """time_per_call of each of `calls`, their repeats taking turns (every call's loop once,
     then every call's again): a burst of other work slows one loop of each, which the median
     drops, instead of every loop of one, so calls compared in one run are timed alike. A
     call's later loops start with one untimed call: switching from another call costs
-    something (caches, MPI's state) that a loop of one call does not pay."""
+    something (caches, MPI's state) that a loop of one call does not pay. `refill`, where
+    the calls change their own input (an in-place sum grows p-fold a call), restores it
+    before each loop, untimed."""
     samples: list[list[float]] = [[] for _ in calls]
     for r in range(repeats):
         for call, mine in zip(calls, samples):
+            if refill is not None:
+                refill()
             for _ in range(warmup if r == 0 else min(1, len(calls) - 1)):
                 call()
             synchronize()

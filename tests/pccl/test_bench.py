@@ -2,6 +2,7 @@
 import json
 import os
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -96,6 +97,57 @@ def test_misplaced_data_is_counted_wrong_at_any_distance(name, p):
         assert reduced.wrong() > reduced.count // 2, shift
 
 
+@pytest.mark.parametrize("name,p,calls", [("float", 4, 101), ("float", 8, 25), ("bfloat16", 16, 25),
+                                           ("half", 2, 4), ("float", 2, 200)])
+def test_timed_all_reduce_sums_stay_finite_from_each_refill(name, p, calls):
+    """An in-place sum grows p-fold a call, and every row of a size shared one buffer: the
+    sums reached inf (int8 encodes inf about 6x faster than numbers). Each loop now starts
+    from the input scaled to keep `calls` calls finite, its smallest value normal enough
+    for int8's scales; simulated here call by call in the dtype, every rank's values."""
+    dtype = DATATYPES[name]
+    cases = [Case("all_reduce", p * 64 * dtype.itemsize, dtype, "sum", rank=r, ranks=p) for r in range(p)]
+    refills = []
+    for case in cases:
+        case.fill()
+        refills.append(case.refill_for(calls))
+    tiny = torch.finfo(dtype).tiny
+    for _ in range(2):   # a second loop starts from the same values again
+        for refill in refills:
+            refill()
+        assert min(c.input[c.input != 0].abs().min().item() for c in cases) >= tiny * 2 ** 8
+        for _ in range(calls):
+            total = sum(c.input.double() for c in cases).to(dtype)
+            for c in cases:
+                c.input.copy_(total)
+        assert torch.isfinite(total).all() and not cases[0].overflows
+
+
+@pytest.mark.parametrize("name,p,calls", [("float", 8, 101), ("half", 2, 25), ("half", 4, 25)])
+def test_sums_that_no_scale_keeps_finite_are_flagged(name, p, calls):
+    case = Case("all_reduce", p * 64 * DATATYPES[name].itemsize, DATATYPES[name], "sum", rank=0, ranks=p)
+    case.fill()
+    case.refill_for(calls)
+    assert case.overflows
+
+
+def test_only_growing_calls_are_refilled():
+    for collective, op, dtype in (("all_gather", "sum", torch.float32), ("reduce_scatter", "sum", torch.float32),
+                                  ("all_reduce", "max", torch.float32), ("all_reduce", "avg", torch.float32),
+                                  ("all_reduce", "sum", torch.int32)):
+        case = Case(collective, 4 * 64 * 4, dtype, op, rank=0, ranks=4)
+        case.fill()
+        assert case.refill_for(100) is None, (collective, op, dtype)
+
+
+def test_time_calls_refills_before_every_loop_untimed():
+    """The refill comes before a loop's warm-up or switching call, and so before its clock."""
+    world = SimpleNamespace(Barrier=lambda: None, allreduce=lambda value, op=None: value)
+    log = []
+    cli.time_calls([lambda: log.append("a"), lambda: log.append("b")], iters=2, warmup=1, repeats=2, world=world,
+                   refill=lambda: log.append("refill"))
+    assert "".join(x[0] for x in log) == "raaa" + "rbbb" + "raaa" + "rbbb"
+
+
 def test_all_gather_expectation_is_every_ranks_input():
     cases = [Case("all_gather", 2 * 4 * 5, torch.float32, "sum", rank=r, ranks=2) for r in range(2)]
     for case in cases:
@@ -175,7 +227,6 @@ def test_the_summary_marks_auto_s_pick_where_it_is_mpi_s_own_collective():
 # timing around a synchronize and the check run here on CPU with stand-ins for them.
 
 from dataclasses import replace  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 from pccl.core.topology import Topology  # noqa: E402
 from pccl.tools import bench  # noqa: E402
