@@ -67,3 +67,19 @@ def test_a_plan_level_asked_for_mpis_nonblocking_collective_on_another_transport
     for collective in ("all_gather", "reduce_scatter", "all_reduce"):
         with pytest.raises(ValueError, match="its intra level runs 'native_nonblocking'.*rides 'nccl', which has none"):
             over_nccl.selector.resolve(collective, nonblocking, 1 << 20)
+
+
+def test_a_call_is_resolved_anew_after_its_selector_takes_another_profile():
+    """A call's resolution is cached; a profile taken since (a self-calibration, use_profile)
+    may decide otherwise, and the next call must follow it."""
+    topology = Topology.regular(8, 4)
+    comm = DryRunCommunicator(topology, profiles.load("emulated-1gbit"))
+    x = torch.empty(1024)   # 4 KB: these two profiles pick apart
+    picks = {name: DryRunCommunicator(topology, profiles.load(name)).selector.resolve("all_reduce", "auto", 4096)
+             for name in ("emulated-1gbit", "frontier")}
+    assert picks["emulated-1gbit"] != picks["frontier"]
+    for name in ("emulated-1gbit", "emulated-1gbit", "frontier"):
+        if name == "frontier":
+            comm.selector.use_profile(profiles.load("frontier"))
+        comm.all_reduce(x)
+        assert comm.carrier.calls[-1][1] == picks[name], name

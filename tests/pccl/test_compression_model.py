@@ -2,6 +2,8 @@
 schedules, the profiles' codec speeds, and compression="auto"'s choices."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -80,6 +82,41 @@ def test_auto_compresses_only_where_it_clearly_pays():
     assert tuner.choose_compressed("reduce_scatter", 64 * MB, torch.float32, plans.HORing())[0] == "int8"
     assert Tuner(Topology.regular(64, 8, 4), profiles.load("frontier")).choose_compressed(
         "all_reduce", 64 * MB, torch.float32)[0] is None   # no codec speeds in the profile: none
+
+
+def test_a_lossy_codec_is_taken_only_past_its_margin_at_each_buckets_edge():
+    """A codec must be predicted GAIN_FOR_LOSS of the exact time or less, not just faster
+    (sizes exist on this profile where it is faster by less), decided at each size
+    bucket's lower edge."""
+    from pccl.tuning.selection import BUCKETS_PER_DOUBLING
+
+    tuner = Tuner(Topology.regular(8, 4), profiles.load("emulated-1gbit"))
+    narrow = 0
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        for q in range(8 * BUCKETS_PER_DOUBLING, 30 * BUCKETS_PER_DOUBLING):
+            edge = 2 ** (q / BUCKETS_PER_DOUBLING)
+            times = tuner.compressed_predictions(collective, edge, torch.float32)
+            exact = min(t for (c, _), t in times.items() if c is None)
+            coded = min(t for (c, _), t in times.items() if c is not None)
+            chosen = tuner.choose_compressed(collective, math.ceil(edge), torch.float32)[0]
+            assert (chosen is not None) == (coded <= GAIN_FOR_LOSS * exact), (collective, edge)
+            narrow += GAIN_FOR_LOSS * exact < coded < exact
+    assert narrow > 0, "no size where the codec is faster by less than the margin: the test tests nothing"
+
+
+def test_each_dtype_decides_its_compression_apart():
+    """A bf16 call after an fp32 one of the same size took fp32's lossy choice where the
+    model says it does not pay for bf16."""
+    topology, profile = Topology.regular(8, 4), profiles.load("emulated-1gbit")
+    differ = 0
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        for k in range(8, 30):
+            fresh = {dtype: Tuner(topology, profile).choose_compressed(collective, 1 << k, dtype)
+                     for dtype in (torch.float32, torch.bfloat16)}
+            shared = Tuner(topology, profile)
+            assert [shared.choose_compressed(collective, 1 << k, dtype) for dtype in fresh] == list(fresh.values())
+            differ += fresh[torch.float32] != fresh[torch.bfloat16]
+    assert differ > 0, "fp32 and bf16 never decide differently here: the test tests nothing"
 
 
 def test_compression_auto_resolves_before_anything_is_sent(monkeypatch):
