@@ -237,3 +237,22 @@ def test_tensors_are_written_a_block_of_rows_at_a_time(tmp_path, monkeypatch):
     ours = dict(model.named_parameters())
     for name, p in from_pretrained(tmp_path / "m").named_parameters():
         assert torch.equal(p, ours[name]), name
+
+
+# (not llama_tied: a tied Llama stores no head, and without the key transformers reads it untied)
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "llama_tied"])
+def test_a_config_without_tie_word_embeddings_is_read_as_transformers_reads_it(kind, tmp_path):
+    """save_pretrained always writes the key, but configs written by hand or by other tools
+    may leave it out: its default is then each model type's, as transformers has it."""
+    import json
+
+    random_hf_model(kind).save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    config = json.loads(path.read_text())
+    config.pop("tie_word_embeddings", None)
+    path.write_text(json.dumps(config))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert config_from_hf(config)[0].tied == theirs.config.tie_word_embeddings
+    tokens = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(1))
+    difference = (our_logits(from_pretrained(tmp_path), tokens) - their_logits(theirs, tokens)).abs().max().item()
+    assert difference <= TOLERANCE, difference

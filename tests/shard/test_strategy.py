@@ -51,27 +51,37 @@ def test_group_size_must_divide_the_world():
         s.check_group(8, 0)
 
 
-def test_scope_shards():
-    assert [Scope.N.shards(64, 8), Scope.I.shards(64, 8), Scope.G.shards(64, 8)] == [1, 8, 64]
+@pytest.mark.parametrize("world,group", [(64, 8), (64, 4), (8, 2), (12, 3)])
+def test_scope_shards(world, group):
+    """I splits within a group of M ranks, G over all N (at N=64, M=8, N/M = M hid a mix-up)."""
+    assert [Scope.N.shards(world, group), Scope.I.shards(world, group), Scope.G.shards(world, group)] == \
+        [1, group, world]
 
 
 # PaRO Table 2 (2-byte P and G, K bytes of optimizer state), psi parameters, N ranks, groups of M.
 PSI, N, M, K = 7e9, 64, 8, 12
-TABLE_2 = {
-    "zero1": (2 * PSI, 2 * PSI, K * PSI / N),
-    "zero2": (2 * PSI, 2 * PSI / N, K * PSI / N),
-    "zero3": (2 * PSI / N, 2 * PSI / N, K * PSI / N),
-    "mics": (2 * PSI / M, 2 * PSI / M, K * PSI / M),
-    "paro-igg": (2 * PSI / M, 2 * PSI / N, K * PSI / N),
-    "paro-iig": (2 * PSI / M, 2 * PSI / M, K * PSI / N),
-    "paro-nig": (2 * PSI, 2 * PSI / M, K * PSI / N),
-}
 
 
+def table_2(n: int, m: int) -> dict:
+    return {
+        "zero1": (2 * PSI, 2 * PSI, K * PSI / n),
+        "zero2": (2 * PSI, 2 * PSI / n, K * PSI / n),
+        "zero3": (2 * PSI / n, 2 * PSI / n, K * PSI / n),
+        "mics": (2 * PSI / m, 2 * PSI / m, K * PSI / m),
+        "paro-igg": (2 * PSI / m, 2 * PSI / n, K * PSI / n),
+        "paro-iig": (2 * PSI / m, 2 * PSI / m, K * PSI / n),
+        "paro-nig": (2 * PSI, 2 * PSI / m, K * PSI / n),
+    }
+
+
+TABLE_2 = table_2(N, M)
+
+
+@pytest.mark.parametrize("n,m", [(N, M), (64, 4), (8, 2)])   # (and where N/M is not M)
 @pytest.mark.parametrize("name", list(TABLE_2))
-def test_memory_per_rank_is_table_2(name):
-    got = Strategy.parse(name).memory_per_rank(PSI, N, M, state_bytes=K)
-    assert (got["parameters"], got["gradients"], got["optimizer"]) == pytest.approx(TABLE_2[name])
+def test_memory_per_rank_is_table_2(name, n, m):
+    got = Strategy.parse(name).memory_per_rank(PSI, n, m, state_bytes=K)
+    assert (got["parameters"], got["gradients"], got["optimizer"]) == pytest.approx(table_2(n, m)[name])
 
 
 @pytest.mark.parametrize("s,g", [(1, 8), (8, 1), (8, 8), (4, 2)])

@@ -112,3 +112,34 @@ def test_wrong_buffers_are_refused():
         flat_params.shard(torch.zeros(flat_params.padded), 0, flat_params.padded + 1)
     with pytest.raises(ValueError, match="world size"):
         FlatParams([], 0)
+
+
+def test_root_modules_are_the_children_that_neither_are_nor_hold_a_unit():
+    """What Engine(compile=...) compiles besides the units: a child holding a unit would be
+    compiled around the unit's gather and release hooks. Units two levels down (each
+    block's attention and MLP) leave the blocks out; the reference walks every module."""
+    from shard.engine.units import default_units, root_modules
+    from shard.models.gpt import GPT, GPTConfig
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.attn, self.mlp = nn.LayerNorm(8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(10, 8), nn.Linear(8, 10)
+            self.blocks = nn.ModuleList(Block() for _ in range(2))
+
+    def holds_a_unit(module, units) -> bool:
+        return any(m is u for m in module.modules() for u in units)
+
+    model = Model()
+    units = [m for b in model.blocks for m in (b.attn, b.mlp)]
+    assert root_modules(model, units) == [model.embed, model.head]
+    gpt = GPT(GPTConfig.preset("tiny"))
+    for units in (list(gpt.blocks), default_units(gpt)):   # (the defaults make the root's modules units too)
+        expected = [m for m in gpt.children() if not isinstance(m, nn.ModuleList) and not holds_a_unit(m, units)]
+        assert root_modules(gpt, units) == expected
+    assert root_modules(gpt, list(gpt.blocks)) == [gpt.embed, gpt.pos, gpt.norm, gpt.head]
