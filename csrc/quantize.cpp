@@ -43,7 +43,7 @@ PCCL_MULTIVERSION void encode_group(int8_t* __restrict q, char* scale_out, const
   // Adding and subtracting 1.5 * 2^23 rounds to nearest even (|values| <= 127 here) in two
   // vector additions, where rint would stop the loop from vectorizing. The clamp is two
   // comparisons, not std::fmax/fmin, whose NaN rule kept GCC 12 from vectorizing the loop
-  // (0.85 GB/s, not 3+; the values here are finite, where both clamp alike).
+  // (0.85 GB/s a core, against 6.9 vectorized; the values here are finite, where both clamp alike).
   const float inverse = 1.0f / scale, magic = 12582912.0f;
   for (int64_t i = 0; i < len; ++i) {
     float v = Num<T>::load(x[i]) * inverse;
