@@ -3,8 +3,9 @@
 Run it under mpiexec, e.g. ``mpiexec -n 4 pccl-bench -b 4K -e 64M -f 4 -n 20 -w 5``.
 For every collective, buffer size, executor and algorithm it prints one row: the time of
 one call (the slowest rank's: nccl-tests averages over ranks unless run with `-a 3`), the
-algorithm and bus bandwidths, and how many elements came out wrong. The size of a row is the whole buffer, as in
-nccl-tests: the all-gather output, the reduce-scatter input, the all-reduce tensor.
+algorithm and bus bandwidths, and how many elements came out wrong. The size of a row is
+the whole buffer, as in nccl-tests: the all-gather output, the reduce-scatter input, the
+all-reduce tensor.
 With ``--device cuda`` the buffers are on each rank's GPU (local rank modulo the GPUs
 here); rows that an executor cannot run on GPU buffers are skipped, with the reason.
 """
