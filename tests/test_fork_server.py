@@ -87,7 +87,10 @@ out = pathlib.Path(sys.argv[1])
 cmd = [*launcher(), "-n", "2", sys.executable, "-m", "tests.support.zygote", "run", fork_servers(),
        "-m", "tests.support.rank_facts", str(out), "hang"]
 subprocess.Popen(cmd, env=job_env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+deadline = time.monotonic() + 60
 while not all((out / f"{r}.pid").exists() for r in range(2)):
+    if time.monotonic() > deadline:
+        sys.exit("the job's ranks did not start within 60 s")
     time.sleep(0.05)
 print("running", flush=True)
 sys.stdin.read()   # until the test says: then this process ends, and its fork servers with it
