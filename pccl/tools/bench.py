@@ -262,7 +262,7 @@ def measure(case: Case, todo: list[tuple[str, pccl.Communicator, str, str]], arg
     for (_, _, algorithm, _), call in zip(todo, calls):
         if algorithm == "auto":
             call()   # a first call may measure auto's candidates (the self-calibration): not timed
-    refill = case.refill_for(max(args.warmup_iters, 1) + args.iters)
+    refill = case.refill_for(calls_a_loop(args))
     times = time_calls(calls, args.iters, args.warmup_iters, args.repeats, world, case.synchronize, refill)
     rows = []
     for (executor, comm, algorithm, compression), call, seconds in zip(todo, calls, times):
@@ -277,6 +277,12 @@ def measure(case: Case, todo: list[tuple[str, pccl.Communicator, str, str]], arg
                         picked, seconds * 1e6, algbw, busbw, wrong, case.ranks, compression, *error, case.device,
                         case.overflows))
     return rows
+
+
+def calls_a_loop(args: argparse.Namespace) -> int:
+    """The most calls of one row between two refills (time_calls): its warm-up or switching
+    calls and its timed ones."""
+    return max(args.warmup_iters, 1) + args.iters
 
 
 def auto_pick(case: Case, comm: pccl.Communicator, compression: str) -> str:
@@ -728,7 +734,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     overflowed = sorted({r.size for r in rows if r.overflowed})
     if overflowed:
         note(f"# all-reduce sums of {', '.join(map(str, overflowed))} bytes reached inf within a timed loop "
-             f"({args.datatype} on {ranks} ranks, {max(args.warmup_iters, 1) + args.iters} calls a loop): a codec "
+             f"({args.datatype} on {ranks} ranks, {calls_a_loop(args)} calls a loop): a codec "
              "encodes inf faster than numbers, so their compressed rows are flattered; fewer -n/-w, or op avg")
     for collective in args.collectives:
         mine = [r for r in rows if r.collective == collective]
