@@ -281,7 +281,7 @@ def test_parameters_a_forward_kept_are_not_used_once_the_master_changes(comm, en
 
 
 def test_the_reductions_in_flight_are_two_of_the_largest_units_in_the_reduce_dtype():
-    """Where gradients are reduced per micro-batch (a world over one rank: here ZeRO-3 on
+    """Where gradients are reduced per micro-batch (more than one rank: here ZeRO-3 on
     4, planned on the meta device), `reducing` is the root's gradients and the largest
     unit's .grad in the compute dtype and the REDUCING_AT_ONCE = 2 largest flat copies in
     the reduce dtype, and the workspace one largest unit's (the docstring's count, by hand:
