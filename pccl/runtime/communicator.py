@@ -21,7 +21,7 @@ from pccl.runtime import call_check, teardown, transport_kinds, validation
 from pccl.runtime.call_check import CallCheck
 from pccl.runtime.choice import Choice
 from pccl.runtime.rendezvous import init_torch_distributed, mpi_world
-from pccl.runtime.selector import Selector, uncompressed
+from pccl.runtime.selector import Selector
 from pccl.runtime.transport import Transport, default_timeout
 from pccl.runtime.work import SerialQueue, Work
 from pccl.tuning.profiles import Profile
@@ -245,8 +245,8 @@ class Communicator:
         return self.selector.codecs(compression, like, collective, algorithm, default, self.carrier.gpu_codecs)
 
     def _cached(self, head: Optional[tuple], *buffers) -> tuple[Optional[tuple], Optional[Call]]:
-        """(key, the call resolved before for it or None); key None: not cacheable (a
-        call naming its compression, buffers call_key refuses, an unhashable algorithm)."""
+        """(key, the call resolved before for it or None); key None: not cacheable (buffers
+        call_key refuses, an unhashable algorithm or compression: a per-level dict)."""
         if self._calls_version != self.selector.version:   # decided with another profile since
             self._calls.clear()
             self._calls_version = self.selector.version
@@ -337,8 +337,7 @@ class Communicator:
         every rank's output is the same decoding."""
         if self.call_check:
             self.call_check.agree("all_gather", algorithm, None, input)
-        key, call = self._cached(("all_gather", algorithm, compression) if uncompressed(compression) else None, output,
-                                 input)
+        key, call = self._cached(("all_gather", algorithm, compression), output, input)
         if call is None:
             validation.check_blocks(output, input, "output", self.size, self.devices)
             codecs, resolved = self._codecs(compression, output, "all_gather", algorithm)
@@ -355,8 +354,7 @@ class Communicator:
         compression: as all_gather's; partial sums are encoded at each step."""
         if self.call_check:
             self.call_check.agree("reduce_scatter", algorithm, op, input)
-        head = ("reduce_scatter", algorithm, op, compression) if uncompressed(compression) else None
-        key, call = self._cached(head, output, input)
+        key, call = self._cached(("reduce_scatter", algorithm, op, compression), output, input)
         if call is None:
             validation.check_blocks(output, input, "input", self.size, self.devices)
             op_code(op, input.dtype)
@@ -373,8 +371,7 @@ class Communicator:
         """Reduce `tensor` over all ranks, in place. compression: as all_gather's."""
         if self.call_check:
             self.call_check.agree("all_reduce", algorithm, op, tensor)
-        key, call = self._cached(("all_reduce", algorithm, op, compression) if uncompressed(compression) else None,
-                                 tensor)
+        key, call = self._cached(("all_reduce", algorithm, op, compression), tensor)
         if call is None:
             validation.check_tensor("tensor", tensor, self.devices)
             op_code(op, tensor.dtype)

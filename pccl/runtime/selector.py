@@ -37,8 +37,8 @@ def refuse_compression(algorithm, collective: str, compression) -> None:
 
 def uncompressed(compression) -> bool:
     """Whether a call's compression argument leaves it to the communicator's default
-    (None) or names none: such calls are kept in the call cache, under that argument (with
-    PCCL_COMPRESSION set the two differ: the default codec, and exact)."""
+    (None) or names none (with PCCL_COMPRESSION set the two differ: the default codec, and
+    exact)."""
     return compression is None or (isinstance(compression, str) and compression == "none")
 
 

@@ -15,6 +15,7 @@ The references, per case:
                    codec's unit of it (int8 1/254, bf16 2^-9, fp16 2^-11, zfp:R 2^-(R-5));
                    all-reduce results identical on every rank (per message: not), in fp16
                    and bf16 payloads too
+A call repeated (kept in the call cache) gives the same bits as its first run.
 The C++ executor runs the native codecs itself: its results equal the Python executor's
 bit for bit, sum and avg (same plan, same kernels, same order of reductions, the same
 division; checked at one size), and avg is the sum divided by p, exactly.
@@ -84,6 +85,8 @@ def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool, tw
         encodes = verify_compressed(collective, algorithm, p, per_message)["encodes"]
     out = call(comm, collective, algorithm, compression, case, n)
     problems = []
+    if n == SIZES[1] and not torch.equal(out, call(comm, collective, algorithm, compression, case, n)):
+        problems.append(f"{case}: the call kept from the first (the call cache) gave other bits")
     if collective != "all_gather" and n == SIZES[1]:
         avg = call(comm, collective, algorithm, compression, case, n, "avg")
         if not torch.equal(avg, out / p):
