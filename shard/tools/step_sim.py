@@ -76,8 +76,9 @@ def simulate(args) -> list[dict]:
     from pccl.tuning.profiles import topology_for
     from runkit.sizes import doubling_range
     from shard.engine.strategy import Strategy, StrategyError
+    from shard.engine.units import split_units
     from shard.models import GPT, GPTConfig
-    from shard.planning.predict import ComputeRate, predict_step
+    from shard.planning.predict import ComputeRate, Workload, predict_step, unit_flops
     from shard.tools.compare_runs import COMMS
 
     try:
@@ -115,14 +116,16 @@ def simulate(args) -> list[dict]:
     print(f"# predicted (shard/planning/predict.py): compute at {args.mfu:.0%} of peak; the lanes share the network; "
           f"communication assumed not to slow compute\n{HEADER}", flush=True)
     for name, cfg in presets:
+        with torch.device("meta"):
+            model = GPT(cfg)
+        # one micro-batch's FLOPs, the same at every world size (counted once: seconds for a 7B model)
+        flops = unit_flops(model, [u.name for u in split_units(model)], Workload(args.seq, args.micro_batch, 1))
         for ranks in worlds:
             topology = topology_for(ranks, profile, args.ranks_per_node, None)
             for strategy in strategies:
                 base: Optional[float] = None
                 for comm in comms:
-                    with torch.device("meta"):
-                        model = GPT(cfg)
-                    r = predict_step(model, topology, profile, micro[ranks], rate, strategy=strategy,
+                    r = predict_step(model, topology, profile, micro[ranks], rate, flops=flops, strategy=strategy,
                                      algorithm=COMMS[comm], precision=args.precision, reduce_dtype=args.precision,
                                      prefetch=args.prefetch, group_size=topology.ranks_per_node)
                     base = r["step_s"] if comm == "native" else base
