@@ -82,13 +82,6 @@ def unit_flops(model: torch.nn.Module, units: list[str], micro: Workload) -> dic
     return {u: (forward[u], both[u] - forward[u]) for u in forward}
 
 
-def micro_batch_flops(model: torch.nn.Module, micro: Workload) -> float:
-    """Forward and backward FLOPs of one micro-batch of `model` (on the meta device)."""
-    from shard.engine.units import split_units
-
-    return sum(f + b for f, b in unit_flops(model, [u.name for u in split_units(model)], micro).values())
-
-
 def trace_step(model: torch.nn.Module, comm, micro: Workload, **settings) -> tuple[StepTrace, object]:
     """(the trace of one step, the engine) of `model` over `comm`: a dry-run communicator
     with a model on the meta device (nothing is computed or sent), or a real one (the

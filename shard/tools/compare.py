@@ -452,23 +452,23 @@ def predicted(args, rows: list[dict], probe: dict) -> None:
 
     from pccl import Topology
     from pccl.tuning import profiles
+    from shard.engine.units import split_units
     from shard.models import GPT
-    from shard.planning.predict import ComputeRate, Workload, micro_batch_flops, predict_step
+    from shard.planning.predict import ComputeRate, Workload, predict_step, unit_flops
 
     profile = profiles.load(args.predict)
-    cfg = model_config(args)
     with torch.device("meta"):
-        flops = micro_batch_flops(GPT(cfg), Workload(args.seq, args.batch, 1))
-    rate = ComputeRate(flops / probe["fb_s"], probe["update_s_per_element"], "measured by a compute-only launch")
+        model = GPT(model_config(args))
+    flops = unit_flops(model, [u.name for u in split_units(model)], Workload(args.seq, args.batch, 1))
+    rate = ComputeRate(sum(f + b for f, b in flops.values()) / probe["fb_s"], probe["update_s_per_element"],
+                       "measured by a compute-only launch")
     topology = Topology.regular(args.ranks, args.ranks_per_node or args.ranks)
     for r in rows:
         run = None if "not_run" in r else parse_run(r["name"])
         if not isinstance(run, EngineRun) or run.codec:
             continue   # not the engine, or compressed (the cost model does not know codecs yet)
-        with torch.device("meta"):
-            model = GPT(cfg)
         p = predict_step(model, topology, profile, Workload(args.seq, args.batch, args.micro), rate,
-                         shared_cores=True, strategy=run.strategy, algorithm=COMMS[run.comm],
+                         flops=flops, shared_cores=True, strategy=run.strategy, algorithm=COMMS[run.comm],
                          group_size=topology.ranks_per_node,   # CPU ranks: cores compute and drive MPI
                          precision=args.precision, reshard_after_forward=not run.kept)
         r.update(predicted_step_s=p["step_s"], predicted_tokens_per_s=p["tokens_per_s"],
