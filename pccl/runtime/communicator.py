@@ -238,11 +238,14 @@ class Communicator:
     def _codecs(self, compression, like: torch.Tensor, collective: str, algorithm,
                 op: Optional[str] = None) -> tuple[dict, object]:
         """({level: codec}, algorithm) of a call (Selector.codecs), None compression being
-        this communicator's default, which compresses gathers, sums and averages only: a
-        codec's error is additive, and max and min would lose what they promise (a NaN
-        spreads over its codec group, zeros lose their sign)."""
-        default = self.default_compression if op in (None, "sum", "avg") else None
-        return self.selector.codecs(compression, like, collective, algorithm, default, self.carrier.gpu_codecs)
+        this communicator's default. The default, and "auto" however given, compress
+        gathers, sums and averages only: a codec's error is additive, and max and min would
+        lose what they promise (a NaN spreads over its codec group, zeros lose their sign,
+        a maximum moves by the codec's error)."""
+        exact = op not in (None, "sum", "avg")
+        default = None if exact else self.default_compression
+        return self.selector.codecs(compression, like, collective, algorithm, default, self.carrier.gpu_codecs,
+                                    exact)
 
     def _cached(self, head: Optional[tuple], *buffers) -> tuple[Optional[tuple], Optional[Call]]:
         """(key, the call resolved before for it or None); key None: not cacheable (buffers
@@ -336,7 +339,7 @@ class Communicator:
         a codec, or none, with the algorithm); each block is encoded once, by its owner, and
         every rank's output is the same decoding."""
         if self.call_check:
-            self.call_check.agree("all_gather", algorithm, None, input)
+            self.call_check.agree("all_gather", algorithm, None, input, compression)
         key, call = self._cached(("all_gather", algorithm, compression), output, input)
         if call is None:
             validation.check_blocks(output, input, "output", self.size, self.devices)
@@ -353,7 +356,7 @@ class Communicator:
         """Reduce `input` over all ranks; this rank receives block `rank` in `output`.
         compression: as all_gather's; partial sums are encoded at each step."""
         if self.call_check:
-            self.call_check.agree("reduce_scatter", algorithm, op, input)
+            self.call_check.agree("reduce_scatter", algorithm, op, input, compression)
         key, call = self._cached(("reduce_scatter", algorithm, op, compression), output, input)
         if call is None:
             validation.check_blocks(output, input, "input", self.size, self.devices)
@@ -370,7 +373,7 @@ class Communicator:
                    async_op: bool = False, compression=None) -> Optional[Work]:
         """Reduce `tensor` over all ranks, in place. compression: as all_gather's."""
         if self.call_check:
-            self.call_check.agree("all_reduce", algorithm, op, tensor)
+            self.call_check.agree("all_reduce", algorithm, op, tensor, compression)
         key, call = self._cached(("all_reduce", algorithm, op, compression), tensor)
         if call is None:
             validation.check_tensor("tensor", tensor, self.devices)

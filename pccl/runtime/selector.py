@@ -207,21 +207,22 @@ class Selector:
         return Choice(collective, resolved, like.numel(), like.dtype, self.topology, self.rank, codec)
 
     def codecs(self, compression, like: torch.Tensor, collective: str, algorithm,
-               default=None, gpu_codecs: bool = False) -> tuple[dict, object]:
+               default=None, gpu_codecs: bool = False, exact: bool = False) -> tuple[dict, object]:
         """({level: codec}, algorithm) of a call: one codec for a flat schedule ("flat") and,
         in a plan, for the inter-node level only unless a dict names the levels ({"intra":
         ..., "inter": ...}); None takes `default` (the communicator's, PCCL_COMPRESSION as
         it was when it was made), which compresses only payloads its codec takes, else none.
         "auto": the codec (or none) and, with algorithm="auto", the algorithm the cost model
-        predicts fastest (Tuner.choose_compressed; none on GPU tensors). gpu_codecs: whether
-        the transport runs the native codecs on GPU buffers. Checked before anything is sent."""
+        predicts fastest (Tuner.choose_compressed; none on GPU tensors, nor where `exact`:
+        max and min). gpu_codecs: whether the transport runs the native codecs on GPU
+        buffers. Checked before anything is sent."""
         given = compression is not None
         if not given:
             compression = default
         if uncompressed(compression):   # the common case, without per_level's work
             return {}, algorithm
         if isinstance(compression, str) and compression.strip().lower() == "auto":
-            if like.device.type != "cpu":
+            if like.device.type != "cpu" or exact:
                 return {}, algorithm
             spec = plans.spec_of(algorithm)
             if spec is None:

@@ -13,6 +13,7 @@ import torch
 from mpi4py import MPI
 
 import pccl
+from pccl.compression.codecs import codec
 
 torch.set_num_threads(1)
 world = MPI.COMM_WORLD
@@ -97,7 +98,7 @@ def scenario_in_place() -> None:
 
 def scenario_misuse() -> None:
     """2 ranks. With check_calls, a call another rank makes otherwise (a size, a skipped
-    call, an algorithm) is a CallMismatch on both, naming both calls, and the communicator
+    call, an algorithm, a codec) is a CallMismatch on both, naming both calls, and the communicator
     goes on; without it, the Python executor is broken after an MPI error, as the C++ one
     is, instead of matching the next call's messages with the failed one's. A leaf that
     requires grad is written like any tensor; gloo refuses a group not in rank order."""
@@ -107,7 +108,10 @@ def scenario_misuse() -> None:
                  "skipped": lambda: (rank == 0 and comm.all_reduce(torch.ones(4)), comm.all_gather(torch.empty(8),
                                                                                                    torch.ones(4))),
                  "algorithm": lambda: comm.reduce_scatter(torch.empty(2), torch.ones(4),
-                                                          algorithm="ring" if rank else "pairwise")}
+                                                          algorithm="ring" if rank else "pairwise"),
+                 # bf16 and fp16 encode 4 values in the same bytes: unchecked, the sum was wrong and differed
+                 "codec": lambda: comm.all_reduce(torch.ones(4), algorithm="ring",
+                                                  compression="fp16" if rank else "bf16")}
         for case, call in calls.items():
             try:
                 call()
@@ -117,6 +121,9 @@ def scenario_misuse() -> None:
         x = torch.ones(4, requires_grad=True)
         comm.all_reduce(x)
         assert torch.equal(x.detach(), torch.full((4,), 2.0)), f"{name}: after the mismatches, or with requires_grad"
+        y = torch.ones(4)   # one codec, named two ways: the same call
+        comm.all_reduce(y, algorithm="ring", compression=" INT8" if rank else codec("int8"))
+        assert torch.equal(y, torch.full((4,), 2.0)), f"{name}: int8 named two ways"
     try:
         pccl.init(transport="gloo").split([[1, 0]])
         raise AssertionError("gloo split out of rank order: accepted")
