@@ -85,8 +85,13 @@ def run_case(comm, collective: str, algorithm, name: str, n: int, plan: bool, tw
         encodes = verify_compressed(collective, algorithm, p, per_message)["encodes"]
     out = call(comm, collective, algorithm, compression, case, n)
     problems = []
-    if n == SIZES[1] and not torch.equal(out, call(comm, collective, algorithm, compression, case, n)):
-        problems.append(f"{case}: the call kept from the first (the call cache) gave other bits")
+    if n == SIZES[1]:   # another codec on the same buffers, then the call again (kept in the call cache)
+        other = "bf16" if name != "bf16" else "int8"
+        if not plan and p > 1 and torch.equal(out, call(comm, collective, algorithm, other, case, n)):
+            problems.append(f"{case}: {other} after {name} on the same buffers gave {name}'s bits")
+        # (a plan's codec named once is its inter level's: as a string the call is kept)
+        if not torch.equal(out, call(comm, collective, algorithm, name, case, n)):
+            problems.append(f"{case}: the call kept from the first (the call cache) gave other bits")
     if collective != "all_gather" and n == SIZES[1]:
         avg = call(comm, collective, algorithm, compression, case, n, "avg")
         if not torch.equal(avg, out / p):
