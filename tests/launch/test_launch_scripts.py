@@ -34,7 +34,14 @@ def run(script: str, *args: str, dry: bool = True, **env: str) -> subprocess.Com
         base["DRY_RUN"] = "1"
     base.update(env)
     return subprocess.run(["bash", str(LAUNCH / script), *args], env=base, capture_output=True,
-                          text=True, timeout=30, cwd=ROOT)
+                          text=True, timeout=30, cwd=ROOT, preexec_fn=as_at_a_terminal)
+
+
+def as_at_a_terminal() -> None:
+    """SIGINT at its default, as a user's shell has it: a suite started in the background
+    (`make test &`) inherits it ignored, and bash cannot trap a signal ignored on entry, so
+    local.sh's Ctrl-C test restarted the run it should have left stopped."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def parsed(proc: subprocess.CompletedProcess) -> tuple[dict, list, list]:
