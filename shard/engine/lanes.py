@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import nullcontext
 from typing import Callable, Optional
 
 import torch
+from torch.profiler import record_function
 
 from pccl import SerialQueue, SideStream, Work
 from shard.engine.config import algorithm_for
@@ -24,6 +26,12 @@ from shard.engine.strategy import Scope
 from shard.engine.trace import StepTrace, TracedCall
 
 STAGES = ("forward", "backward", "update")
+
+
+def profiling() -> bool:
+    """Whether torch.profiler records now (shard/tools/profiling.py). Its module's flag: a
+    profile that traces every thread leaves torch.autograd._profiler_enabled() false."""
+    return getattr(torch.autograd.profiler, "_is_profiler_enabled", False) or torch.autograd._profiler_enabled()
 
 
 class Ledger:
@@ -90,9 +98,11 @@ class Handle:
     the task sent nothing (`sent[0]` false once it ran), as another wait."""
 
     def __init__(self, work: Optional[Work], side: Optional[SideStream], done: list, ledger: Ledger,
-                 traced: Optional[tuple[StepTrace, int]] = None, what: str = "", sent: Optional[list] = None):
+                 traced: Optional[tuple[StepTrace, int]] = None, what: str = "", sent: Optional[list] = None,
+                 profiled: bool = False):
         self._work, self._side, self._done, self._ledger, self._what = work, side, done, ledger, what
         self._traced, self._sent = traced, sent if sent is not None else [True]
+        self._profiled = profiled   # under torch.profiler: the wait is a span "wait: <what>"
         self._waited = False
 
     def wait(self) -> None:
@@ -110,12 +120,13 @@ class Handle:
         if self._traced is not None:
             self._traced[0].wait(self._traced[1])
         start = time.perf_counter()
-        if self._work is not None:
-            self._work.wait()
-        if self._side is not None:
-            if settle:
-                self._done[0].synchronize()
-            self._side.wait(self._done[0])
+        with record_function(f"wait: {self._what}") if self._profiled else nullcontext():
+            if self._work is not None:
+                self._work.wait()
+            if self._side is not None:
+                if settle:
+                    self._done[0].synchronize()
+                self._side.wait(self._done[0])
         seconds = time.perf_counter() - start
         (self._ledger.add_exposed if self._sent[0] else self._ledger.add_other)(seconds, self._what)
         self._waited = True
@@ -165,22 +176,24 @@ class Lane:
         side, done, trace, sent = self._side, [], self.trace, [False]
         ready = side.mark() if side is not None else None
         traced = (trace, trace.submit(self.name)) if trace is not None else None
+        profiled = profiling()   # the task is then a span named `what` on the thread that runs it
 
         def task() -> None:
             start = time.perf_counter()
             self._running.task = traced[1] if traced else None
             self._running.sent = sent
-            if side is None:
-                fn()
-            else:
-                done.append(side.run(fn, ready, buffers))
+            with record_function(what) if profiled else nullcontext():
+                if side is None:
+                    fn()
+                else:
+                    done.append(side.run(fn, ready, buffers))
             self._running.task = self._running.sent = None
             self.ledger.add_busy(self.name, time.perf_counter() - start)
 
         if self.inline:
             task()
-            return Handle(None, side, done, self.ledger, traced, what, sent)
-        return Handle(self._queue.run(task, async_op=True), side, done, self.ledger, traced, what, sent)
+            return Handle(None, side, done, self.ledger, traced, what, sent, profiled)
+        return Handle(self._queue.run(task, async_op=True), side, done, self.ledger, traced, what, sent, profiled)
 
     def close(self) -> None:
         """Finish the queued tasks and free the lane's communicators (every rank calls it)."""

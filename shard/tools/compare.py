@@ -312,23 +312,20 @@ def digest_of(value) -> str:
 def profiled(run, batches, lr: float, steps: int, device) -> dict:
     """`steps` more steps of `run` under torch.profiler, after the measured ones, whose
     figures it leaves alone: "profile", the PROFILE_ROWS operators and kernels that took the
-    most time of their own per step (GPU kernels' time on the device, on CPUs the host's),
-    with how often each ran per step, and "profile_table", torch's table of them."""
+    most time of their own per step (shard/tools/profiling.py's hottest), and
+    "profile_table", torch's table of them."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import profile
 
-    gpu = device.type == "cuda"
-    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if gpu else [])]) as prof:
+    from shard.tools.profiling import activities, hottest
+
+    with profile(activities=activities(device)) as prof:
         for _ in range(steps):
             run.step(step_batches(batches, device), lr)
-        if gpu:
+        if device.type == "cuda":
             torch.cuda.synchronize(device)
-    key = "self_device_time_total" if gpu else "self_cpu_time_total"
-    averages = prof.key_averages()   # (aggregating the trace once, for the rows and the table)
-    events = sorted(averages, key=lambda e: getattr(e, key), reverse=True)
-    top = [{"name": e.key, "self_ms_per_step": getattr(e, key) / 1e3 / steps, "calls_per_step": e.count / steps}
-           for e in events[:PROFILE_ROWS] if getattr(e, key) > 0]
-    return {"profile": top, "profile_table": averages.table(sort_by=key, row_limit=3 * PROFILE_ROWS)}
+    top, table = hottest(prof, device, steps, PROFILE_ROWS)
+    return {"profile": top, "profile_table": table}
 
 
 def compute_only(args, model, world) -> dict:

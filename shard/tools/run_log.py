@@ -122,6 +122,8 @@ class RunLog:
             line += f"  other waits {record['other_waits_s']:.3f}s (longest: {record['longest_other_wait']})"
         if record.get("warmup"):   # the session's first step, logged at once: not the training's pace
             line += "  (the warm-up step)"
+        if record.get("profiled"):   # steps under torch.profiler (log.profile): slowed by it
+            line += "  (profiled steps)"
         if record.get("val_loss") is not None:
             line += f"  val {record['val_loss']:.4f}"
         self.write(line)

@@ -173,11 +173,18 @@ class Wandb(Section):
 
 
 @dataclass(frozen=True)
+class Profile(Section):
+    steps: int = setting(integer(0))
+    start: int = setting(integer(1))
+
+
+@dataclass(frozen=True)
 class Log(Section):
     interval: int = setting(integer(1))
     progress: bool = setting(choice(True, False))
     plot: bool = setting(choice(True, False))
     wandb: Wandb = section(Wandb)
+    profile: Profile = section(Profile)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import math
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -37,6 +38,7 @@ from shard.planning.predict import Workload
 from shard.planning.throughput import Throughput, peak_rss_bytes, peak_tflops
 from shard.tools import faults, preflight, run_claim
 from shard.tools.lr_schedule import learning_rate
+from shard.tools.profiling import StepProfiler
 from shard.tools.run_log import RunLog
 
 CONFIGS = preflight.CONFIGS
@@ -644,13 +646,28 @@ def train_loop(r: Run) -> None:
     sizes): it is timed apart (warmup_s in the next record), so each logged interval's
     throughput and communication are its other steps' own (its loss and peak memory take
     in every step). A first step that is logged at once is its own interval, marked
-    "warmup": true."""
+    "warmup": true. Steps log.profile traces (shard/tools/profiling.py) mark their
+    intervals "profiled": true."""
+    window = r.cfg.log.profile
+    profiler = StepProfiler(window.start, window.steps, r.step, r.cfg.train.steps, r.out_dir / "profile",
+                            r.comm.rank, r.device, r.log.write) if window.steps else None
+    try:
+        _train_steps(r, profiler)
+    finally:   # a run that fails inside the window still writes what was traced
+        if profiler is not None:
+            profiler.close()
+
+
+def _train_steps(r: Run, profiler: Optional[StepProfiler]) -> None:
     t = r.cfg.train
     losses = [torch.tensor(v, dtype=torch.float64, device=r.device) for v in r.open_interval]   # (train_step's)
     started, unread = _restart_interval(r.engine, r.device), []
     first, warmup_s, timed = True, None, 0   # timed: the steps since `started`
+    profiled = False   # whether the open interval has steps that ran under the profiler
     while r.step < t.steps:
-        result, loss = train_step(r)
+        with profiler.step(r.step + 1) if profiler is not None else nullcontext():
+            result, loss = train_step(r)
+        profiled = profiled or (profiler is not None and profiler.slows(r.step))
         unread.append((r.step, result, loss))
         losses.append(loss)
         timed += 1
@@ -672,8 +689,9 @@ def train_loop(r: Run) -> None:
             check_skipped(r, unread)
             unread = []
         if log_now:
-            log_interval(r, result, losses, (started, timed), evaluate_now, warming, warmup_s)
+            log_interval(r, result, losses, (started, timed), evaluate_now, warming, warmup_s, profiled)
             losses, started, timed, warmup_s = [], _restart_interval(r.engine, r.device), 0, None
+            profiled = False
         if save_now:
             save_checkpoint(r, losses)
             started, timed = _restart_interval(r.engine, r.device), 0
@@ -731,13 +749,15 @@ def train_step(r: Run) -> tuple[StepResult, torch.Tensor]:
 
 
 def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], timing: tuple[float, int],
-                 evaluate_now: bool, warmup: bool = False, warmup_s: Optional[float] = None) -> None:
+                 evaluate_now: bool, warmup: bool = False, warmup_s: Optional[float] = None,
+                 profiled: bool = False) -> None:
     """The record of the interval's steps (their mean `losses`): loss (mean over ranks),
     throughput and communication of the last of them, timing = (when they started, how
     many: a warm-up or a checkpoint may come between), peak memory in the interval (the
     largest rank's), and the validation loss when due; `warmup`: the steps are the
     session's first (its throughput is not the training's); `warmup_s`: the first step's
-    time, taken apart."""
+    time, taken apart; `profiled`: some of them ran under the profiler (log.profile), which
+    slows them."""
     local_loss = torch.stack(losses).mean().item()   # synchronizes the device
     started, steps = timing
     elapsed = time.perf_counter() - started
@@ -753,7 +773,7 @@ def log_interval(r: Run, result: StepResult, losses: list[torch.Tensor], timing:
               "step_time_s": elapsed / steps, "peak_memory_gb": max(peak_memory),
               "skipped": result.skipped, "skipped_steps": r.optimizer.skipped_steps, "loss_scale": result.loss_scale,
               "epoch": r.batches.epoch, "straggler": find_straggler(r, report, longest, exposed),
-              "warmup": warmup, "warmup_s": warmup_s, "checkpoint_stall_s": r.stalled_s,
+              "warmup": warmup, "warmup_s": warmup_s, "profiled": profiled, "checkpoint_stall_s": r.stalled_s,
               "data_wait_s": r.batches.waited_s - r.data_waited_s}
     r.stalled_s, r.data_waited_s = 0.0, r.batches.waited_s
     if evaluate_now:
@@ -856,8 +876,9 @@ def auto_basis(comm: pccl.Communicator) -> tuple[dict, str]:
 
 
 def summarize(records: list[dict], val_loss: Optional[float], built: dict) -> dict:
-    """Final losses, and throughput as the median over the logged intervals that do not
-    hold a session's first step (all of them, where no other was logged); the warm-up's
+    """Final losses, and throughput as the median over the logged intervals that hold
+    neither a session's first step nor steps under the profiler (all of them, where no
+    other was logged); the warm-up's
     time, the latest session's. The validation loss is the latest logged, by this session
     or an earlier one (a relaunch that resumes a finished run validates nothing), else
     `val_loss` (ranks that log no records)."""
@@ -865,7 +886,7 @@ def summarize(records: list[dict], val_loss: Optional[float], built: dict) -> di
 
     val_loss = next((r["val_loss"] for r in reversed(records) if r.get("val_loss") is not None), val_loss)
 
-    timed = [r for r in records if not r.get("warmup")] or records
+    timed = [r for r in records if not r.get("warmup") and not r.get("profiled")] or records
     # a warm-up logged at once (log.interval=1) is its record's one step
     warmups = [r["step_time_s"] if r.get("warmup") else r["warmup_s"] for r in records
                if r.get("warmup") or r.get("warmup_s") is not None]

@@ -20,7 +20,8 @@ GROUPS = sorted({p.name for p in CONFIGS.iterdir() if p.is_dir()} | {"strategy"}
 # Keys for which zero, or a negative number, is a valid value.
 ZERO_VALID = {"train.seed", "train.eval_interval", "train.checkpoint_interval", "train.max_skipped_steps",
               "train.straggler_seconds", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay",
-              "strategy.prefetch", "strategy.min_shard_numel", "strategy.auto.headroom", "data.seed", "data.workers"}
+              "strategy.prefetch", "strategy.min_shard_numel", "strategy.auto.headroom", "data.seed", "data.workers",
+              "log.profile.steps"}
 NEGATIVE_VALID = {"data.seed"}   # any integer seeds the synthetic corpus
 FREE_TEXT = {"train.out_dir", "comm.name", "log.wandb.project", "data.cache_dir", "data.field", "data.name",
              "data.split", "model.preset"}   # any string goes (model.preset: an unknown one is below)

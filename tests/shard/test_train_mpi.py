@@ -3,9 +3,11 @@ ZeRO-3 and PaRO-IIG. The loss falls; strategies and world sizes that see the sam
 batch follow the same trajectory; a resumed run continues with exactly the losses of an
 uninterrupted one; a model built on the meta device trains exactly as an eager one; the
 default global batch (null: it grows with the world) is the explicit one it adds up to."""
+import gzip
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -86,23 +88,59 @@ def test_each_world_shape_is_measured_by_its_first_run_and_read_by_the_next(tmp_
     """Two runs of one shape (2 ranks, zero3): the first launched measured every shape it
     used, in this run, within the self-calibration's budget; the second read them all."""
     train(tmp_path_factory, cache, "zero3-2", 2, "zero3")
-    train(tmp_path_factory, cache, "zero3-2-null", 2, "zero3", "train.global_batch_tokens=null",
-          "train.accumulation=4")
+    train(tmp_path_factory, cache, "zero3-2-null", 2, "zero3", *NULL_BATCH_PROFILED)
     first, second = (json.loads((out / "summary.json").read_text())["self_calibration"]
                      for key, (out, _) in RUNS.items() if key in ("zero3-2", "zero3-2-null"))
     assert first["measured"] == first["shapes"] >= 1 and 0 < first["measured_s"] < 10 * first["shapes"]
     assert second == {**first, "measured": 0, "measured_s": 0.0}
 
 
+# The run with the default global batch also traces steps 3-4 (log.profile), so its exact
+# losses against the explicit batch's run show that profiling changes nothing computed.
+NULL_BATCH_PROFILED = ("train.global_batch_tokens=null", "train.accumulation=4", "log.profile.steps=2",
+                       "log.profile.start=3")
+
+
 def test_default_global_batch_grows_with_the_world(tmp_path_factory, cache):
     """train.global_batch_tokens=null on 2 ranks with accumulation 4: 2 x 4 x 4 x 32 = 1024
-    tokens, the explicit batch of the other runs, so exactly their losses."""
-    out, records = train(tmp_path_factory, cache, "zero3-2-null", 2, "zero3", "train.global_batch_tokens=null",
-                         "train.accumulation=4")
+    tokens, the explicit batch of the other runs, so exactly their losses (and under the
+    profiler, for steps 2-4, too)."""
+    out, records = train(tmp_path_factory, cache, "zero3-2-null", 2, "zero3", *NULL_BATCH_PROFILED)
     _, explicit = train(tmp_path_factory, cache, "zero3-2", 2, "zero3")
     assert [r["loss"] for r in records] == [r["loss"] for r in explicit]
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["accumulation"], summary["global_batch_tokens"]) == (4, 1024)
+
+
+def test_a_profiled_window_shows_every_ranks_steps_gathers_reductions_and_waits(tmp_path_factory, cache):
+    """log.profile.steps=2 log.profile.start=3 on 2 ranks: each rank's trace holds steps 3
+    and 4 on the training thread, where it waited for which gather and reduction, and the
+    lanes' gathers and reductions of every unit, each on its lane's thread; the intervals
+    with steps under the profiler (the warm-up step 2, and 3-4) are marked and left out of
+    the summary's throughput."""
+    out, records = train(tmp_path_factory, cache, "zero3-2-null", 2, "zero3", *NULL_BATCH_PROFILED)
+    where = out / "profile" / "steps3-4"
+    assert sorted(p.name for p in where.iterdir()) == ["rank0.json.gz", "rank0.txt", "rank1.json.gz", "rank1.txt"]
+    for rank in (0, 1):
+        events = [e for e in json.load(gzip.open(where / f"rank{rank}.json.gz"))["traceEvents"] if e.get("ph") == "X"]
+        threads = {}   # span name -> the threads it ran on
+        for e in events:
+            threads.setdefault(e["name"], set()).add(e["tid"])
+        (main,) = threads["step 3"]
+        assert sorted(n for n in threads if n.startswith("step ")) == ["step 3", "step 4"]
+        units = ("<root>", "pos", "blocks.0", "blocks.1")
+        gathers = [f"gather: all-gather of {u}'s parameters (forward)" for u in units]
+        reductions = [f"reduce: reduction of {u}'s gradients" for u in units]
+        lanes = [threads[name] for name in gathers + reductions]
+        assert all(len(t) == 1 and main not in t for t in lanes), lanes
+        assert len(set.union(*lanes)) == 2   # one thread per lane
+        assert all(threads[f"wait: {name}"] == {main} for name in gathers + reductions)
+    assert [r["step"] for r in records if r["profiled"]] == [2, 3, 4]
+    said = (out / "stdout.txt").read_text()
+    assert f"profile of steps 3-4: {where}/rank*.json.gz" in said and said.count("(profiled steps)") == 3
+    summary = json.loads((out / "summary.json").read_text())
+    timed = [r["tokens_per_s"] for r in records if not r["profiled"] and not r["warmup"]]
+    assert summary["tokens_per_s"] == statistics.median(timed)
 
 
 def test_strategies_and_world_sizes_follow_one_trajectory(tmp_path_factory, cache):

@@ -442,33 +442,39 @@ def test_fault_plans_parse_and_bad_ones_say_why():
     assert faults.loss(torch.tensor(1.0), {("nan-loss", 3, 1)}, 3, 0).item() == 1
 
 
-@pytest.mark.parametrize("interval,checkpoint_interval", [(4, 0), (1, 0), (4, 6), (4, 1)])
-def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkeypatch, interval, checkpoint_interval):
+@pytest.mark.parametrize("interval,checkpoint_interval,profiled", [(4, 0, 0), (1, 0, 0), (4, 6, 0), (4, 1, 0),
+                                                                    (4, 0, 2), (1, 0, 2)])
+def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkeypatch, tmp_path, interval,
+                                                                          checkpoint_interval, profiled):
     """On a clock where the first step takes 10 s and the others 1 s (a checkpoint 5 s):
     every logged interval's timing covers its own steps at 1 s each; the first step's 10 s
     are reported apart (a checkpoint at every step too: warmup_s was lost where the first
     step was saved at once), or, where that step is logged at once, its record says it is
-    the warm-up, and the summary leaves it out."""
+    the warm-up, and the summary leaves it out. With steps 6-7 profiled (log.profile), the
+    intervals holding them or step 5, which warms the profiler up, are marked, and the
+    summary leaves them out too (here they take 3 s a step, as if the profiler slowed them)."""
     from types import SimpleNamespace
 
     from shard.tools import train
     clock = [0.0]
     monkeypatch.setattr(train.time, "perf_counter", lambda: clock[0])
 
+    slow = {5, 6, 7} if profiled else set()
+
     def step(r):
-        clock[0] += 10.0 if r.step == 0 else 1.0
+        clock[0] += 10.0 if r.step == 0 else 3.0 if r.step + 1 in slow else 1.0
         r.step += 1
         return SimpleNamespace(skipped=False), torch.tensor(float(r.step))
 
     logged = []
 
-    def log_interval(r, result, losses, timing, evaluate_now, warmup=False, warmup_s=None):
+    def log_interval(r, result, losses, timing, evaluate_now, warmup=False, warmup_s=None, profiled=False):
         started, steps = timing
         seconds = (clock[0] - started) / steps
         logged.append({"step": r.step, "losses": [x.item() for x in losses], "loss": losses[-1].item(),
                        "step_time_s": seconds, "warmup": warmup, "warmup_s": warmup_s, "tokens_per_s": 1 / seconds,
                        "tokens_per_s_per_rank": 1 / seconds, "tflops_per_rank": 0.0, "mfu": None,
-                       "exposed_comm_s": 0.0})
+                       "exposed_comm_s": 0.0, "profiled": profiled})
 
     def save(r, losses):
         clock[0] += 5.0
@@ -478,14 +484,17 @@ def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkey
     monkeypatch.setattr(train, "check_skipped", lambda r, unread: None)
     monkeypatch.setattr(train, "_restart_interval", lambda engine, device: clock[0])
     cfg = SimpleNamespace(train=SimpleNamespace(steps=12, eval_interval=0, checkpoint_interval=checkpoint_interval),
-                          log=SimpleNamespace(interval=interval))
-    r = SimpleNamespace(cfg=cfg, step=0, engine=SimpleNamespace(comm_report=lambda reset: {}), device=None,
-                        log=SimpleNamespace(step=lambda: None, write=lambda line: None), open_interval=[])
+                          log=SimpleNamespace(interval=interval, profile=SimpleNamespace(steps=profiled, start=6)))
+    r = SimpleNamespace(cfg=cfg, step=0, engine=SimpleNamespace(comm_report=lambda reset: {}),
+                        device=torch.device("cpu"), log=SimpleNamespace(step=lambda: None, write=lambda line: None),
+                        open_interval=[], out_dir=tmp_path, comm=SimpleNamespace(rank=0))
     train.train_loop(r)
     assert [x["step"] for x in logged] == list(range(interval, 13, interval))
     # every step's loss is in its interval's, the warm-up's too
     assert [v for x in logged for v in x["losses"]] == [float(s) for s in range(1, 13)]
-    first, rest = logged[0], logged[1:]
+    assert [x["step"] for x in logged if x["profiled"]] == ([] if not profiled else [8] if interval == 4 else [5, 6, 7])
+    assert (tmp_path / "profile" / "steps6-7" / "rank0.json.gz").exists() == bool(profiled)
+    first, rest = logged[0], [x for x in logged[1:] if not x["profiled"]]
     if interval == 1:
         assert first["warmup"] and first["step_time_s"] == 10.0 and first["warmup_s"] is None
     else:
@@ -493,6 +502,8 @@ def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkey
     assert all(x["step_time_s"] == 1.0 and not x["warmup"] and x["warmup_s"] is None for x in rest)
     summary = train.summarize(logged, None, {})
     assert summary["step_time_s"] == 1.0 and summary["warmup_s"] == 10.0   # (it was None at interval 1)
+    if profiled:   # left out even where they are most of the records
+        assert train.summarize([x for x in logged if x["profiled"]] * 10 + rest, None, {})["step_time_s"] == 1.0
 
 
 def test_the_summary_keeps_the_latest_validation_loss_logged_before_a_resume():
