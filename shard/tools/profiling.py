@@ -13,7 +13,9 @@ says so).
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+import sys
+import warnings
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Callable
 
@@ -53,20 +55,22 @@ def hottest(prof, device: torch.device, steps: int, rows: int) -> tuple[list[dic
 
 class StepProfiler:
     """Steps `first`..`first + steps - 1` (numbered from 1, as the log numbers them) under
-    torch.profiler, on this rank; the step before them warms the profiler up (its start's
-    costs stay out of the trace), unless the window opens at the session's first step. When
-    the window closes (or the run ends inside it), `directory`/steps{a}-{b}/ gets
+    torch.profiler, on this rank, those of them this session runs (it starts after `done`
+    and ends at `last_step`); the step before them warms the profiler up (its start's costs
+    stay out of the trace), unless the window opens at the session's first step. When the
+    window closes (or the run ends inside it), `directory`/steps{a}-{b}/ gets
     rank{R}.json.gz, the trace (ui.perfetto.dev, chrome://tracing), and rank{R}.txt, the
-    hottest operators' table; `say` tells where (rank 0 says it). steps 0: none."""
+    hottest operators' table; `say` tells where (rank 0 says it). Profiling never stops
+    the training: a trace it cannot write is reported and skipped."""
 
     def __init__(self, first: int, steps: int, done: int, last_step: int, directory: Path, rank: int,
                  device: torch.device, say: Callable[[str], None]):
-        self.first, self.last = first, min(first + steps - 1, last_step)
+        self.first, self.last = max(first, done + 1), min(first + steps - 1, last_step)
         self.directory, self.rank, self.device, self.say = directory, rank, device, say
-        self._warmup = 1 if self.first - 1 > done else 0   # (done: the steps before this session)
+        self._warmup = 1 if self.first - 1 > done else 0
         self._prof = None
         self._step = 0   # the step running now
-        if steps and not done < self.first <= self.last:
+        if self.first > self.last:
             say(f"log.profile: steps {first}-{first + steps - 1} lie outside this session's steps "
                 f"{done + 1}-{last_step}: nothing is traced")
             self.first, self.last = 0, -1
@@ -84,9 +88,11 @@ class StepProfiler:
             threads = every_thread()
             if not threads:
                 self.say("log.profile: this torch cannot trace other threads: the engine's lanes are left out")
-            self._prof = profile(activities=activities(self.device), on_trace_ready=self._write,
-                                 schedule=schedule(wait=0, warmup=self._warmup, active=self.last - self.first + 1,
-                                                   repeat=1), acc_events=True, **threads)
+            with warnings.catch_warnings():   # (torch warns of a window with no warm-up: one at the first step)
+                warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+                plan = schedule(wait=0, warmup=self._warmup, active=self.last - self.first + 1, repeat=1)
+            self._prof = profile(activities=activities(self.device), on_trace_ready=self._write, schedule=plan,
+                                 acc_events=True, **threads)
             self._prof.start()
         if self._prof is None:
             yield
@@ -101,19 +107,31 @@ class StepProfiler:
         """Stop tracing (writing what the window traced so far, if it had begun)."""
         prof, self._prof = self._prof, None
         if prof is not None:
-            prof.stop()
+            try:
+                prof.stop()
+            except Exception as e:   # noqa: BLE001 - not the training's failure, nor one to hide it
+                self._failed("could not stop the profiler", e)
 
     def _write(self, prof) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
         steps = min(self._step, self.last) - self.first + 1
         where = self.directory / f"steps{self.first}-{self.first + steps - 1}"
-        where.mkdir(parents=True, exist_ok=True)
-        trace, table = where / f"rank{self.rank}.json.gz", where / f"rank{self.rank}.txt"
         partial = where / f"rank{self.rank}.partial-{os.getpid()}.json.gz"   # (torch writes .gz by its name)
-        prof.export_chrome_trace(str(partial))
-        os.replace(partial, trace)
-        write_atomic(table, hottest(prof, self.device, steps, TABLE_ROWS)[1])
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            where.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(partial))
+            os.replace(partial, where / f"rank{self.rank}.json.gz")
+            write_atomic(where / f"rank{self.rank}.txt", hottest(prof, self.device, steps, TABLE_ROWS)[1])
+        except Exception as e:   # noqa: BLE001 - a full disk, a bad directory: training goes on
+            with suppress(OSError):
+                partial.unlink()
+            self._failed(f"could not write the trace of steps {self.first}-{self.first + steps - 1} to {where}", e)
+            return
         self.say(f"profile of steps {self.first}-{self.first + steps - 1}: {where}/rank*.json.gz (every rank's "
                  f"trace: ui.perfetto.dev or chrome://tracing) and rank*.txt (the operators that took the most time)")
+
+    def _failed(self, doing: str, e: Exception) -> None:
+        print(f"shard-train: rank {self.rank}: log.profile: {doing}: {type(e).__name__}: {e}; training goes on "
+              "without it", file=sys.stderr, flush=True)
 

@@ -680,9 +680,12 @@ def _train_steps(r: Run, profiler: Optional[StepProfiler]) -> None:
             loss.item()   # waits for the step, as log_interval's reading of the losses does
             warmup_s = time.perf_counter() - started
             r.log.write(f"step {r.step:>6}  warm-up {warmup_s:.2f} s (compilation, first allocations and "
-                        "measurements): timed apart from the intervals")
+                        "measurements): timed apart from the intervals"
+                        + ("; under the profiler, so not the warm-up's own time" if profiled else ""))
             r.engine.comm_report(reset=True)
             started, timed = time.perf_counter(), 0
+            if profiled:   # its time is the profiler's start too: no warm-up figure, and the interval's steps its own
+                warmup_s, profiled = None, False
             if not save_now:
                 continue
         if log_now or save_now:   # the steps' results are read here, not after each step: reading waits
@@ -878,18 +881,19 @@ def auto_basis(comm: pccl.Communicator) -> tuple[dict, str]:
 def summarize(records: list[dict], val_loss: Optional[float], built: dict) -> dict:
     """Final losses, and throughput as the median over the logged intervals that hold
     neither a session's first step nor steps under the profiler (all of them, where no
-    other was logged); the warm-up's
-    time, the latest session's. The validation loss is the latest logged, by this session
-    or an earlier one (a relaunch that resumes a finished run validates nothing), else
-    `val_loss` (ranks that log no records)."""
+    other was logged); the time of the latest warm-up not taken under the profiler. The
+    validation loss is the latest logged, by this session or an earlier one (a relaunch
+    that resumes a finished run validates nothing), else `val_loss` (ranks that log no
+    records)."""
     import statistics
 
     val_loss = next((r["val_loss"] for r in reversed(records) if r.get("val_loss") is not None), val_loss)
 
     timed = [r for r in records if not r.get("warmup") and not r.get("profiled")] or records
-    # a warm-up logged at once (log.interval=1) is its record's one step
+    # a warm-up logged at once (log.interval=1) is its record's one step (not under the profiler:
+    # its time is then the profiler's start too)
     warmups = [r["step_time_s"] if r.get("warmup") else r["warmup_s"] for r in records
-               if r.get("warmup") or r.get("warmup_s") is not None]
+               if (r.get("warmup") and not r.get("profiled")) or r.get("warmup_s") is not None]
 
     def median(key: str) -> Optional[float]:
         return statistics.median(r[key] for r in timed) if timed and timed[0][key] is not None else None

@@ -55,6 +55,12 @@ def test_a_window_at_the_sessions_first_step_has_no_warm_up_and_one_past_the_end
     assert slowed == [5, 6, 7] and all(recording.values())
 
 
+def test_a_session_resumed_inside_the_window_traces_the_rest_of_it(tmp_path):
+    said, slowed, recording = run(tmp_path, first=4, steps=3, done=4, last_step=8)
+    assert spans(tmp_path / "profile" / "steps5-6" / "rank3.json.gz") == ["step 5", "step 6"]
+    assert slowed == [5, 6] and said[0].startswith("profile of steps 5-6: ")
+
+
 def test_a_window_outside_the_session_traces_nothing_and_says_so(tmp_path):
     said, slowed, recording = run(tmp_path, first=3, steps=2, done=10, last_step=12)
     assert said == ["log.profile: steps 3-4 lie outside this session's steps 11-12: nothing is traced"]
@@ -74,3 +80,19 @@ def test_bad_settings_name_their_key():
         Profile.of({"steps": -1, "start": 10}, "log.profile")
     with pytest.raises(ConfigError, match=r"log.profile.start must be an integer >= 1, got 0"):
         Profile.of({"steps": 1, "start": 0}, "log.profile")
+
+
+@pytest.mark.parametrize("fail_at", [None, 3])
+def test_a_trace_that_cannot_be_written_is_reported_and_the_training_goes_on(tmp_path, capsys, fail_at):
+    """out_dir/profile is a file (as a full disk or a bad directory would refuse it): the
+    steps all run, stderr says why there is no trace, and a step's own failure is what a
+    failing run raises."""
+    (tmp_path / "profile").write_text("not a directory")
+    if fail_at is None:
+        said, slowed, recording = run(tmp_path, first=2, steps=2, done=0, last_step=5)
+        assert list(recording) == [1, 2, 3, 4, 5] and said == []
+    else:
+        with pytest.raises(RuntimeError, match="a step fails"):
+            run(tmp_path, first=2, steps=3, done=0, last_step=5, fail_at=fail_at)
+    assert "shard-train: rank 3: log.profile: could not write the trace of steps 2-3 to " in capsys.readouterr().err
+    assert (tmp_path / "profile").read_text() == "not a directory"

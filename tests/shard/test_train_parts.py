@@ -442,27 +442,20 @@ def test_fault_plans_parse_and_bad_ones_say_why():
     assert faults.loss(torch.tensor(1.0), {("nan-loss", 3, 1)}, 3, 0).item() == 1
 
 
-@pytest.mark.parametrize("interval,checkpoint_interval,profiled", [(4, 0, 0), (1, 0, 0), (4, 6, 0), (4, 1, 0),
-                                                                    (4, 0, 2), (1, 0, 2)])
-def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkeypatch, tmp_path, interval,
-                                                                          checkpoint_interval, profiled):
-    """On a clock where the first step takes 10 s and the others 1 s (a checkpoint 5 s):
-    every logged interval's timing covers its own steps at 1 s each; the first step's 10 s
-    are reported apart (a checkpoint at every step too: warmup_s was lost where the first
-    step was saved at once), or, where that step is logged at once, its record says it is
-    the warm-up, and the summary leaves it out. With steps 6-7 profiled (log.profile), the
-    intervals holding them or step 5, which warms the profiler up, are marked, and the
-    summary leaves them out too (here they take 3 s a step, as if the profiler slowed them)."""
+def fake_loop(monkeypatch, tmp_path, interval: int, checkpoint_interval: int, window: tuple = (0, 10)) -> list:
+    """train_loop's records for 12 steps on a clock where the first step takes 10 s and the
+    others 1 s (a checkpoint 5 s; a step under the profiler, window = (steps, start) of
+    log.profile with the step warming it up, 3 s more, as if the profiler slowed it)."""
     from types import SimpleNamespace
 
     from shard.tools import train
     clock = [0.0]
     monkeypatch.setattr(train.time, "perf_counter", lambda: clock[0])
-
-    slow = {5, 6, 7} if profiled else set()
+    steps, start = window
+    slow = set(range(start - 1, start + steps)) if steps else set()
 
     def step(r):
-        clock[0] += 10.0 if r.step == 0 else 3.0 if r.step + 1 in slow else 1.0
+        clock[0] += (10.0 if r.step == 0 else 1.0) + (3.0 if r.step + 1 in slow else 0.0)
         r.step += 1
         return SimpleNamespace(skipped=False), torch.tensor(float(r.step))
 
@@ -484,7 +477,7 @@ def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkey
     monkeypatch.setattr(train, "check_skipped", lambda r, unread: None)
     monkeypatch.setattr(train, "_restart_interval", lambda engine, device: clock[0])
     cfg = SimpleNamespace(train=SimpleNamespace(steps=12, eval_interval=0, checkpoint_interval=checkpoint_interval),
-                          log=SimpleNamespace(interval=interval, profile=SimpleNamespace(steps=profiled, start=6)))
+                          log=SimpleNamespace(interval=interval, profile=SimpleNamespace(steps=steps, start=start)))
     r = SimpleNamespace(cfg=cfg, step=0, engine=SimpleNamespace(comm_report=lambda reset: {}),
                         device=torch.device("cpu"), log=SimpleNamespace(step=lambda: None, write=lambda line: None),
                         open_interval=[], out_dir=tmp_path, comm=SimpleNamespace(rank=0))
@@ -492,6 +485,22 @@ def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkey
     assert [x["step"] for x in logged] == list(range(interval, 13, interval))
     # every step's loss is in its interval's, the warm-up's too
     assert [v for x in logged for v in x["losses"]] == [float(s) for s in range(1, 13)]
+    return logged
+
+
+@pytest.mark.parametrize("interval,checkpoint_interval,profiled", [(4, 0, 0), (1, 0, 0), (4, 6, 0), (4, 1, 0),
+                                                                    (4, 0, 2), (1, 0, 2)])
+def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkeypatch, tmp_path, interval,
+                                                                          checkpoint_interval, profiled):
+    """Every logged interval's timing covers its own steps at 1 s each; the first step's 10 s
+    are reported apart (a checkpoint at every step too: warmup_s was lost where the first
+    step was saved at once), or, where that step is logged at once, its record says it is
+    the warm-up, and the summary leaves it out. With steps 6-7 profiled (log.profile), the
+    intervals holding them or step 5, which warms the profiler up, are marked, and the
+    summary leaves them out too."""
+    from shard.tools import train
+
+    logged = fake_loop(monkeypatch, tmp_path, interval, checkpoint_interval, (profiled, 6))
     assert [x["step"] for x in logged if x["profiled"]] == ([] if not profiled else [8] if interval == 4 else [5, 6, 7])
     assert (tmp_path / "profile" / "steps6-7" / "rank0.json.gz").exists() == bool(profiled)
     first, rest = logged[0], [x for x in logged[1:] if not x["profiled"]]
@@ -504,6 +513,20 @@ def test_each_interval_is_timed_over_its_own_steps_with_the_warm_up_apart(monkey
     assert summary["step_time_s"] == 1.0 and summary["warmup_s"] == 10.0   # (it was None at interval 1)
     if profiled:   # left out even where they are most of the records
         assert train.summarize([x for x in logged if x["profiled"]] * 10 + rest, None, {})["step_time_s"] == 1.0
+
+
+@pytest.mark.parametrize("interval", [4, 1])
+def test_a_warm_up_step_under_the_profiler_gives_no_warm_up_time(monkeypatch, tmp_path, interval):
+    """log.profile from step 2: the session's first step warms the profiler up, so its time
+    (13 s here) is not the warm-up's own: no warmup_s, in its record or the summary; the
+    interval after it is marked for its own steps under the profiler (2 and 3) only."""
+    from shard.tools import train
+
+    logged = fake_loop(monkeypatch, tmp_path, interval, 0, (2, 2))
+    assert [x["step"] for x in logged if x["profiled"]] == ([4] if interval == 4 else [1, 2, 3])
+    assert all(x["warmup_s"] is None for x in logged)
+    assert train.summarize(logged, None, {})["warmup_s"] is None
+    assert train.summarize(logged, None, {})["step_time_s"] == 1.0
 
 
 def test_the_summary_keeps_the_latest_validation_loss_logged_before_a_resume():
