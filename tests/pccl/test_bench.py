@@ -75,6 +75,39 @@ def test_case_counts_wrong_elements(collective):
     assert case.wrong() == 1
 
 
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+def test_values_made_a_chunk_at_a_time_are_the_whole_buffers(op, monkeypatch):
+    """Inputs and expected results are made CHUNK elements at a time (whole buffers took 17x
+    their size); across the chunks' seams they are what the hash and a float64 reduction
+    of the whole buffers give."""
+    from pccl.tools import bench
+    monkeypatch.setattr(bench, "CHUNK", 1000)
+    start, count, p, dtype = 777, 3 * 1000 + 17, 5, torch.bfloat16
+
+    def whole(rank):   # the definition, on the whole range at once
+        index = torch.arange(start, start + count, dtype=torch.int64)
+        return (bench.mixed(index * 0x9E3779B1 + rank * 0x85EBCA77 + 1) % value_modulus(dtype, p)).to(dtype)
+    inputs = torch.stack([whole(r) for r in range(p)]).double()
+    assert all(torch.equal(bench.rank_values(r, start, count, dtype, p), whole(r)) for r in range(p))
+    exact = {"sum": inputs.sum(0), "avg": inputs.sum(0) / p, "max": inputs.amax(0), "min": inputs.amin(0)}[op]
+    assert torch.equal(bench.reduce_over_ranks(op, start, count, dtype, p), exact.to(dtype))
+
+
+def test_a_large_case_takes_about_its_buffers_in_memory():
+    """A 64 MB bf16 reduce-scatter's input and expected result, made on one rank: about the
+    buffers' size in memory (the case's own, 80 MB, and the input made before it is copied
+    in: 150 MB measured). Made whole, the hash's int64 steps took 1 GB here, 4.5 GB at
+    256 MB, where 4 ranks of a 24 GB machine were killed."""
+    import subprocess
+    import sys
+    script = ("import resource, torch; from pccl.tools.bench import Case; "
+              "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+              "case = Case('reduce_scatter', 64 << 20, torch.bfloat16, 'sum', 0, 4); case.fill(); case.expected; "
+              "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)")
+    grown = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
+    assert grown < 4 * (64 << 20), f"{grown / 2**20:.0f} MB for a 64 MB case"
+
+
 @pytest.mark.parametrize("name,p", [("float", 16), ("bfloat16", 64)])
 def test_misplaced_data_is_counted_wrong_at_any_distance(name, p):
     """The test data repeated every 13 positions and ranks (fewer in bf16 at many ranks):
