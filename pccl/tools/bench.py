@@ -219,14 +219,15 @@ class Case:
         """(largest |error|, sum of squared errors, sum of squared expected values) of this
         rank's output against the exact result."""
         output, expected = self.output.cpu(), self.expected
-        largest = squares = reference = 0.0
+        largest = torch.zeros((), dtype=torch.float64)   # torch.maximum keeps a NaN, Python's max would not
+        squares = reference = 0.0
         for lo in range(0, len(expected), CHUNK):
             exact = expected[lo:lo + CHUNK].double()
             error = output[lo:lo + CHUNK].double() - exact
-            largest = max(largest, error.abs().max().item())
+            largest = torch.maximum(largest, error.abs().max())
             squares += error.square().sum().item()
             reference += exact.square().sum().item()
-        return largest, squares, reference
+        return largest.item(), squares, reference
 
 
 # ------------------------------------------------------------------ measuring

@@ -93,6 +93,25 @@ def test_values_made_a_chunk_at_a_time_are_the_whole_buffers(op, monkeypatch):
     assert torch.equal(bench.reduce_over_ranks(op, start, count, dtype, p), exact.to(dtype))
 
 
+def test_errors_summed_a_chunk_at_a_time_are_the_whole_buffers(monkeypatch):
+    """A compressed row's error sums, taken a chunk at a time: the largest error, the sums
+    of squares, and a NaN anywhere is the largest error (a codec that wrote one is not
+    reported exact)."""
+    from pccl.tools import bench
+    monkeypatch.setattr(bench, "CHUNK", 100)
+    case = Case("all_reduce", 4 * 350, torch.float32, "sum", rank=0, ranks=4)
+    exact = case.expected.double()
+    case.output.copy_(case.expected)
+    case.output[::7] += 0.25
+    case.output[123] -= 2.0
+    error = case.output.double() - exact
+    largest, squares, reference = case.error_sums()
+    assert largest == 2.0 and squares == pytest.approx(error.square().sum().item(), rel=1e-15)
+    assert reference == pytest.approx(exact.square().sum().item(), rel=1e-15)
+    case.output[250] = float("nan")
+    assert torch.isnan(torch.tensor(case.error_sums()[0]))
+
+
 def test_a_large_case_takes_about_its_buffers_in_memory():
     """A 64 MB bf16 reduce-scatter's input and expected result, made on one rank: about the
     buffers' size in memory (the case's own, 80 MB, and the input made before it is copied
